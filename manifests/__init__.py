@@ -1,0 +1,1 @@
+"""ModelFleet's signed manifest contract: documents, DSSE envelopes, trust rules, rollout rule."""

@@ -1,0 +1,1 @@
+"""ModelFleet command line (`modelfleet`): server commands and the reference device agent."""

@@ -1,0 +1,1 @@
+"""ModelFleet release backend: registry API, compile jobs, publishing, rollout control."""

@@ -1,0 +1,1 @@
+"""CLI command modules of the server, one per area (see server/cli.py)."""

@@ -1,0 +1,124 @@
+"""Shared fixtures: databases (SQLite always, PostgreSQL when reachable) and an S3 server.
+
+PostgreSQL: each test that asks for it gets a fresh database created on the server named by
+MODELFLEET_TEST_PG (default: postgres@127.0.0.1:5432, database `test` for the admin
+connection) and dropped afterwards. When the server is unreachable the PostgreSQL cases are
+skipped, unless MODELFLEET_REQUIRE_POSTGRES=1 (set by CI on machines that have it).
+
+S3: one moto server per session, over real HTTP on a free loopback port; each test gets its
+own bucket.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+PG_ADMIN_DSN = os.environ.get(
+    "MODELFLEET_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test"
+)
+
+
+def _pg_reachable() -> bool:
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    try:
+        with psycopg.connect(PG_ADMIN_DSN, connect_timeout=3):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+_PG_OK: bool | None = None
+
+
+def require_postgres() -> None:
+    """Skip (or fail, when CI demands PostgreSQL) if the server is not reachable."""
+    global _PG_OK
+    if _PG_OK is None:
+        _PG_OK = _pg_reachable()
+    if not _PG_OK:
+        if os.environ.get("MODELFLEET_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"PostgreSQL required but unreachable at {PG_ADMIN_DSN}")
+        pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN_DSN}")
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database as a SQLAlchemy URL (psycopg 3 driver)."""
+    require_postgres()
+    import psycopg
+
+    name = f"mf_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_DSN.rsplit("/", 1)[0]
+    try:
+        yield f"{base.replace('postgresql://', 'postgresql+psycopg://', 1)}/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
+    """An empty database URL, once for SQLite and once for PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'modelfleet.db'}"
+    else:
+        yield request.getfixturevalue("postgres_url")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class S3Bucket:
+    endpoint_url: str
+    bucket: str
+    access_key: str = "testing"
+    secret_key: str = "testing"
+    region: str = "us-east-1"
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+        )
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """Endpoint URL of a moto S3 server running over real HTTP for the whole session."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str) -> S3Bucket:
+    """A new, empty bucket on the session's S3 server."""
+    bucket = S3Bucket(endpoint_url=s3_server, bucket=f"mf-{uuid.uuid4().hex[:12]}")
+    bucket.client().create_bucket(Bucket=bucket.bucket)
+    return bucket
