@@ -1,0 +1,13 @@
+"""HTTP API routers. Each area adds its router module here and appends it to ROUTERS;
+`server.app.create_app` includes them in this order."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from server.api import audit, health
+
+ROUTERS: list[APIRouter] = [
+    health.router,
+    audit.router,
+]

@@ -1,0 +1,82 @@
+"""FastAPI dependencies: settings, DB session, blob store, job queue, and the caller's
+principal with scope checks (`Annotated` aliases, as routes use them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from server import auth
+from server.auth import Principal
+from server.blobstore import BlobStore
+from server.jobs.interface import JobQueue
+from server.settings import Settings
+
+# auto_error=False: we answer a missing token ourselves, with a message that says how to fix it.
+bearer = HTTPBearer(auto_error=False, description="API token from `modelfleet tokens create`")
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """A session per request. Routes commit explicitly; anything uncommitted rolls back."""
+    session: Session = request.app.state.session_factory()
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def get_blob_store(request: Request) -> BlobStore:
+    store: BlobStore = request.app.state.blob_store
+    return store
+
+
+def get_job_queue(request: Request) -> JobQueue:
+    queue: JobQueue = request.app.state.job_queue
+    return queue
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+BlobStoreDep = Annotated[BlobStore, Depends(get_blob_store)]
+JobQueueDep = Annotated[JobQueue, Depends(get_job_queue)]
+CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+def _header(credentials: HTTPAuthorizationCredentials | None, request: Request) -> str | None:
+    if credentials is not None:
+        return f"{credentials.scheme} {credentials.credentials}"
+    return request.headers.get("authorization")
+
+
+def require_scope(scope: str) -> Callable[..., Principal]:
+    """A dependency that authenticates the bearer token and checks it has `scope`."""
+
+    def dependency(request: Request, session: SessionDep, credentials: CredentialsDep) -> Principal:
+        principal = auth.authenticate(session, _header(credentials, request))
+        auth.require(principal, scope)
+        session.commit()  # persists last_used_at
+        return principal
+
+    dependency.__name__ = f"require_{scope}"
+    return dependency
+
+
+def any_token(request: Request, session: SessionDep, credentials: CredentialsDep) -> Principal:
+    principal = auth.authenticate(session, _header(credentials, request))
+    session.commit()
+    return principal
+
+
+PublishPrincipal = Annotated[Principal, Depends(require_scope(auth.Scope.publish.value))]
+RolloutPrincipal = Annotated[Principal, Depends(require_scope(auth.Scope.rollout.value))]
+AdminPrincipal = Annotated[Principal, Depends(require_scope(auth.Scope.admin.value))]
+TokenPrincipal = Annotated[Principal, Depends(any_token)]

@@ -1,0 +1,56 @@
+"""The application factory: `create_app(settings)` wires the database, blob store, job queue,
+error mapping and every router in `server.api.ROUTERS`. No module-level app or engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from server.api import ROUTERS
+from server.api.errors import install_error_handlers
+from server.api.limits import BodySizeLimit
+from server.blobstore import BlobStore, make_blob_store
+from server.db.session import make_engine, make_session_factory
+from server.jobs.interface import JobQueue, NullJobQueue
+from server.settings import Settings
+
+API_VERSION = "0.1.0"
+
+
+def create_app(
+    settings: Settings,
+    *,
+    blob_store: BlobStore | None = None,
+    job_queue: JobQueue | None = None,
+) -> FastAPI:
+    """Builds the API. The schema must already be migrated (`server.db.migrate.upgrade`;
+    `modelfleet serve` does it at start). `blob_store`/`job_queue` override the ones the
+    settings choose (tests, embedding)."""
+    engine = make_engine(settings.resolved_database_url)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="ModelFleet",
+        version=API_VERSION,
+        description="Model releases and over-the-air updates. Write endpoints need a bearer "
+        "token with the right scope (`modelfleet tokens create --scope …`).",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.session_factory = make_session_factory(engine)
+    app.state.blob_store = blob_store if blob_store is not None else make_blob_store(settings)
+    app.state.job_queue = job_queue if job_queue is not None else NullJobQueue()
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    # Whole-request cap: the model plus both optional .npz files plus the metadata field.
+    max_body = settings.max_model_bytes + 2 * settings.max_npz_bytes + settings.max_metadata_bytes
+    app.add_middleware(BodySizeLimit, max_bytes=max_body + 1024 * 1024)
+    return app

@@ -1,0 +1,402 @@
+"""Every table of the release backend, as SQLAlchemy 2 declarative models.
+
+Owned here so one migration history covers the whole system; later areas (compile jobs,
+publishing, rollout control, telemetry) fill these tables rather than adding parallel ones.
+Lifecycle states are enums with checked transitions (`ModelVersion.transition`,
+`Build.transition`, `Release.transition`). Enums are stored as short strings (not native
+database enums) so adding a state later needs no ALTER TYPE on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Enum,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from server.db.types import UTCDateTime, utcnow
+
+# Deterministic constraint names so migrations can refer to them on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class InvalidTransitionError(ValueError):
+    """A lifecycle state change that the state machine does not allow."""
+
+    def __init__(self, kind: str, current: enum.Enum, new: enum.Enum) -> None:
+        super().__init__(f"{kind} cannot go from {current.value!r} to {new.value!r}")
+        self.kind = kind
+        self.current = current
+        self.new = new
+
+
+def _enum(cls: type[enum.Enum]) -> Enum:
+    return Enum(
+        cls,
+        native_enum=False,
+        create_constraint=False,
+        length=32,
+        values_callable=lambda e: [m.value for m in e],
+        validate_strings=True,
+    )
+
+
+def _check(kind: str, allowed: dict[Any, frozenset[Any]], current: Any, new: Any) -> None:
+    if new not in allowed.get(current, frozenset()):
+        raise InvalidTransitionError(kind, current, new)
+
+
+# --------------------------------------------------------------------------- registry
+
+
+class TaskType(enum.StrEnum):
+    classification = "classification"
+    other = "other"
+
+
+class VersionState(enum.StrEnum):
+    uploaded = "uploaded"
+    compiling = "compiling"
+    ready = "ready"
+    failed = "failed"
+
+
+VERSION_TRANSITIONS: dict[VersionState, frozenset[VersionState]] = {
+    VersionState.uploaded: frozenset({VersionState.compiling, VersionState.failed}),
+    VersionState.compiling: frozenset({VersionState.ready, VersionState.failed}),
+    # A failed version may be compiled again (e.g. after a worker fix); ready is final.
+    VersionState.failed: frozenset({VersionState.compiling}),
+    VersionState.ready: frozenset(),
+}
+
+
+class Model(Base):
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    task: Mapped[TaskType] = mapped_column(_enum(TaskType), default=TaskType.other)
+    owner: Mapped[str] = mapped_column(String(128), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(128), default="")
+
+    versions: Mapped[list[ModelVersion]] = relationship(back_populates="model")
+
+
+class ModelVersion(Base):
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"), index=True)
+    version: Mapped[str] = mapped_column(String(64))
+    state: Mapped[VersionState] = mapped_column(_enum(VersionState), default=VersionState.uploaded)
+    # Validated upload metadata as given (platforms with compile settings, inputs, notes).
+    metadata_json: Mapped[dict[str, Any]] = mapped_column(JSON)
+    source_format: Mapped[str] = mapped_column(String(16))  # onnx | pt2 | torchscript
+    error: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+    created_by: Mapped[str] = mapped_column(String(128), default="")
+
+    model: Mapped[Model] = relationship(back_populates="versions")
+    uploads: Mapped[list[SourceUpload]] = relationship(back_populates="version")
+    builds: Mapped[list[Build]] = relationship(back_populates="version")
+
+    def transition(self, new: VersionState) -> None:
+        _check("model version", VERSION_TRANSITIONS, self.state, new)
+        self.state = new
+
+
+class UploadKind(enum.StrEnum):
+    model = "model"
+    calibration = "calibration"
+    reference = "reference"
+
+
+class SourceUpload(Base):
+    """One uploaded file of a version: the source model, and optional calibration/reference."""
+
+    __tablename__ = "source_uploads"
+    __table_args__ = (UniqueConstraint("version_id", "kind"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"), index=True)
+    kind: Mapped[UploadKind] = mapped_column(_enum(UploadKind))
+    filename: Mapped[str] = mapped_column(String(255), default="")
+    format: Mapped[str] = mapped_column(String(16))  # onnx | pt2 | torchscript | npz
+    sha256: Mapped[str] = mapped_column(String(64))
+    length: Mapped[int] = mapped_column(BigInteger)
+    blob_key: Mapped[str] = mapped_column(String(512))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    version: Mapped[ModelVersion] = relationship(back_populates="uploads")
+
+
+# --------------------------------------------------------------------------- compile
+
+
+class BuildState(enum.StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+BUILD_TRANSITIONS: dict[BuildState, frozenset[BuildState]] = {
+    BuildState.queued: frozenset({BuildState.running, BuildState.failed}),
+    # running -> queued is a retry after a transient failure or a lost worker heartbeat.
+    BuildState.running: frozenset({BuildState.succeeded, BuildState.failed, BuildState.queued}),
+    BuildState.failed: frozenset({BuildState.queued}),
+    BuildState.succeeded: frozenset(),
+}
+
+
+class Build(Base):
+    """One compile of a version for one platform and one input-shape variant."""
+
+    __tablename__ = "builds"
+    __table_args__ = (
+        UniqueConstraint("version_id", "platform", "variant"),
+        Index("ix_builds_state_next_attempt_at", "state", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"), index=True)
+    platform: Mapped[str] = mapped_column(String(32))
+    variant: Mapped[str] = mapped_column(String(64))
+    state: Mapped[BuildState] = mapped_column(_enum(BuildState), default=BuildState.queued)
+    compile_settings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    log: Mapped[str] = mapped_column(Text, default="")
+    gates_report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str] = mapped_column(Text, default="")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    locked_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+    version: Mapped[ModelVersion] = relationship(back_populates="builds")
+
+    def transition(self, new: BuildState) -> None:
+        _check("build", BUILD_TRANSITIONS, self.state, new)
+        self.state = new
+
+
+class Artifact(Base):
+    """A compiled, packed, gated model file ready to be offered to devices."""
+
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("version_id", "platform", "variant"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"), index=True)
+    build_id: Mapped[int | None] = mapped_column(ForeignKey("builds.id"), nullable=True)
+    platform: Mapped[str] = mapped_column(String(32))
+    variant: Mapped[str] = mapped_column(String(64))
+    format: Mapped[str] = mapped_column(String(32))
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    length: Mapped[int] = mapped_column(BigInteger)
+    blob_key: Mapped[str] = mapped_column(String(512))
+    target: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    compile_settings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Patch(Base):
+    """A delta from one artifact to another (same platform and variant)."""
+
+    __tablename__ = "patches"
+    __table_args__ = (UniqueConstraint("from_artifact_id", "to_artifact_id", "algorithm"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    from_artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id"), index=True)
+    to_artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id"), index=True)
+    algorithm: Mapped[str] = mapped_column(String(32))  # bsdiff4 | mfdelta1
+    sha256: Mapped[str] = mapped_column(String(64))
+    length: Mapped[int] = mapped_column(BigInteger)
+    blob_key: Mapped[str] = mapped_column(String(512))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+# --------------------------------------------------------------------------- rollout
+
+
+class Channel(Base):
+    __tablename__ = "channels"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ReleaseState(enum.StrEnum):
+    active = "active"
+    paused = "paused"
+    halted = "halted"
+
+
+RELEASE_TRANSITIONS: dict[ReleaseState, frozenset[ReleaseState]] = {
+    ReleaseState.active: frozenset({ReleaseState.paused, ReleaseState.halted}),
+    ReleaseState.paused: frozenset({ReleaseState.active, ReleaseState.halted}),
+    # A halted release is never offered again; ship a new version instead.
+    ReleaseState.halted: frozenset(),
+}
+
+
+class RolloutMode(enum.StrEnum):
+    active = "active"
+    shadow = "shadow"
+
+
+class Release(Base):
+    """A model version offered on a channel under a rollout rule."""
+
+    __tablename__ = "releases"
+    __table_args__ = (UniqueConstraint("channel_id", "version_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    channel_id: Mapped[int] = mapped_column(ForeignKey("channels.id"), index=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"), index=True)
+    share_ppm: Mapped[int] = mapped_column(Integer, default=0)
+    salt: Mapped[str] = mapped_column(String(64))
+    mode: Mapped[RolloutMode] = mapped_column(_enum(RolloutMode), default=RolloutMode.active)
+    # manifests.Filters minus the device lists: platforms, socs, archs, os_versions, app_versions.
+    filters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # manifests.Filters.device_allow / device_deny (pinning).
+    pinned_devices: Mapped[list[str]] = mapped_column(JSON, default=list)
+    denied_devices: Mapped[list[str]] = mapped_column(JSON, default=list)
+    shadow_max_kl_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    shadow_max_latency_p99_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    shadow_min_samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    state: Mapped[ReleaseState] = mapped_column(_enum(ReleaseState), default=ReleaseState.active)
+    state_reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+    def transition(self, new: ReleaseState) -> None:
+        _check("release", RELEASE_TRANSITIONS, self.state, new)
+        self.state = new
+
+
+class SignedManifest(Base):
+    """Every manifest ever signed for a channel; the highest serial is the current one."""
+
+    __tablename__ = "signed_manifests"
+    __table_args__ = (UniqueConstraint("channel_id", "serial"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    channel_id: Mapped[int] = mapped_column(ForeignKey("channels.id"), index=True)
+    serial: Mapped[int] = mapped_column(BigInteger)
+    blob_key: Mapped[str] = mapped_column(String(512))
+    sha256: Mapped[str] = mapped_column(String(64))
+    length: Mapped[int] = mapped_column(BigInteger)
+    expires: Mapped[int] = mapped_column(BigInteger)  # Unix seconds, as in the document
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class RootDocument(Base):
+    """Signed root documents (DSSE envelope bytes), one per root version."""
+
+    __tablename__ = "root_documents"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, unique=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+# --------------------------------------------------------------------------- fleet
+
+
+class Device(Base):
+    __tablename__ = "devices"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    profile: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    first_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+
+
+class TelemetryEvent(Base):
+    """One report from a device about one release (install status, shadow statistics)."""
+
+    __tablename__ = "telemetry_events"
+    __table_args__ = (
+        Index("ix_telemetry_events_release_id_received_at", "release_id", "received_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    device_id: Mapped[str] = mapped_column(String(128), index=True)
+    release_id: Mapped[int | None] = mapped_column(ForeignKey("releases.id"), nullable=True)
+    model: Mapped[str] = mapped_column(String(64), default="")
+    version: Mapped[str] = mapped_column(String(64), default="")
+    kind: Mapped[str] = mapped_column(String(32))  # installed | failed | rolled_back | shadow …
+    kl_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    latency_p99_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+# --------------------------------------------------------------------------- access
+
+
+class ApiToken(Base):
+    """An API token; only the sha256 of the secret is stored."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), default="")
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # shown in listings to tell tokens apart
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class AuditEvent(Base):
+    """Who did what, when: one row per write."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(128))  # "token:<id>:<name>" or "cli" / "system"
+    action: Mapped[str] = mapped_column(String(64))  # e.g. model.create, version.upload
+    target: Mapped[str] = mapped_column(String(255), default="")  # e.g. "resnet/1.2.0"
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

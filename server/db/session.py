@@ -1,0 +1,53 @@
+"""Engine and session factory. One engine per app (no module-level globals)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+
+def make_engine(database_url: str, **kwargs: Any) -> Engine:
+    """An engine for SQLite (the embedded default) or PostgreSQL (psycopg 3)."""
+    url = database_url
+    if url.startswith("postgresql://"):
+        # The plain scheme would pick psycopg2, which is not installed; psycopg 3 is.
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    if url.startswith("sqlite"):
+        kwargs.setdefault("connect_args", {"check_same_thread": False, "timeout": 30})
+    else:
+        kwargs.setdefault("pool_pre_ping", True)
+    engine = create_engine(url, **kwargs)
+    if url.startswith("sqlite"):
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # WAL lets the API read while a worker writes; foreign keys are off by default in SQLite.
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A session that commits on success and rolls back on any error."""
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

@@ -1,0 +1,1 @@
+"""Compile job queue: interface (server.jobs.interface) and its implementations."""

@@ -1,0 +1,98 @@
+"""Server settings, read from the environment (prefix `MODELFLEET_`) by pydantic-settings.
+
+The embedded default needs nothing but a data directory: SQLite file and blob directory live
+under it. Outside `env=development` the settings refuse missing or placeholder secrets, so a
+production deployment cannot start with `changethis` credentials by accident.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Values that mean "nobody set this yet" — never acceptable for a secret in production.
+PLACEHOLDER_SECRETS = frozenset(
+    {"", "changethis", "changeme", "change-me", "secret", "password", "testing", "minioadmin"}
+)
+
+MiB = 1024 * 1024
+
+
+class SettingsError(ValueError):
+    """Settings that cannot run: names the variable and what to set it to."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MODELFLEET_", extra="ignore")
+
+    env: Literal["development", "production"] = "development"
+    data_dir: Path = Path("data")
+    # Empty = SQLite file `modelfleet.db` under data_dir (the embedded default).
+    database_url: str = ""
+    blob_store: Literal["local", "s3"] = "local"
+    # Empty = `blobs/` under data_dir.
+    blob_dir: Path | None = None
+
+    s3_bucket: str = ""
+    s3_endpoint_url: str = ""  # empty = AWS default endpoint for the region
+    s3_region: str = "us-east-1"
+    s3_access_key: str = ""  # empty = boto3's default credential chain
+    s3_secret_key: str = ""
+    s3_prefix: str = ""  # every key is stored under this prefix (e.g. "modelfleet/")
+
+    # Base URL devices use to reach artifacts and manifests (API origin, bucket or CDN).
+    public_base_url: str = "http://127.0.0.1:8000"
+    job_backend: Literal["inprocess", "procrastinate"] = "inprocess"
+    manifest_lifetime_seconds: int = Field(default=7 * 24 * 3600, gt=0)
+
+    # Size caps for uploads (bytes).
+    max_model_bytes: int = Field(default=4096 * MiB, gt=0)
+    max_npz_bytes: int = Field(default=512 * MiB, gt=0)
+    max_metadata_bytes: int = Field(default=64 * 1024, gt=0)
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'modelfleet.db').resolve()}"
+
+    @property
+    def resolved_blob_dir(self) -> Path:
+        return self.blob_dir if self.blob_dir is not None else self.data_dir / "blobs"
+
+    @model_validator(mode="after")
+    def _refuse_unsafe_production(self) -> Settings:
+        if self.blob_store == "s3" and not self.s3_bucket:
+            raise SettingsError(
+                "MODELFLEET_S3_BUCKET is empty but MODELFLEET_BLOB_STORE=s3: set the bucket name"
+            )
+        if self.env == "development":
+            return self
+        if self.blob_store == "s3" and self.s3_access_key:
+            if self.s3_secret_key.strip().lower() in PLACEHOLDER_SECRETS:
+                raise SettingsError(
+                    "MODELFLEET_S3_SECRET_KEY is missing or a placeholder while "
+                    "MODELFLEET_ENV=production: set the real secret key (or leave "
+                    "MODELFLEET_S3_ACCESS_KEY empty to use boto3's credential chain)"
+                )
+        password = _url_password(self.database_url)
+        if password is not None and password.lower() in PLACEHOLDER_SECRETS:
+            raise SettingsError(
+                "MODELFLEET_DATABASE_URL carries a placeholder password while "
+                "MODELFLEET_ENV=production: set the real database password"
+            )
+        return self
+
+
+def _url_password(url: str) -> str | None:
+    if not url or "://" not in url:
+        return None
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).password
+    except Exception:  # a malformed URL fails later, at connect, with its own message
+        return None

@@ -1,0 +1,75 @@
+"""Server fixtures: a migrated database (SQLite and PostgreSQL, built with `alembic upgrade
+head`), settings under a temp data dir, the app, an HTTP client and token helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.app import create_app
+from server.auth import create_token
+from server.db.migrate import upgrade
+from server.db.session import make_engine, make_session_factory
+from server.jobs.interface import NullJobQueue
+from server.settings import Settings
+
+
+@pytest.fixture
+def migrated_db_url(database_url: str) -> str:
+    """An empty database (SQLite, then PostgreSQL) upgraded to the migrations' head."""
+    upgrade(database_url)
+    return database_url
+
+
+@pytest.fixture
+def settings(migrated_db_url: str, tmp_path: Path) -> Settings:
+    return Settings(
+        env="development",
+        data_dir=tmp_path / "data",
+        database_url=migrated_db_url,
+        max_model_bytes=2 * 1024 * 1024,
+        max_npz_bytes=512 * 1024,
+    )
+
+
+@pytest.fixture
+def session_factory(settings: Settings) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        yield make_session_factory(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def job_queue() -> NullJobQueue:
+    return NullJobQueue()
+
+
+@pytest.fixture
+def client(settings: Settings, job_queue: NullJobQueue) -> Iterator[TestClient]:
+    app = create_app(settings, job_queue=job_queue)
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture
+def make_token(session_factory: sessionmaker[Session]) -> Callable[..., str]:
+    """make_token("publish", "rollout") -> a bearer token secret with those scopes."""
+
+    def make(*scopes: str, name: str = "test") -> str:
+        with session_factory() as session:
+            _row, secret = create_token(session, list(scopes), name=name)
+            session.commit()
+        return secret
+
+    return make
+
+
+@pytest.fixture
+def publish_headers(make_token: Callable[..., str]) -> dict[str, str]:
+    return {"Authorization": f"Bearer {make_token('publish')}"}
