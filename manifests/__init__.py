@@ -1,1 +1,118 @@
-"""ModelFleet's signed manifest contract: documents, DSSE envelopes, trust rules, rollout rule."""
+"""ModelFleet's signed manifest contract: documents, DSSE envelopes, trust rules, rollout rule.
+
+Pure: no I/O, no clock (time is an integer of Unix seconds passed in). Depends only on pynacl
+and the standard library. The normative spec is docs/manifest.md; test vectors for other
+languages are in manifests/vectors/, JSON Schemas in manifests/schema/.
+"""
+
+from .envelope import (
+    MANIFEST_PAYLOAD_TYPE,
+    MAX_SIGNATURES,
+    ROOT_PAYLOAD_TYPE,
+    Envelope,
+    Signature,
+    pae,
+    sign_envelope,
+    verify_envelope,
+)
+from .errors import (
+    EquivocationError,
+    ExpiredError,
+    MalformedError,
+    ManifestError,
+    OversizeError,
+    RollbackError,
+    RootRotationError,
+    SignatureError,
+    WrongChannelError,
+    WrongTypeError,
+)
+from .keys import SigningKey, key_id, verify_signature
+from .manifest import (
+    PPM,
+    Artifact,
+    Filters,
+    Manifest,
+    ModelEntry,
+    Patch,
+    Release,
+    Rollout,
+    ShadowThresholds,
+)
+from .rollout import (
+    DeviceProfile,
+    artifact_matches,
+    bucket,
+    filters_match,
+    rollout_includes,
+    select_artifact,
+    select_release,
+)
+from .root import RELEASE_ROLE, ROOT_ROLE, PublicKey, Role, Root
+from .strictjson import MAX_SAFE_INTEGER, JSONObject, JSONValue
+from .trust import (
+    MANIFEST_MAX_SIZE,
+    ROOT_MAX_SIZE,
+    TrustedManifest,
+    load_trusted_root,
+    verify_manifest,
+    verify_root_update,
+)
+from .versions import VersionRange, compare_versions, parse_version
+
+__all__ = [
+    "MANIFEST_MAX_SIZE",
+    "MANIFEST_PAYLOAD_TYPE",
+    "MAX_SAFE_INTEGER",
+    "MAX_SIGNATURES",
+    "PPM",
+    "RELEASE_ROLE",
+    "ROOT_MAX_SIZE",
+    "ROOT_PAYLOAD_TYPE",
+    "ROOT_ROLE",
+    "Artifact",
+    "DeviceProfile",
+    "Envelope",
+    "EquivocationError",
+    "ExpiredError",
+    "Filters",
+    "JSONObject",
+    "JSONValue",
+    "MalformedError",
+    "Manifest",
+    "ManifestError",
+    "ModelEntry",
+    "OversizeError",
+    "Patch",
+    "PublicKey",
+    "Release",
+    "Role",
+    "RollbackError",
+    "Rollout",
+    "Root",
+    "RootRotationError",
+    "ShadowThresholds",
+    "Signature",
+    "SignatureError",
+    "SigningKey",
+    "TrustedManifest",
+    "VersionRange",
+    "WrongChannelError",
+    "WrongTypeError",
+    "artifact_matches",
+    "bucket",
+    "compare_versions",
+    "filters_match",
+    "key_id",
+    "load_trusted_root",
+    "pae",
+    "parse_version",
+    "rollout_includes",
+    "select_artifact",
+    "select_release",
+    "sign_envelope",
+    "verify_envelope",
+    "verify_manifest",
+    "verify_root_update",
+    "verify_signature",
+]

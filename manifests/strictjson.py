@@ -1,0 +1,113 @@
+"""Strict JSON for signed data: parse refuses anything two languages could read differently.
+
+Refused (``MalformedError``): bytes that are not UTF-8 (or start with a BOM), duplicate object
+keys, NaN/Infinity, any number with a fraction or exponent (floats), integers outside
+±(2^53-1), strings holding lone surrogates, a top level that is not an object, nesting that
+exhausts the parser. These are the I-JSON (RFC 7493) rules plus "integers only".
+
+``dumps`` writes the one serialization the library signs: sorted keys, no whitespace, UTF-8
+(not ``\\u`` escapes). Verifiers never re-serialize; they verify the bytes they received.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NoReturn, TypeAlias
+
+from .errors import MalformedError
+
+JSONValue: TypeAlias = bool | int | str | list["JSONValue"] | dict[str, "JSONValue"] | None
+JSONObject: TypeAlias = dict[str, JSONValue]
+
+MAX_SAFE_INTEGER = 2**53 - 1
+# More digits than this cannot be a safe integer; refusing early keeps int() cheap.
+_MAX_INT_DIGITS = 16
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise MalformedError(f"JSON constant {name} is not allowed in signed data")
+
+
+def _reject_float(text: str) -> NoReturn:
+    raise MalformedError(
+        f"number {text[:40]} has a fraction or exponent; signed data holds integers only"
+    )
+
+
+def _parse_int(text: str) -> int:
+    digits = text.lstrip("-")
+    if len(digits) > _MAX_INT_DIGITS or abs(int(text)) > MAX_SAFE_INTEGER:
+        raise MalformedError(
+            f"integer {text[:40]} is outside ±(2^53-1), the range every JSON reader holds exactly"
+        )
+    return int(text)
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise MalformedError(f"duplicate JSON object key {key!r}")
+        _check_string(key)
+        obj[key] = value
+    return obj
+
+
+def _check_string(value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise MalformedError("JSON string holds a lone surrogate (invalid Unicode)") from e
+
+
+def _check_strings(value: Any) -> None:
+    # Object keys were checked by the hook; values need a walk (json has no string hook).
+    if isinstance(value, str):
+        _check_string(value)
+    elif isinstance(value, list):
+        for item in value:
+            _check_strings(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _check_strings(item)
+
+
+def loads(data: bytes, *, what: str = "document") -> JSONObject:
+    """Parse ``data`` as strict JSON whose top level is an object.
+
+    Raises:
+        MalformedError: for any of the refusals listed in the module docstring.
+    """
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise MalformedError(f"{what} starts with a UTF-8 byte order mark")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MalformedError(f"{what} is not valid UTF-8: {e.reason} at byte {e.start}") from e
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_object_without_duplicates,
+            parse_constant=_reject_constant,
+            parse_float=_reject_float,
+            parse_int=_parse_int,
+        )
+    except MalformedError as e:
+        raise MalformedError(f"{what}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise MalformedError(
+            f"{what} is not JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from e
+    except RecursionError as e:
+        raise MalformedError(f"{what} is nested too deeply") from e
+    _check_strings(value)
+    if not isinstance(value, dict):
+        raise MalformedError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def dumps(value: JSONValue) -> bytes:
+    """Serialize deterministically: sorted keys, compact separators, UTF-8."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")

@@ -1,0 +1,166 @@
+"""Documents: round trips, unknown-field preservation, and the field rules."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from conftest import key, make_manifest, make_root
+
+from manifests import MalformedError, Manifest, Root, WrongTypeError
+
+
+def _manifest_json() -> dict[str, Any]:
+    return json.loads(make_manifest().to_bytes())
+
+
+def test_manifest_round_trips_through_bytes() -> None:
+    m = make_manifest()
+    assert Manifest.from_bytes(m.to_bytes()) == m
+    assert Manifest.from_bytes(m.to_bytes()).to_bytes() == m.to_bytes()
+
+
+def test_root_round_trips_through_bytes() -> None:
+    r = make_root(4, [key(1), key(2)], 2, [key(3)])
+    assert Root.from_bytes(r.to_bytes()) == r
+
+
+def test_unknown_fields_are_preserved_at_every_level() -> None:
+    doc = _manifest_json()
+    doc["future_top"] = {"nested": [1, "x", None]}
+    doc["models"]["detector"]["future_model"] = 1
+    rel = doc["models"]["detector"]["releases"][0]
+    rel["future_release"] = True
+    rel["rollout"]["future_rollout"] = "r"
+    rel["rollout"]["filters"]["future_filter"] = ["f"]
+    rel["rollout"]["shadow"]["future_shadow"] = 2
+    rel["artifacts"][0]["future_artifact"] = "a"
+    rel["artifacts"][0]["patches"][0]["future_patch"] = "p"
+    data = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    m = Manifest.from_bytes(data)
+    assert m.extra == {"future_top": {"nested": [1, "x", None]}}
+    assert m.models["detector"].releases[0].artifacts[0].patches[0].extra == {"future_patch": "p"}
+    assert m.to_bytes() == data
+
+
+def test_optional_fields_default_to_empty() -> None:
+    doc = _manifest_json()
+    rel = doc["models"]["detector"]["releases"][0]
+    rel["rollout"] = {"share_ppm": 5, "salt": "s", "mode": "active"}
+    for k in ("compile_settings", "target", "patches"):
+        del rel["artifacts"][0][k]
+    m = Manifest.from_dict(doc)
+    r = m.models["detector"].releases[0]
+    assert r.rollout.filters.platforms == [] and r.rollout.shadow is None
+    assert r.artifacts[0].patches == [] and r.artifacts[0].target == {}
+
+
+def _set(path: str, value: Any):
+    def mutate(doc: dict[str, Any]) -> None:
+        *parents, last = path.split("/")
+        node: Any = doc
+        for p in parents:
+            node = node[int(p)] if p.isdigit() else node[p]
+        if value is KeyError:
+            del node[last]
+        else:
+            node[last] = value
+    return mutate
+
+
+REL = "models/detector/releases/0"
+ART = f"{REL}/artifacts/0"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (_set("serial", 0), "serial must be between 1"),
+        (_set("serial", "1"), "serial must be an integer"),
+        (_set("serial", True), "serial must be an integer"),
+        (_set("expires", KeyError), "expires is required"),
+        (_set("channel", "../prod"), "is not a name"),
+        (_set("models", []), "models must be an object"),
+        (_set(f"{REL}/version", "a/b"), "is not a name"),
+        (_set(f"{REL}/rollout/share_ppm", 1_000_001), "share_ppm must be between 0 and 1000000"),
+        (_set(f"{REL}/rollout/mode", "canary"), "mode must be one of active, shadow"),
+        (_set(f"{REL}/rollout/shadow", None), "shadow is required when mode is 'shadow'"),
+        (_set(f"{REL}/rollout/salt", ""), "salt must not be empty"),
+        (_set(f"{REL}/rollout/filters/os_versions", ["14"]), "version range"),
+        (_set(f"{REL}/rollout/filters/socs", [1]), "must be a string"),
+        (_set(f"{ART}/sha256", "AB" * 32), "64 lowercase hex"),
+        (_set(f"{ART}/length", -1), "length must be between 0"),
+        (_set(f"{ART}/url", "http://x/a b"), "printable ASCII"),
+        (_set(f"{ART}/platform", ".."), "is not a name"),
+        (_set(f"{ART}/compile_settings", {"x": [1]}), "string, integer or boolean"),
+        (_set(f"{ART}/target", {"soc": 1}), "must be a string"),
+        (_set(f"{ART}/patches/0/from_sha256", "x"), "64 lowercase hex"),
+        (_set(f"{ART}/patches/0/algorithm", ""), "must not be empty"),
+    ],
+)
+def test_manifest_field_rules(mutate, reason: str) -> None:
+    doc = _manifest_json()
+    mutate(doc)
+    with pytest.raises(MalformedError, match=reason):
+        Manifest.from_dict(doc)
+
+
+def test_duplicate_release_versions_are_refused() -> None:
+    doc = _manifest_json()
+    rels = doc["models"]["detector"]["releases"]
+    rels[1]["version"] = rels[0]["version"]
+    with pytest.raises(MalformedError, match="one version twice"):
+        Manifest.from_dict(doc)
+
+
+def test_document_type_mismatch_is_wrong_type() -> None:
+    doc = _manifest_json()
+    doc["type"] = "root"
+    with pytest.raises(WrongTypeError):
+        Manifest.from_dict(doc)
+
+
+def _root_json() -> dict[str, Any]:
+    return json.loads(make_root(1, [key(1), key(2)], 2, [key(3)]).to_bytes())
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (_set("version", 0), "version must be between 1"),
+        (_set("roles/release", KeyError), "roles.release is required"),
+        (_set("roles/root/threshold", 3), "threshold must be between 1 and 2"),
+        (_set("roles/root/threshold", 0), "threshold must be between 1 and 2"),
+        (_set("roles/root/keyids", []), "keyids must not be empty"),
+        (_set("roles/release/keyids", [key(9).keyid]), "not in root.keys"),
+    ],
+)
+def test_root_field_rules(mutate, reason: str) -> None:
+    doc = _root_json()
+    mutate(doc)
+    with pytest.raises(MalformedError, match=reason):
+        Root.from_dict(doc)
+
+
+def test_root_key_id_must_match_its_key() -> None:
+    doc = _root_json()
+    keys = doc["keys"]
+    a, b = list(keys)[:2]
+    keys[a], keys[b] = keys[b], keys[a]
+    with pytest.raises(MalformedError, match="not sha256 of the public key"):
+        Root.from_dict(doc)
+
+
+def test_root_duplicate_keyids_in_role_are_refused() -> None:
+    doc = _root_json()
+    kid = doc["roles"]["root"]["keyids"][0]
+    doc["roles"]["root"]["keyids"] = [kid, kid]
+    with pytest.raises(MalformedError, match="twice"):
+        Root.from_dict(doc)
+
+
+def test_to_bytes_refuses_a_document_no_verifier_would_accept() -> None:
+    from dataclasses import replace
+    with pytest.raises(MalformedError, match="serial"):
+        replace(make_manifest(), serial=0).to_bytes()
