@@ -1,0 +1,256 @@
+"""Signing key files and root versions on disk: `keys init` and `keys rotate`.
+
+Layout under a keys directory (default DATA_DIR/keys, MODELFLEET_KEYS_DIR overrides):
+
+    release.key              the online release key the server signs manifests with
+    root-<keyid16>.key       offline root keys: move them off the server after `keys init`,
+                             bring a threshold of them back only to rotate
+    retired/                 release keys replaced by a rotation (kept, never used to sign)
+
+and every signed root version as DATA_DIR/roots/<version>.json (the exact envelope bytes; the
+server imports them into its database and serves them at /v1/root/<version>.json).
+
+Every key file is JSON {"role", "keytype", "keyid", "seed_hex"}, created with mode 0600 and
+refused when group or others can read it. Files are written to a temporary name and renamed,
+so a crash leaves either the old state or the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import manifests
+from manifests import Root, SigningKey
+from server.publish.errors import KeyStoreError, RotationError
+from server.publish.roots import (
+    ROOT_LIFETIME_SECONDS,
+    build_root,
+    root_signers_for_rotation,
+    sign_root,
+)
+
+KEY_FILE_MAX_BYTES = 4096
+ROOT_FILE_MAX_BYTES = 1 << 20
+RELEASE_KEY_FILE = "release.key"
+
+
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """Write `data` to `path` via a temp file + os.replace, created with `mode` from the start."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _key_bytes(role: str, key: SigningKey) -> bytes:
+    doc = {"role": role, "keytype": "ed25519", "keyid": key.keyid, "seed_hex": key.seed.hex()}
+    return json.dumps(doc, indent=1).encode() + b"\n"
+
+
+def read_key_file(path: Path) -> tuple[str, SigningKey]:
+    """(role, key) from a key file; KeyStoreError if missing, too open, or malformed."""
+    try:
+        st = path.stat()
+    except FileNotFoundError as e:
+        raise KeyStoreError(
+            f"key file {path} does not exist; run `modelfleet keys init --data-dir DIR` or set "
+            f"MODELFLEET_KEYS_DIR to the directory holding the keys"
+        ) from e
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyStoreError(
+            f"key file {path} is accessible by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):o}); run `chmod 600 {path}`"
+        )
+    if st.st_size > KEY_FILE_MAX_BYTES:
+        raise KeyStoreError(f"key file {path} is {st.st_size} bytes, not a ModelFleet key file")
+    try:
+        doc = json.loads(path.read_bytes())
+        role, keytype, seed_hex = doc["role"], doc["keytype"], doc["seed_hex"]
+        if keytype != "ed25519" or role not in ("root", "release"):
+            raise ValueError(f"unsupported role/keytype {role}/{keytype}")
+        key = SigningKey.from_seed(bytes.fromhex(seed_hex))
+    except (ValueError, KeyError, TypeError) as e:
+        raise KeyStoreError(f"key file {path} is malformed ({e}); restore it from backup") from e
+    if doc.get("keyid") not in (None, key.keyid):
+        raise KeyStoreError(f"key file {path}: keyid does not match its seed; file is corrupt")
+    return role, key
+
+
+@dataclass(frozen=True)
+class KeyPaths:
+    """Where keys and signed roots live for one server data directory."""
+
+    keys_dir: Path
+    roots_dir: Path
+
+    @classmethod
+    def for_data_dir(cls, data_dir: Path, keys_dir: Path | None = None) -> KeyPaths:
+        env = os.environ.get("MODELFLEET_KEYS_DIR")
+        chosen = keys_dir or (Path(env) if env else data_dir / "keys")
+        return cls(keys_dir=chosen, roots_dir=data_dir / "roots")
+
+    @property
+    def release_key_path(self) -> Path:
+        return self.keys_dir / RELEASE_KEY_FILE
+
+    def root_key_path(self, key: SigningKey) -> Path:
+        return self.keys_dir / f"root-{key.keyid[:16]}.key"
+
+    def root_path(self, version: int) -> Path:
+        return self.roots_dir / f"{version}.json"
+
+
+def load_release_key(path: Path) -> SigningKey:
+    """The online release key; KeyStoreError if it is missing, too open, or not a release key."""
+    role, key = read_key_file(path)
+    if role != "release":
+        raise KeyStoreError(f"{path} holds a {role} key, not the release key")
+    return key
+
+
+def load_root_keys(directory: Path) -> list[SigningKey]:
+    """Every root key file (root-*.key) found in `directory`."""
+    keys = []
+    for path in sorted(directory.glob("root-*.key")):
+        role, key = read_key_file(path)
+        if role == "root":
+            keys.append(key)
+    return keys
+
+
+def root_versions(paths: KeyPaths) -> list[int]:
+    """The root versions present on disk, ascending."""
+    if not paths.roots_dir.is_dir():
+        return []
+    return sorted(int(p.stem) for p in paths.roots_dir.glob("*.json") if p.stem.isdigit())
+
+
+def read_root_bytes(paths: KeyPaths, version: int) -> bytes:
+    path = paths.root_path(version)
+    data = path.read_bytes()
+    if len(data) > ROOT_FILE_MAX_BYTES:
+        raise KeyStoreError(f"{path} is larger than {ROOT_FILE_MAX_BYTES} bytes")
+    return data
+
+
+def load_root_chain(paths: KeyPaths) -> list[tuple[Root, bytes]]:
+    """Every root on disk, each verified against the previous one (v1 against itself)."""
+    versions = root_versions(paths)
+    if not versions:
+        raise KeyStoreError(
+            f"no signed root in {paths.roots_dir}; run `modelfleet keys init --data-dir DIR`"
+        )
+    if versions != list(range(1, len(versions) + 1)):
+        raise KeyStoreError(f"root versions in {paths.roots_dir} are not 1..N: {versions}")
+    chain: list[tuple[Root, bytes]] = []
+    for version in versions:
+        data = read_root_bytes(paths, version)
+        try:
+            root = (
+                manifests.load_trusted_root(data)
+                if version == 1
+                else manifests.verify_root_update(chain[-1][0], data)
+            )
+        except manifests.ManifestError as e:
+            raise KeyStoreError(f"{paths.root_path(version)} does not verify: {e}") from e
+        chain.append((root, data))
+    return chain
+
+
+@dataclass(frozen=True)
+class KeysResult:
+    """What `init_keys` / `rotate_root` produced, for the CLI to report."""
+
+    root: Root
+    root_bytes: bytes
+    root_path: Path
+    release_keyid: str
+    new_root_key_paths: list[Path]
+
+
+def init_keys(
+    paths: KeyPaths, *, now: int, root_keys: int = 3, threshold: int = 2,
+    root_lifetime: int = ROOT_LIFETIME_SECONDS,
+) -> KeysResult:
+    """Create the root keys, the release key and root v1; refuse to overwrite existing ones."""
+    if paths.release_key_path.exists() or root_versions(paths):
+        raise KeyStoreError(
+            f"keys already exist ({paths.release_key_path} or {paths.roots_dir}/1.json); "
+            f"use `modelfleet keys rotate` to change them"
+        )
+    roots = [SigningKey.generate() for _ in range(root_keys)]
+    release = SigningKey.generate()
+    root = build_root(
+        version=1, expires=now + root_lifetime, root_keys=roots, root_threshold=threshold,
+        release_keys=[release],
+    )
+    data = sign_root(root, roots)
+    manifests.load_trusted_root(data, now)  # prove it verifies before anything is written
+    written = []
+    for key in roots:
+        _write_atomic(paths.root_key_path(key), _key_bytes("root", key), 0o600)
+        written.append(paths.root_key_path(key))
+    _write_atomic(paths.release_key_path, _key_bytes("release", release), 0o600)
+    # The root file goes last: its presence is what marks the init as complete.
+    _write_atomic(paths.root_path(1), data, 0o644)
+    return KeysResult(root, data, paths.root_path(1), release.keyid, written)
+
+
+def rotate_root(
+    paths: KeyPaths, *, now: int, root_keys_dir: Path | None = None,
+    new_root_keys: int | None = None, threshold: int | None = None,
+    rotate_release: bool = False, root_lifetime: int = ROOT_LIFETIME_SECONDS,
+) -> KeysResult:
+    """Make root N+1 with fresh root keys (and optionally a fresh release key).
+
+    Signed by a threshold of root N's keys (found in `root_keys_dir`, default the keys
+    directory) and by all the new root keys, and checked with manifests.verify_root_update
+    before anything is written. The previous release key is moved to retired/ when replaced.
+    """
+    chain = load_root_chain(paths)
+    old, _ = chain[-1]
+    old_signers = root_signers_for_rotation(
+        old, load_root_keys(root_keys_dir or paths.keys_dir)
+    )
+    count = new_root_keys or len(old.roles["root"].keyids)
+    new_roots = [SigningKey.generate() for _ in range(count)]
+    current_release = load_release_key(paths.release_key_path)
+    release = SigningKey.generate() if rotate_release else current_release
+    root = build_root(
+        version=old.version + 1, expires=now + root_lifetime, root_keys=new_roots,
+        root_threshold=threshold or min(old.roles["root"].threshold, count),
+        release_keys=[release],
+    )
+    data = sign_root(root, [*old_signers, *new_roots])
+    try:
+        manifests.verify_root_update(old, data)
+    except manifests.ManifestError as e:  # a bug here must never reach devices
+        raise RotationError(
+            f"root v{root.version} would not verify against v{old.version}: {e}"
+        ) from e
+    written = []
+    for key in new_roots:
+        _write_atomic(paths.root_key_path(key), _key_bytes("root", key), 0o600)
+        written.append(paths.root_key_path(key))
+    next_release = paths.keys_dir / "release-next.key"
+    if rotate_release:
+        _write_atomic(next_release, _key_bytes("release", release), 0o600)
+        retired = paths.keys_dir / "retired" / f"release-{current_release.keyid[:16]}.key"
+        _write_atomic(retired, _key_bytes("release", current_release), 0o600)
+    _write_atomic(paths.root_path(root.version), data, 0o644)
+    if rotate_release:
+        os.replace(next_release, paths.release_key_path)
+    return KeysResult(root, data, paths.root_path(root.version), release.keyid, written)
