@@ -1,0 +1,266 @@
+"""One contract, two stores: the local directory and S3 over real HTTP (moto server).
+
+Every case runs against both; each failure case also checks that nothing became visible and
+that an older blob under the same key is untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from server.blobstore import (
+    BlobDigestMismatchError,
+    BlobNotFoundError,
+    BlobStore,
+    BlobStoreError,
+    BlobTooLargeError,
+    InvalidBlobKeyError,
+    LocalBlobStore,
+)
+from server.blobstore.s3 import MIN_PART_SIZE, S3BlobStore
+
+PART = MIN_PART_SIZE  # S3 store uses the smallest legal part so multipart is exercised cheaply
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> BlobStore:
+    if request.param == "local":
+        return LocalBlobStore(tmp_path / "blobs")
+    bucket = request.getfixturevalue("s3_bucket")
+    return S3BlobStore(
+        bucket.bucket,
+        endpoint_url=bucket.endpoint_url,
+        access_key=bucket.access_key,
+        secret_key=bucket.secret_key,
+        region=bucket.region,
+        prefix="mf/",
+        part_size=PART,
+    )
+
+
+def read_all(store: BlobStore, key: str) -> bytes:
+    with store.open(key) as f:
+        return f.read()
+
+
+def chunks_of(data: bytes, size: int = 64 * 1024) -> Iterator[bytes]:
+    for i in range(0, len(data), size):
+        yield data[i : i + size]
+
+
+class SourceBroke(Exception):
+    pass
+
+
+def failing_source(data: bytes, fail_after: int) -> Iterator[bytes]:
+    sent = 0
+    for chunk in chunks_of(data):
+        if sent >= fail_after:
+            raise SourceBroke("client went away")
+        sent += len(chunk)
+        yield chunk
+
+
+def test_put_returns_sha256_and_length_and_round_trips(store: BlobStore) -> None:
+    data = os.urandom(300_000)
+    info = store.put("sources/a/model.onnx", chunks_of(data))
+    assert info.sha256 == hashlib.sha256(data).hexdigest()
+    assert info.length == len(data)
+    assert read_all(store, "sources/a/model.onnx") == data
+    assert store.stat("sources/a/model.onnx").length == len(data)
+    assert store.exists("sources/a/model.onnx")
+
+
+def test_put_accepts_a_binary_file(store: BlobStore) -> None:
+    data = b"x" * 10_000
+    info = store.put("f", io.BytesIO(data))
+    assert (info.length, read_all(store, "f")) == (len(data), data)
+
+
+def test_empty_blob(store: BlobStore) -> None:
+    info = store.put("empty", iter([]))
+    assert info.length == 0 and info.sha256 == hashlib.sha256(b"").hexdigest()
+    assert read_all(store, "empty") == b""
+    assert list(store.iter_range("empty")) == []
+
+
+def test_blob_larger_than_one_part_streams_in_parts(store: BlobStore) -> None:
+    data = os.urandom(2 * PART + 12345)
+    info = store.put("big/model.bin", chunks_of(data, 1024 * 1024))
+    assert info.sha256 == hashlib.sha256(data).hexdigest()
+    assert info.length == len(data)
+    got = b"".join(store.iter_range("big/model.bin"))
+    assert got == data
+
+
+def test_put_replaces_an_existing_blob(store: BlobStore) -> None:
+    store.put("k", [b"old"])
+    store.put("k", [b"new content"])
+    assert read_all(store, "k") == b"new content"
+
+
+@pytest.mark.parametrize("size", [1000, 2 * PART + 1])
+def test_oversize_put_stores_nothing_and_keeps_old_blob(store: BlobStore, size: int) -> None:
+    store.put("k", [b"old"])
+    with pytest.raises(BlobTooLargeError):
+        store.put("k", chunks_of(b"z" * size, 1024 * 1024), max_bytes=size - 1)
+    assert read_all(store, "k") == b"old"
+    with pytest.raises(BlobTooLargeError):
+        store.put("fresh", chunks_of(b"z" * size, 1024 * 1024), max_bytes=size - 1)
+    assert not store.exists("fresh")
+
+
+def test_exactly_max_bytes_is_accepted(store: BlobStore) -> None:
+    assert store.put("k", [b"abcd"], max_bytes=4).length == 4
+
+
+@pytest.mark.parametrize("size", [5000, PART + 100])
+def test_digest_mismatch_stores_nothing(store: BlobStore, size: int) -> None:
+    data = os.urandom(size)
+    with pytest.raises(BlobDigestMismatchError):
+        store.put("k", chunks_of(data), expected_sha256="0" * 64)
+    assert not store.exists("k")
+    ok = store.put("k", chunks_of(data), expected_sha256=hashlib.sha256(data).hexdigest())
+    assert ok.length == size
+
+
+@pytest.mark.parametrize("fail_after", [0, 100_000, PART + 100_000])
+def test_source_failure_midway_stores_nothing(store: BlobStore, fail_after: int) -> None:
+    store.put("k", [b"old"])
+    data = os.urandom(PART + 300_000)
+    with pytest.raises(SourceBroke):
+        store.put("k", failing_source(data, fail_after))
+    assert read_all(store, "k") == b"old"
+    with pytest.raises(SourceBroke):
+        store.put("other", failing_source(data, fail_after))
+    assert not store.exists("other")
+
+
+def test_blob_is_invisible_until_put_finishes(store: BlobStore) -> None:
+    seen: list[bool] = []
+
+    def source() -> Iterator[bytes]:
+        yield b"a" * 1000
+        seen.append(store.exists("pending"))
+        yield b"b" * 1000
+
+    store.put("pending", source())
+    assert seen == [False]
+    assert store.stat("pending").length == 2000
+
+
+def test_ranges(store: BlobStore) -> None:
+    data = bytes(range(256)) * 40
+    store.put("r", [data])
+    assert b"".join(store.iter_range("r", 0, 10)) == data[:10]
+    assert b"".join(store.iter_range("r", 100)) == data[100:]
+    assert b"".join(store.iter_range("r", 5000, 5001)) == data[5000:5001]
+    assert b"".join(store.iter_range("r", 7, 7)) == b""
+    assert b"".join(store.iter_range("r", 0, len(data), chunk_size=333)) == data
+
+
+@pytest.mark.parametrize(("start", "end"), [(-1, 5), (10, 5), (0, 10_241)])
+def test_invalid_range_is_refused(store: BlobStore, start: int, end: int) -> None:
+    store.put("r", [b"x" * 10_240])
+    with pytest.raises(BlobStoreError):
+        list(store.iter_range("r", start, end))
+
+
+def test_missing_blob_raises_not_found_everywhere(store: BlobStore) -> None:
+    with pytest.raises(BlobNotFoundError):
+        store.open("nope")
+    with pytest.raises(BlobNotFoundError):
+        store.stat("nope")
+    with pytest.raises(BlobNotFoundError):
+        store.iter_range("nope")
+    assert not store.exists("nope")
+
+
+def test_delete_is_idempotent(store: BlobStore) -> None:
+    store.put("d", [b"1"])
+    store.delete("d")
+    store.delete("d")
+    assert not store.exists("d")
+
+
+def test_list_keys_by_prefix_sorted(store: BlobStore) -> None:
+    for key in ["a/2", "a/1", "b/1", "a/sub/3"]:
+        store.put(key, [b"."])
+    assert list(store.list_keys("a/")) == ["a/1", "a/2", "a/sub/3"]
+    assert list(store.list_keys()) == ["a/1", "a/2", "a/sub/3", "b/1"]
+
+
+@pytest.mark.parametrize(
+    "key", ["", "../x", "a/../../x", "/abs", "a//b", "a/./b", "a\\b", "sp ace", "trail/", "\x00"]
+)
+def test_unsafe_keys_are_refused(store: BlobStore, key: str) -> None:
+    with pytest.raises(InvalidBlobKeyError):
+        store.put(key, [b"x"])
+    with pytest.raises(InvalidBlobKeyError):
+        store.open(key)
+
+
+def test_presigned_url_serves_the_blob_or_is_absent(store: BlobStore) -> None:
+    store.put("p/model.bin", [b"presigned bytes"])
+    url = store.presigned_url("p/model.bin", expires_in=60)
+    if isinstance(store, LocalBlobStore):
+        assert url is None  # the API serves local blobs itself
+        return
+    assert url is not None
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        assert resp.read() == b"presigned bytes"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.binary(max_size=5000), cut=st.integers(0, 5000), span=st.integers(0, 5000))
+def test_any_range_equals_the_slice(store: BlobStore, data: bytes, cut: int, span: int) -> None:
+    store.put("h", chunks_of(data, 777))
+    start = min(cut, len(data))
+    end = min(start + span, len(data))
+    assert b"".join(store.iter_range("h", start, end, chunk_size=100)) == data[start:end]
+
+
+# --- S3-specific: the mechanics behind the contract --------------------------------------
+
+
+def test_s3_large_blob_is_a_completed_multipart_upload(s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    store = S3BlobStore(s3_bucket.bucket, endpoint_url=s3_bucket.endpoint_url,
+                        access_key="testing", secret_key="testing", part_size=PART)
+    store.put("m", chunks_of(os.urandom(2 * PART + 1), 1024 * 1024))
+    etag = s3_bucket.client().head_object(Bucket=s3_bucket.bucket, Key="m")["ETag"]
+    assert etag.strip('"').endswith("-3")  # three parts
+
+
+def test_s3_failed_multipart_upload_is_aborted(s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    store = S3BlobStore(s3_bucket.bucket, endpoint_url=s3_bucket.endpoint_url,
+                        access_key="testing", secret_key="testing", part_size=PART)
+    with pytest.raises(BlobTooLargeError):
+        store.put("m", chunks_of(b"q" * (2 * PART), 1024 * 1024), max_bytes=PART + 10)
+    pending = s3_bucket.client().list_multipart_uploads(Bucket=s3_bucket.bucket)
+    assert pending.get("Uploads", []) == []
+
+
+def test_s3_unreachable_endpoint_is_a_plain_backend_error() -> None:
+    from server.blobstore import BlobBackendError
+
+    store = S3BlobStore("b", endpoint_url="http://127.0.0.1:9", access_key="x", secret_key="y")
+    with pytest.raises(BlobBackendError, match="S3 head"):
+        store.stat("k")
+
+
+def test_s3_missing_bucket_is_a_plain_backend_error(s3_server: str) -> None:
+    from server.blobstore import BlobBackendError
+
+    store = S3BlobStore("no-such-bucket-here", endpoint_url=s3_server,
+                        access_key="testing", secret_key="testing")
+    with pytest.raises(BlobBackendError, match="NoSuchBucket"):
+        store.put("k", [b"x"])
