@@ -1,3 +1,74 @@
-"""ModelFleet client SDK: the secure on-device updater and model runtime."""
+"""ModelFleet client SDK: the secure on-device updater and model runtime.
+
+Public surface (everything else is internal)::
+
+    Updater(UpdaterConfig)        the update cycle: poll → verify → select → fetch → patch →
+                                  compile → stage → swap (``check_once()``, ``run(stop)``)
+    UpdaterConfig, Limits         explicit configuration (no env vars, no global state)
+    ModelRuntime                  what the app calls to predict; atomic swaps, circuit breaker
+    Transport, Response           the one network seam; UrllibTransport is the default
+    Clock, SystemClock            injected time
+    Event, EventKind              what the SDK reports to the app
+    UpdateResult, ModelResult, Outcome, Prediction
+    DeviceProfile                 re-exported from ``manifests``
+    errors: ClientSDKError and its subclasses (tree in ``client_sdk.errors``)
+"""
+
+from client_sdk.clock import Clock, SystemClock
+from client_sdk.config import Limits, UpdaterConfig
+from client_sdk.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ClientSDKError,
+    ConfigError,
+    DeadlineExceededError,
+    FetchError,
+    InstallError,
+    IntegrityError,
+    ModelNotLoadedError,
+    OversizeError,
+    PatchFailedError,
+    RuntimeSDKError,
+    TrustError,
+)
+from client_sdk.events import Event, EventKind
+from client_sdk.http_transport import UrllibTransport
+from client_sdk.runtime import ModelRuntime, Prediction
+from client_sdk.transport import Response, Transport
+from client_sdk.updater import ModelResult, Outcome, Updater, UpdateResult
+from manifests import DeviceProfile
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "BackendUnavailableError",
+    "ClientSDKError",
+    "Clock",
+    "ConfigError",
+    "DeadlineExceededError",
+    "DeviceProfile",
+    "Event",
+    "EventKind",
+    "FetchError",
+    "InstallError",
+    "IntegrityError",
+    "Limits",
+    "ModelNotLoadedError",
+    "ModelResult",
+    "ModelRuntime",
+    "Outcome",
+    "OversizeError",
+    "PatchFailedError",
+    "Prediction",
+    "Response",
+    "RuntimeSDKError",
+    "SystemClock",
+    "Transport",
+    "TrustError",
+    "UpdateResult",
+    "Updater",
+    "UpdaterConfig",
+    "UrllibTransport",
+    "__version__",
+]

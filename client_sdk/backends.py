@@ -1,0 +1,130 @@
+"""Inference backends behind one interface: onnxruntime CPU, the QNN EP, Core ML (macOS).
+
+``open_backend(bundle, member)`` returns a ready ``Backend`` or raises
+``BackendUnavailableError`` when this machine cannot run that member (the runtime then falls
+back to the bundle's CPU ONNX member). Backends are safe to call from many threads.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from client_sdk.compile import (
+    FORMAT_COREML,
+    FORMAT_ONNX,
+    FORMAT_QNN,
+    compiled_coreml,
+    compiled_onnx,
+)
+from client_sdk.errors import BackendError, BackendUnavailableError
+from client_sdk.install import Bundle, Member
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+class Backend(Protocol):
+    name: str
+
+    def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> Arrays: ...
+
+
+class OrtBackend:
+    """An onnxruntime session (CPU, or QNN when built with QNN session options)."""
+
+    def __init__(self, name: str, session: Any) -> None:
+        self.name = name
+        self._session = session
+        self._outputs = [o.name for o in session.get_outputs()]
+
+    def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> Arrays:
+        try:
+            values = self._session.run(self._outputs, dict(inputs))
+        except Exception as e:  # onnxruntime's errors are untyped
+            raise BackendError(f"{self.name} inference failed: {e}") from e
+        return dict(zip(self._outputs, values, strict=True))
+
+
+def _cpu(bundle: Bundle, member: Member) -> Backend:
+    import onnxruntime as ort
+
+    path = compiled_onnx(bundle, member)
+    opts = ort.SessionOptions()
+    # The optimized model is already optimized; don't pay for it again on every load.
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.intra_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise BackendUnavailableError(f"onnxruntime cannot load {path}: {e}") from e
+    return OrtBackend("onnxruntime-cpu", session)
+
+
+_qnn_lock = threading.Lock()
+_qnn_registered: list[str] = []  # registration is process-wide inside onnxruntime itself
+
+
+def _qnn(bundle: Bundle, member: Member) -> Backend:
+    try:
+        import onnxruntime as ort
+        import onnxruntime_qnn
+    except ImportError as e:
+        raise BackendUnavailableError("onnxruntime-qnn is not installed") from e
+    ep = str(onnxruntime_qnn.get_ep_name())
+    with _qnn_lock:
+        if ep not in _qnn_registered:
+            try:
+                ort.register_execution_provider_library(ep, onnxruntime_qnn.get_library_path())
+            except Exception as e:
+                raise BackendUnavailableError(f"cannot register the QNN EP: {e}") from e
+            _qnn_registered.append(ep)
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == ep]
+    if not devices:
+        raise BackendUnavailableError("the QNN EP found no device on this machine")
+    opts = ort.SessionOptions()
+    # The old providers=[...] form silently falls back to CPU; devices must be added explicitly,
+    # and CPU fallback inside the session is disabled so a partial offload is an error here.
+    opts.add_provider_for_devices(devices, {"backend_path": onnxruntime_qnn.get_qnn_htp_path()})
+    opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    try:
+        session = ort.InferenceSession(str(bundle.member_path(member)), opts)
+    except Exception as e:
+        raise BackendUnavailableError(f"QNN EP cannot load {member.file}: {e}") from e
+    return OrtBackend("onnxruntime-qnn", session)
+
+
+class CoreMLBackend:
+    name = "coreml"
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+
+    def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> Arrays:
+        try:
+            out = self._model.predict(dict(inputs))
+        except Exception as e:
+            raise BackendError(f"Core ML inference failed: {e}") from e
+        return {k: np.asarray(v) for k, v in out.items()}
+
+
+def _coreml(bundle: Bundle, member: Member) -> Backend:
+    if sys.platform != "darwin":
+        raise BackendUnavailableError("Core ML runs only on macOS")
+    import coremltools as ct
+
+    return CoreMLBackend(ct.models.CompiledMLModel(str(compiled_coreml(bundle, member))))
+
+
+def open_backend(bundle: Bundle, member: Member) -> Backend:
+    """Load ``member`` of ``bundle`` on the backend its format needs."""
+    if member.format == FORMAT_ONNX:
+        return _cpu(bundle, member)
+    if member.format == FORMAT_QNN:
+        return _qnn(bundle, member)
+    if member.format == FORMAT_COREML:
+        return _coreml(bundle, member)
+    raise BackendUnavailableError(f"no backend for format {member.format!r}")

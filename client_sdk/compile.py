@@ -1,0 +1,104 @@
+"""On-device compilation of bundle members, cached inside the bundle per runtime version.
+
+- ``onnx``: onnxruntime's optimized model (``optimized_model_filepath``), keyed by the
+  onnxruntime version because optimized graphs are only valid for the runtime that wrote them.
+- ``coreml``: a deterministic tar of an ``.mlpackage`` compiled to ``.mlmodelc`` with
+  coremltools — only on macOS (Core ML cannot compile or run elsewhere).
+- ``qnn``: EPContext ONNX models already carry the HTP context binary; nothing to compile here.
+
+Compiled outputs are written to a temp name and renamed, with a sha256 sidecar checked on use,
+so a crash or bit rot means "compile again", never "load a torn file".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import tarfile
+import uuid
+from pathlib import Path
+
+from client_sdk.errors import BackendUnavailableError, InstallError
+from client_sdk.fsutil import atomic_write_bytes, remove_tree, sha256_file
+from client_sdk.install import Bundle, Member
+
+FORMAT_ONNX = "onnx"
+FORMAT_QNN = "qnn"
+FORMAT_COREML = "coreml"
+KNOWN_FORMATS = (FORMAT_ONNX, FORMAT_QNN, FORMAT_COREML)
+
+
+def onnxruntime_key() -> str:
+    import onnxruntime as ort
+
+    return f"onnxruntime-{ort.__version__}"
+
+
+def _cached(path: Path) -> Path | None:
+    side = path.with_name(path.name + ".sha256")
+    if path.is_file() and side.is_file() and side.read_text().strip() == sha256_file(path):
+        return path
+    return None
+
+
+def compiled_onnx(bundle: Bundle, member: Member) -> Path:
+    """The optimized ONNX model for this onnxruntime version, compiling it if missing."""
+    out = bundle.path / "compiled" / onnxruntime_key() / f"{member.file}.opt.onnx"
+    hit = _cached(out)
+    if hit is not None:
+        return hit
+    import onnxruntime as ort
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{uuid.uuid4().hex}.onnx")
+    opts = ort.SessionOptions()
+    # EXTENDED, not ALL: layout-specific rewrites are not worth tying the cache to a CPU model.
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    opts.optimized_model_filepath = str(tmp)
+    try:
+        ort.InferenceSession(
+            str(bundle.member_path(member)), opts, providers=["CPUExecutionProvider"]
+        )
+    except Exception as e:  # onnxruntime raises its own untyped errors
+        tmp.unlink(missing_ok=True)
+        raise InstallError(
+            f"onnxruntime cannot load {member.file} of {bundle.model} {bundle.version}: {e}"
+        ) from e
+    tmp.replace(out)
+    atomic_write_bytes(out.with_name(out.name + ".sha256"), sha256_file(out).encode())
+    return out
+
+
+def compiled_coreml(bundle: Bundle, member: Member) -> Path:
+    """The ``.mlmodelc`` for this bundle's Core ML member (macOS only)."""
+    if sys.platform != "darwin":
+        raise BackendUnavailableError("Core ML models compile and run only on macOS")
+    import coremltools as ct
+
+    key = f"coremltools-{ct.__version__}"
+    out = bundle.path / "compiled" / key / f"{member.file}.mlmodelc"
+    marker = out.with_name(out.name + ".done")
+    if out.is_dir() and marker.is_file():
+        return out
+    work = bundle.path / "compiled" / key / f".{uuid.uuid4().hex}"
+    work.mkdir(parents=True)
+    with tarfile.open(bundle.member_path(member)) as tar:
+        tar.extractall(work, filter="data")  # the "data" filter refuses traversal and links
+    packages = list(work.glob("*.mlpackage"))
+    if len(packages) != 1:
+        raise InstallError(f"{member.file} must hold exactly one .mlpackage")
+    compiled = Path(ct.utils.compile_model(str(packages[0]), str(work / "out.mlmodelc")))
+    remove_tree(out)
+    compiled.replace(out)
+    remove_tree(work)
+    atomic_write_bytes(marker, hashlib.sha256(member.sha256.encode()).hexdigest().encode())
+    return out
+
+
+def compile_bundle(bundle: Bundle) -> None:
+    """Compile every member this machine can compile (called while staging)."""
+    for member in bundle.members:
+        if member.format == FORMAT_ONNX:
+            compiled_onnx(bundle, member)
+        elif member.format == FORMAT_COREML and sys.platform == "darwin":
+            compiled_coreml(bundle, member)
