@@ -1,0 +1,197 @@
+"""Property tests (hypothesis): tampering always fails, documents round-trip, rollout is monotone."""
+
+from __future__ import annotations
+
+import string
+from dataclasses import replace
+
+from conftest import key
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from manifests import (
+    MAX_SAFE_INTEGER,
+    Artifact,
+    DeviceProfile,
+    Envelope,
+    Filters,
+    JSONValue,
+    ManifestError,
+    Manifest,
+    ModelEntry,
+    Patch,
+    Release,
+    Rollout,
+    ShadowThresholds,
+    SignatureError,
+    bucket,
+    compare_versions,
+    rollout_includes,
+    sign_envelope,
+    verify_envelope,
+)
+from manifests.strictjson import dumps, loads
+
+T = "application/vnd.modelfleet.manifest+json"
+KEYS = [key(1), key(2)]
+PUBLIC = {k.keyid: k.public_key for k in KEYS}
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# --- tampering ---------------------------------------------------------------------------------
+
+@FAST
+@given(payload=st.binary(min_size=1, max_size=300), data=st.data())
+def test_any_flipped_payload_byte_fails_verification(payload: bytes, data: st.DataObject) -> None:
+    env = Envelope.from_bytes(sign_envelope(payload, T, KEYS), 1 << 20)
+    i = data.draw(st.integers(0, len(payload) - 1))
+    mask = data.draw(st.integers(1, 255))
+    tampered = bytearray(payload)
+    tampered[i] ^= mask
+    with_bad_payload = replace(env, payload=bytes(tampered))
+    try:
+        verify_envelope(with_bad_payload, PUBLIC, 1, T)
+    except SignatureError:
+        pass
+    else:
+        raise AssertionError("tampered payload verified")
+
+
+@FAST
+@given(payload=st.binary(max_size=300), which=st.integers(0, 1), index=st.integers(0, 63),
+       mask=st.integers(1, 255))
+def test_any_flipped_signature_byte_fails_verification(payload: bytes, which: int, index: int,
+                                                       mask: int) -> None:
+    env = Envelope.from_bytes(sign_envelope(payload, T, KEYS), 1 << 20)
+    sigs = list(env.signatures)
+    raw = bytearray(sigs[which].sig)
+    raw[index] ^= mask
+    sigs[which] = replace(sigs[which], sig=bytes(raw))
+    tampered = replace(env, signatures=tuple(sigs))
+    # The other key's signature still stands alone; with both required, the flip must fail.
+    verify_envelope(tampered, PUBLIC, 1, T)
+    try:
+        verify_envelope(tampered, PUBLIC, 2, T)
+    except SignatureError:
+        pass
+    else:
+        raise AssertionError("tampered signature counted")
+
+
+@FAST
+@given(payload=st.binary(max_size=120), data=st.data())
+def test_any_flipped_byte_of_the_wire_envelope_is_refused(payload: bytes,
+                                                          data: st.DataObject) -> None:
+    wire = sign_envelope(payload, T, KEYS[:1])
+    i = data.draw(st.integers(0, len(wire) - 1))
+    tampered = bytearray(wire)
+    tampered[i] ^= data.draw(st.integers(1, 255))
+    try:
+        env = Envelope.from_bytes(bytes(tampered), 1 << 20)
+        verify_envelope(env, PUBLIC, 1, T)
+    except ManifestError:
+        return
+    raise AssertionError(f"envelope with byte {i} flipped verified")
+
+
+# --- round trips -------------------------------------------------------------------------------
+
+names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,12}", fullmatch=True)
+texts = st.text(max_size=20)
+safe_ints = st.integers(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER)
+counts = st.integers(0, MAX_SAFE_INTEGER)
+sha256s = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
+urls = st.text(alphabet=string.ascii_letters + string.digits + ":/._-%?=&", min_size=1,
+               max_size=40)
+json_values: st.SearchStrategy[JSONValue] = st.recursive(
+    st.none() | st.booleans() | safe_ints | texts,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
+    max_leaves=8,
+)
+extras = st.dictionaries(st.text(min_size=1, max_size=8).map(lambda s: "x_" + s), json_values,
+                         max_size=2)
+ranges = st.lists(st.tuples(st.sampled_from([">=", "<=", ">", "<", "==", "!="]),
+                            st.lists(st.integers(0, 999), min_size=1, max_size=3)),
+                  min_size=1, max_size=2).map(
+    lambda cs: ",".join(op + ".".join(map(str, v)) for op, v in cs))
+
+patches = st.builds(Patch, sha256s, urls, counts, sha256s, names, extra=extras)
+artifacts = st.builds(
+    Artifact, platform=names, variant=names | st.just(""), format=names, url=urls, length=counts,
+    sha256=sha256s,
+    compile_settings=st.dictionaries(texts, st.booleans() | safe_ints | texts, max_size=3),
+    target=st.dictionaries(texts, texts, max_size=2), patches=st.lists(patches, max_size=2),
+    extra=extras,
+)
+filters = st.builds(
+    Filters, platforms=st.lists(names, max_size=2), socs=st.lists(texts, max_size=2),
+    archs=st.lists(texts, max_size=2), os_versions=st.lists(ranges, max_size=2),
+    app_versions=st.lists(ranges, max_size=2), device_allow=st.lists(texts, max_size=2),
+    device_deny=st.lists(texts, max_size=2), extra=extras,
+)
+shadows = st.builds(ShadowThresholds, counts, counts, counts, extra=extras)
+rollouts = st.one_of(
+    st.builds(Rollout, st.integers(0, 1_000_000), st.text(min_size=1, max_size=10),
+              st.just("active"), filters, st.none() | shadows, extras),
+    st.builds(Rollout, st.integers(0, 1_000_000), st.text(min_size=1, max_size=10),
+              st.just("shadow"), filters, shadows, extras),
+)
+releases = st.builds(Release, names, rollouts, st.lists(artifacts, max_size=2), extras)
+model_entries = st.builds(
+    ModelEntry,
+    st.lists(releases, max_size=3, unique_by=lambda r: r.version),
+    extras,
+)
+manifests_st = st.builds(
+    Manifest, channel=names, serial=st.integers(1, MAX_SAFE_INTEGER), expires=counts,
+    models=st.dictionaries(names, model_entries, max_size=2), extra=extras,
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(manifests_st)
+def test_manifest_parse_serialize_parse_is_stable(m: Manifest) -> None:
+    data = m.to_bytes()
+    parsed = Manifest.from_bytes(data)
+    assert parsed == m
+    assert parsed.to_bytes() == data
+    assert Manifest.from_bytes(parsed.to_bytes()) == parsed
+
+
+@FAST
+@given(st.dictionaries(texts, json_values, max_size=5))
+def test_strict_json_round_trips_every_allowed_value(value: dict[str, JSONValue]) -> None:
+    assert loads(dumps(value)) == value
+
+
+@FAST
+@given(st.binary(max_size=200))
+def test_strict_json_never_raises_anything_but_malformed(data: bytes) -> None:
+    try:
+        loads(data)
+    except ManifestError:
+        pass
+
+
+# --- rollout -----------------------------------------------------------------------------------
+
+@FAST
+@given(salt=st.text(max_size=30), device_id=st.text(max_size=40),
+       low=st.integers(0, 1_000_000), high=st.integers(0, 1_000_000))
+def test_raising_share_never_removes_a_device(salt: str, device_id: str, low: int,
+                                              high: int) -> None:
+    low, high = min(low, high), max(low, high)
+    device = DeviceProfile(device_id=device_id, platform="android")
+    if rollout_includes(Rollout(low, salt or "s"), device):
+        assert rollout_includes(Rollout(high, salt or "s"), device)
+    assert 0 <= bucket(salt, device_id) < 1_000_000
+
+
+@FAST
+@given(st.lists(st.integers(0, 10**6), min_size=1, max_size=5),
+       st.lists(st.integers(0, 10**6), min_size=1, max_size=5))
+def test_version_compare_is_numeric_tuple_order(a: list[int], b: list[int]) -> None:
+    width = max(len(a), len(b))
+    pa, pb = a + [0] * (width - len(a)), b + [0] * (width - len(b))
+    expected = (pa > pb) - (pa < pb)
+    assert compare_versions(".".join(map(str, a)), ".".join(map(str, b))) == expected
