@@ -1,4 +1,4 @@
-"""Property tests (hypothesis): tampering always fails, documents round-trip, rollout is monotone."""
+"""Property tests (hypothesis): tampering fails, documents round-trip, rollout is monotone."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from manifests import (
     Envelope,
     Filters,
     JSONValue,
-    ManifestError,
     Manifest,
+    ManifestError,
     ModelEntry,
     Patch,
     Release,
