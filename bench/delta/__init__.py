@@ -1,0 +1,1 @@
+"""Delta patch benchmark: generated model pairs, our algorithms vs bsdiff4, zstd, xdelta3."""

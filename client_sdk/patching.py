@@ -1,0 +1,414 @@
+"""Apply delta patches on the device: ``bsdiff4`` and the tensor-aware ``mfdelta1``.
+
+This module owns turning (base file, patch file) into the new file, safely: the output is
+written to a temporary file beside ``out``, fsynced and renamed into place, so ``out`` is
+either untouched or complete. It never touches the network. Creation lives in
+``server/delta/``; the byte format of ``mfdelta1`` is specified in ``docs/delta.md`` and its
+constants are defined here so the encoder and this decoder cannot drift apart.
+
+Errors (all raised by :func:`apply_patch`; ``OSError`` from reading or writing files passes
+through unchanged)::
+
+    PatchError                  base: the patch could not be applied
+     ├── UnknownAlgorithmError  the manifest names an algorithm this SDK does not know
+     ├── CorruptPatchError      the patch is malformed, truncated or fails its checksum
+     ├── BaseMismatchError      the local base is not the file the patch was made from
+     └── OutputTooLargeError    the patch would produce more than ``max_output`` bytes
+
+A caller that gets any ``PatchError`` should fall back to downloading the full artifact.
+"""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+import os
+import struct
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO, Final
+
+import bsdiff4.core
+import numpy as np
+import numpy.typing as npt
+import zstandard
+
+__all__ = [
+    "ALGORITHMS",
+    "BaseMismatchError",
+    "CorruptPatchError",
+    "OutputTooLargeError",
+    "PatchError",
+    "UnknownAlgorithmError",
+    "apply_patch",
+]
+
+ALGORITHMS: Final = ("bsdiff4", "mfdelta1")
+
+
+class PatchError(Exception):
+    """A patch could not be applied; download the full artifact instead."""
+
+
+class UnknownAlgorithmError(PatchError):
+    """The patch names an algorithm this SDK cannot apply."""
+
+
+class CorruptPatchError(PatchError):
+    """The patch is malformed, truncated, or its output fails the embedded checksum."""
+
+
+class BaseMismatchError(PatchError):
+    """The local base file is not the one the patch was created from."""
+
+
+class OutputTooLargeError(PatchError):
+    """Applying the patch would write more than the caller's ``max_output`` bytes."""
+
+
+# --- mfdelta1 format constants (docs/delta.md is the normative description) ---------------
+
+MAGIC: Final = b"MFDELTA1"
+# magic, flags (u32, must be 0), base length, base sha256, output length, output sha256, ops
+HEADER: Final = struct.Struct("<8sIQ32sQ32sI")
+# kind (u8), width (u8), reserved (u16, must be 0), length, base offset, ref length (u64 each)
+OP_HEADER: Final = struct.Struct("<BBHQQQ")
+STREAM_LENGTH: Final = struct.Struct("<I")
+
+OP_COPY: Final = 0  # output = base[offset : offset + length]
+OP_ADD_BYTES: Final = 1  # output = base element + unzigzag(diff), diff as byte planes
+OP_ADD_BITS: Final = 2  # same, diff as bit planes
+OP_PLANES: Final = 3  # output = elements assembled from byte planes (no base)
+OP_ZSTD: Final = 4  # output = one zstd frame, optionally with a base range as raw dictionary
+OP_ADD_BYTES_SORTED: Final = 5  # OP_ADD_BYTES with the diff stored in context order
+OP_ADD_BITS_SORTED: Final = 6  # OP_ADD_BITS with the diff stored in context order
+OP_KINDS: Final = frozenset(range(7))
+_ADD_KINDS: Final = frozenset({OP_ADD_BYTES, OP_ADD_BITS, OP_ADD_BYTES_SORTED, OP_ADD_BITS_SORTED})
+_BIT_KINDS: Final = frozenset({OP_ADD_BITS, OP_ADD_BITS_SORTED})
+_SORTED_KINDS: Final = frozenset({OP_ADD_BYTES_SORTED, OP_ADD_BITS_SORTED})
+WIDTHS: Final = (1, 2, 4, 8)
+
+# Caps that bound the decoder's memory whatever the patch says (a few times these values).
+MAX_OP_LENGTH: Final = 8 * 1024 * 1024  # bytes one non-COPY op may produce
+MAX_REF_LENGTH: Final = 16 * 1024 * 1024  # bytes of base one OP_ZSTD may use as dictionary
+MAX_ZSTD_WINDOW: Final = 1 << 25  # no frame may need a larger window than 32 MiB
+
+_IO_BLOCK: Final = 1024 * 1024
+
+# Element arrays are little-endian unsigned integers of the op's width (uint8..uint64).
+UIntArray = npt.NDArray[Any]
+
+
+def stream_count(kind: int, width: int) -> int:
+    """Number of compressed streams that follow an op header of this kind and width."""
+    if kind == OP_COPY:
+        return 0
+    if kind in _BIT_KINDS:
+        return 8 * width
+    if kind == OP_ZSTD:
+        return 1
+    return width
+
+
+def element_dtype(width: int) -> np.dtype[Any]:
+    """Little-endian unsigned integer dtype of ``width`` bytes (the element view)."""
+    return np.dtype(f"<u{width}")
+
+
+def unzigzag(z: UIntArray) -> UIntArray:
+    """Inverse of zigzag: 0,1,2,3,... -> 0,-1,1,-2,... as wrapped unsigned integers."""
+    ones = np.array(np.iinfo(z.dtype).max, dtype=z.dtype)
+    result: UIntArray = (z >> 1) ^ ((z & 1) * ones)
+    return result
+
+
+def context_order(old: UIntArray) -> UIntArray:
+    """Indices of ``old`` stably sorted by each element's most significant byte.
+
+    Sorted ops store the diff of element ``order[j]`` at position ``j``: grouping elements
+    by the base value's top byte (sign and exponent of a float, the whole value of an int8)
+    puts diffs with similar statistics together, which zstd then codes far better.
+    """
+    key = (old >> np.array(8 * old.dtype.itemsize - 8, dtype=old.dtype)).astype(np.uint8)
+    order: UIntArray = np.argsort(key, kind="stable")
+    return order
+
+
+def join_byte_planes(planes: list[bytes], count: int, width: int) -> UIntArray:
+    """Elements whose k-th little-endian byte is ``planes[k][i]``."""
+    matrix = np.empty((count, width), dtype=np.uint8)
+    for k, plane in enumerate(planes):
+        matrix[:, k] = np.frombuffer(plane, dtype=np.uint8)
+    return matrix.view(element_dtype(width)).reshape(count)
+
+
+def join_bit_planes(planes: list[bytes], count: int, width: int) -> UIntArray:
+    """Elements whose bit j is bit i of ``planes[j]`` (packed most significant bit first)."""
+    # Row r of ``bits`` is bit 7 - r % 8 of little-endian byte r // 8 (np.packbits order).
+    bits = np.empty((8 * width, count), dtype=np.uint8)
+    for j, plane in enumerate(planes):
+        row = (j // 8) * 8 + 7 - j % 8
+        bits[row] = np.unpackbits(np.frombuffer(plane, dtype=np.uint8), count=count)
+    packed = np.packbits(bits.T, axis=1)
+    return np.ascontiguousarray(packed).view(element_dtype(width)).reshape(count)
+
+
+# --- public entry point ------------------------------------------------------------------
+
+
+def apply_patch(algorithm: str, base: Path, patch: Path, out: Path, *, max_output: int) -> None:
+    """Write ``base`` patched with ``patch`` to ``out``, atomically.
+
+    ``max_output`` caps the size of the result (pass the artifact length from the signed
+    manifest). On any error ``out`` is left as it was and no temporary file remains.
+
+    Raises:
+        UnknownAlgorithmError: ``algorithm`` is not one of :data:`ALGORITHMS`.
+        CorruptPatchError: the patch is malformed or its result fails the embedded checksum.
+        BaseMismatchError: ``base`` is not the file the patch was made from (mfdelta1).
+        OutputTooLargeError: the result would be larger than ``max_output``.
+        OSError: reading ``base``/``patch`` or writing next to ``out`` failed.
+    """
+    appliers: dict[str, Callable[[Path, Path, BinaryIO, int], None]] = {
+        "bsdiff4": _apply_bsdiff4,
+        "mfdelta1": _apply_mfdelta1,
+    }
+    applier = appliers.get(algorithm)
+    if applier is None:
+        raise UnknownAlgorithmError(
+            f"unknown patch algorithm {algorithm!r}; this SDK applies {', '.join(ALGORITHMS)} "
+            "- download the full artifact instead"
+        )
+    if max_output < 0:
+        raise ValueError("max_output must be >= 0")
+    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as sink:
+            applier(base, patch, sink, max_output)
+            sink.flush()
+            os.fsync(sink.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(out.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Makes the rename durable; some platforms cannot open directories, which is fine.
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def _read_exact(source: BinaryIO, size: int, what: str) -> bytes:
+    data = source.read(size)
+    if len(data) != size:
+        raise CorruptPatchError(f"patch is truncated: expected {size} bytes of {what}")
+    return data
+
+
+# --- bsdiff4 -----------------------------------------------------------------------------
+
+
+def _bz2_bounded(data: bytes, limit: int, what: str) -> bytes:
+    # bsdiff4.format.read_patch would inflate blocks without a cap (a decompression bomb).
+    decompressor = bz2.BZ2Decompressor()
+    try:
+        result = decompressor.decompress(data, max_length=limit + 1)
+    except (OSError, EOFError, ValueError) as e:
+        raise CorruptPatchError(f"bsdiff4 patch: {what} block is not valid bz2: {e}") from e
+    if len(result) > limit:
+        raise CorruptPatchError(f"bsdiff4 patch: {what} block is larger than the output")
+    if not decompressor.eof:
+        raise CorruptPatchError(f"bsdiff4 patch: {what} block is truncated")
+    if decompressor.unused_data:
+        raise CorruptPatchError(f"bsdiff4 patch: trailing bytes after the {what} block")
+    return result
+
+
+def _apply_bsdiff4(base: Path, patch: Path, sink: BinaryIO, max_output: int) -> None:
+    # bsdiff4 is the baseline: it needs base, output and blocks in memory at once.
+    with open(patch, "rb") as source:
+        header = _read_exact(source, 32, "bsdiff4 header")
+        if header[:8] != b"BSDIFF40":
+            raise CorruptPatchError("bsdiff4 patch: bad magic (expected BSDIFF40)")
+        sizes = [int(bsdiff4.core.decode_int64(header[i : i + 8])) for i in (8, 16, 24)]
+        len_control, len_diff, len_dst = sizes
+        if min(sizes) < 0:
+            raise CorruptPatchError("bsdiff4 patch: negative length in header")
+        if len_dst > max_output:
+            raise OutputTooLargeError(
+                f"bsdiff4 patch would write {len_dst} bytes, more than max_output={max_output}"
+            )
+        control = _bz2_bounded(
+            _read_exact(source, len_control, "control block"), 24 * (len_dst + 1), "control"
+        )
+        if len(control) % 24:
+            raise CorruptPatchError("bsdiff4 patch: control block is not a whole number of entries")
+        diff = _bz2_bounded(_read_exact(source, len_diff, "diff block"), len_dst, "diff")
+        extra = _bz2_bounded(source.read(), len_dst, "extra")
+    source_bytes = base.read_bytes()
+    try:
+        result = bsdiff4.core.patch(source_bytes, len_dst, control, diff, extra)
+    except (ValueError, OverflowError, MemoryError) as e:
+        raise CorruptPatchError(f"bsdiff4 patch does not apply to this base: {e}") from e
+    if not isinstance(result, bytes) or len(result) != len_dst:
+        raise CorruptPatchError("bsdiff4 patch produced a result of the wrong length")
+    sink.write(result)
+
+
+# --- mfdelta1 ----------------------------------------------------------------------------
+
+
+class _Mfdelta1Reader:
+    """Decodes one mfdelta1 patch op by op; each op's output is at most MAX_OP_LENGTH."""
+
+    def __init__(self, base: BinaryIO, patch: BinaryIO, base_length: int) -> None:
+        self.base = base
+        self.patch = patch
+        self.base_length = base_length
+        self.plain = zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW)
+
+    def base_range(self, offset: int, length: int) -> bytes:
+        if offset + length > self.base_length:
+            raise CorruptPatchError(
+                f"patch op reads base bytes {offset}..{offset + length}, "
+                f"past the base's end ({self.base_length})"
+            )
+        self.base.seek(offset)
+        data = self.base.read(length)
+        if len(data) != length:
+            raise BaseMismatchError("base file changed while the patch was being applied")
+        return data
+
+    def stream(
+        self, expected: int, decompressor: zstandard.ZstdDecompressor | None = None
+    ) -> bytes:
+        (size,) = STREAM_LENGTH.unpack(_read_exact(self.patch, STREAM_LENGTH.size, "stream size"))
+        if size > MAX_OP_LENGTH + 65536:
+            raise CorruptPatchError(f"patch stream of {size} bytes exceeds the format's cap")
+        frame = _read_exact(self.patch, size, "stream")
+        try:
+            content_size = zstandard.frame_content_size(frame)
+        except zstandard.ZstdError as e:
+            raise CorruptPatchError(f"patch stream is not a zstd frame: {e}") from e
+        if content_size != expected:
+            raise CorruptPatchError(
+                f"patch stream declares {content_size} bytes where the op needs {expected}"
+            )
+        try:
+            data = (decompressor or self.plain).decompress(
+                frame, max_output_size=expected, allow_extra_data=False
+            )
+        except zstandard.ZstdError as e:
+            raise CorruptPatchError(f"patch stream does not decompress: {e}") from e
+        if len(data) != expected:
+            raise CorruptPatchError("patch stream decompressed to the wrong length")
+        return data
+
+    def op(self, kind: int, width: int, length: int, offset: int, ref_length: int) -> bytes:
+        count = length // width
+        if kind in _ADD_KINDS:
+            old = np.frombuffer(self.base_range(offset, length), dtype=element_dtype(width))
+            if kind in _BIT_KINDS:
+                planes = [self.stream((count + 7) // 8) for _ in range(8 * width)]
+                zigzagged = join_bit_planes(planes, count, width)
+            else:
+                planes = [self.stream(count) for _ in range(width)]
+                zigzagged = join_byte_planes(planes, count, width)
+            if kind in _SORTED_KINDS:
+                stored = zigzagged
+                zigzagged = np.empty_like(stored)
+                zigzagged[context_order(old)] = stored
+            return (old + unzigzag(zigzagged)).tobytes()
+        if kind == OP_PLANES:
+            planes = [self.stream(count) for _ in range(width)]
+            return join_byte_planes(planes, count, width).tobytes()
+        # OP_ZSTD
+        if ref_length == 0:
+            return self.stream(length)
+        ref = zstandard.ZstdCompressionDict(
+            self.base_range(offset, ref_length), dict_type=zstandard.DICT_TYPE_RAWCONTENT
+        )
+        with_ref = zstandard.ZstdDecompressor(dict_data=ref, max_window_size=MAX_ZSTD_WINDOW)
+        return self.stream(length, with_ref)
+
+
+def _check_op(
+    kind: int, width: int, reserved: int, length: int, offset: int, ref_length: int
+) -> None:
+    if kind not in OP_KINDS:
+        raise CorruptPatchError(f"unknown mfdelta1 op kind {kind}")
+    if width not in WIDTHS or reserved != 0 or length == 0 or length % width:
+        raise CorruptPatchError("malformed mfdelta1 op header (width, reserved or length)")
+    if kind in (OP_COPY, OP_ZSTD) and width != 1:
+        raise CorruptPatchError("mfdelta1 copy/zstd ops must have width 1")
+    if kind != OP_COPY and length > MAX_OP_LENGTH:
+        raise CorruptPatchError(f"mfdelta1 op of {length} bytes exceeds the format's cap")
+    if kind == OP_PLANES and offset != 0:
+        raise CorruptPatchError("mfdelta1 planes op must have base offset 0")
+    if (kind != OP_ZSTD and ref_length != 0) or ref_length > MAX_REF_LENGTH:
+        raise CorruptPatchError("mfdelta1 op has an invalid dictionary length")
+
+
+def _hash_file(source: BinaryIO) -> tuple[int, bytes]:
+    digest = hashlib.sha256()
+    size = 0
+    source.seek(0)
+    while block := source.read(_IO_BLOCK):
+        digest.update(block)
+        size += len(block)
+    return size, digest.digest()
+
+
+def _apply_mfdelta1(base: Path, patch: Path, sink: BinaryIO, max_output: int) -> None:
+    with open(patch, "rb") as patch_file, open(base, "rb") as base_file:
+        fields = HEADER.unpack(_read_exact(patch_file, HEADER.size, "mfdelta1 header"))
+        magic, flags, base_length, base_sha, out_length, out_sha, op_count = fields
+        if magic != MAGIC or flags != 0:
+            raise CorruptPatchError("not an mfdelta1 patch (bad magic or unknown flags)")
+        if out_length > max_output:
+            raise OutputTooLargeError(
+                f"mfdelta1 patch would write {out_length} bytes, more than max_output={max_output}"
+            )
+        if _hash_file(base_file) != (base_length, base_sha):
+            raise BaseMismatchError(
+                "the local base is not the file this mfdelta1 patch was made from "
+                f"(expected sha256 {base_sha.hex()}); download the full artifact"
+            )
+        reader = _Mfdelta1Reader(base_file, patch_file, base_length)
+        digest = hashlib.sha256()
+        written = 0
+        for _ in range(op_count):
+            op = OP_HEADER.unpack(_read_exact(patch_file, OP_HEADER.size, "op header"))
+            kind, width, reserved, length, offset, ref_length = op
+            _check_op(kind, width, reserved, length, offset, ref_length)
+            if written + length > out_length:
+                raise CorruptPatchError("mfdelta1 ops produce more bytes than the header says")
+            if kind == OP_COPY:
+                end = offset + length
+                if end > base_length:
+                    raise CorruptPatchError("mfdelta1 copy op reads past the base's end")
+                for start in range(offset, end, _IO_BLOCK):
+                    chunk = reader.base_range(start, min(_IO_BLOCK, end - start))
+                    digest.update(chunk)
+                    sink.write(chunk)
+            else:
+                chunk = reader.op(kind, width, length, offset, ref_length)
+                digest.update(chunk)
+                sink.write(chunk)
+            written += length
+        if patch_file.read(1):
+            raise CorruptPatchError("trailing bytes after the last mfdelta1 op")
+        if written != out_length or digest.digest() != out_sha:
+            raise CorruptPatchError("mfdelta1 output does not match the checksum in the patch")
