@@ -1,87 +1,13 @@
-"""Fixtures for the manifest contract: deterministic keys and sample documents."""
+"""Fixtures for the manifest contract tests (builders live in manifest_builders.py)."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 
 import pytest
+from manifest_builders import key, make_root
 
-from manifests import (
-    ROOT_PAYLOAD_TYPE,
-    Artifact,
-    Filters,
-    Manifest,
-    ModelEntry,
-    Patch,
-    PublicKey,
-    Release,
-    Role,
-    Rollout,
-    Root,
-    ShadowThresholds,
-    SigningKey,
-    sign_envelope,
-)
-
-NOW = 1_800_000_000
-DAY = 86_400
-
-
-def key(n: int) -> SigningKey:
-    """Key number n, the same in every run (seed = sha256 of a label)."""
-    return SigningKey.from_seed(hashlib.sha256(f"test-key-{n}".encode()).digest())
-
-
-def make_root(version: int, root_keys: Sequence[SigningKey], root_threshold: int,
-              release_keys: Sequence[SigningKey], release_threshold: int = 1,
-              expires: int = NOW + 365 * DAY) -> Root:
-    keys = {k.keyid: PublicKey.ed25519(k.public_key) for k in [*root_keys, *release_keys]}
-    return Root(
-        version=version,
-        expires=expires,
-        keys=keys,
-        roles={
-            "root": Role([k.keyid for k in root_keys], root_threshold),
-            "release": Role([k.keyid for k in release_keys], release_threshold),
-        },
-    )
-
-
-def sign_root(root: Root, signers: Sequence[SigningKey]) -> bytes:
-    return sign_envelope(root.to_bytes(), ROOT_PAYLOAD_TYPE, signers)
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def make_release(version: str, share_ppm: int = 1_000_000, filters: Filters | None = None,
-                 platforms: Sequence[str] = ("android", "ios")) -> Release:
-    artifacts = [
-        Artifact(
-            platform=p, variant="fp16", format="onnx", url=f"https://cdn.example/{version}/{p}",
-            length=1234, sha256=sha(f"{version}/{p}"),
-            compile_settings={"opset": 18, "fp16": True, "quant": "none"},
-            target={"runtime": "onnxruntime"},
-            patches=[Patch(sha(f"old/{p}"), f"https://cdn.example/{version}/{p}.patch",
-                           99, sha(f"patch/{version}/{p}"), "bsdiff4")],
-        )
-        for p in platforms
-    ]
-    rollout = Rollout(share_ppm=share_ppm, salt=f"salt-{version}", mode="shadow",
-                      filters=filters or Filters(),
-                      shadow=ShadowThresholds(max_kl_micro=50_000, max_latency_p99_us=20_000,
-                                              min_samples=200))
-    return Release(version=version, rollout=rollout, artifacts=artifacts)
-
-
-def make_manifest(serial: int = 1, expires: int = NOW + DAY, channel: str = "prod",
-                  releases: Sequence[Release] | None = None) -> Manifest:
-    rels = list(releases) if releases is not None else [make_release("2.0", 100_000),
-                                                         make_release("1.0")]
-    return Manifest(channel=channel, serial=serial, expires=expires,
-                    models={"detector": ModelEntry(rels)})
+from manifests import MANIFEST_PAYLOAD_TYPE, Manifest, Root, SigningKey, sign_envelope
 
 
 @pytest.fixture
@@ -101,8 +27,6 @@ def root_v1(root_keys: list[SigningKey], release_keys: list[SigningKey]) -> Root
 
 @pytest.fixture
 def sign_manifest(release_keys: list[SigningKey]) -> Callable[..., bytes]:
-    from manifests import MANIFEST_PAYLOAD_TYPE
-
     def sign(manifest: Manifest, signers: Sequence[SigningKey] | None = None) -> bytes:
         return sign_envelope(manifest.to_bytes(), MANIFEST_PAYLOAD_TYPE,
                              release_keys[:1] if signers is None else signers)

@@ -6,7 +6,7 @@ import base64
 import json
 
 import pytest
-from conftest import key
+from manifest_builders import key
 
 from manifests import (
     MAX_SIGNATURES,

@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import replace
 
 import pytest
-from conftest import make_manifest, make_release
+from manifest_builders import make_manifest, make_release
 
 from manifests import (
     Artifact,

@@ -6,13 +6,9 @@ import json
 from typing import Any
 
 import pytest
-from conftest import key, make_manifest, make_root
+from manifest_builders import key, make_manifest, make_root, manifest_json, set_path
 
 from manifests import MalformedError, Manifest, Root, WrongTypeError
-
-
-def _manifest_json() -> dict[str, Any]:
-    return json.loads(make_manifest().to_bytes())
 
 
 def test_manifest_round_trips_through_bytes() -> None:
@@ -27,7 +23,7 @@ def test_root_round_trips_through_bytes() -> None:
 
 
 def test_unknown_fields_are_preserved_at_every_level() -> None:
-    doc = _manifest_json()
+    doc = manifest_json()
     doc["future_top"] = {"nested": [1, "x", None]}
     doc["models"]["detector"]["future_model"] = 1
     rel = doc["models"]["detector"]["releases"][0]
@@ -45,7 +41,7 @@ def test_unknown_fields_are_preserved_at_every_level() -> None:
 
 
 def test_optional_fields_default_to_empty() -> None:
-    doc = _manifest_json()
+    doc = manifest_json()
     rel = doc["models"]["detector"]["releases"][0]
     rel["rollout"] = {"share_ppm": 5, "salt": "s", "mode": "active"}
     for k in ("compile_settings", "target", "patches"):
@@ -56,19 +52,6 @@ def test_optional_fields_default_to_empty() -> None:
     assert r.artifacts[0].patches == [] and r.artifacts[0].target == {}
 
 
-def _set(path: str, value: Any):
-    def mutate(doc: dict[str, Any]) -> None:
-        *parents, last = path.split("/")
-        node: Any = doc
-        for p in parents:
-            node = node[int(p)] if p.isdigit() else node[p]
-        if value is KeyError:
-            del node[last]
-        else:
-            node[last] = value
-    return mutate
-
-
 REL = "models/detector/releases/0"
 ART = f"{REL}/artifacts/0"
 
@@ -76,38 +59,39 @@ ART = f"{REL}/artifacts/0"
 @pytest.mark.parametrize(
     ("mutate", "reason"),
     [
-        (_set("serial", 0), "serial must be between 1"),
-        (_set("serial", "1"), "serial must be an integer"),
-        (_set("serial", True), "serial must be an integer"),
-        (_set("expires", KeyError), "expires is required"),
-        (_set("channel", "../prod"), "is not a name"),
-        (_set("models", []), "models must be an object"),
-        (_set(f"{REL}/version", "a/b"), "is not a name"),
-        (_set(f"{REL}/rollout/share_ppm", 1_000_001), "share_ppm must be between 0 and 1000000"),
-        (_set(f"{REL}/rollout/mode", "canary"), "mode must be one of active, shadow"),
-        (_set(f"{REL}/rollout/shadow", None), "shadow is required when mode is 'shadow'"),
-        (_set(f"{REL}/rollout/salt", ""), "salt must not be empty"),
-        (_set(f"{REL}/rollout/filters/os_versions", ["14"]), "version range"),
-        (_set(f"{REL}/rollout/filters/socs", [1]), "must be a string"),
-        (_set(f"{ART}/sha256", "AB" * 32), "64 lowercase hex"),
-        (_set(f"{ART}/length", -1), "length must be between 0"),
-        (_set(f"{ART}/url", "http://x/a b"), "printable ASCII"),
-        (_set(f"{ART}/platform", ".."), "is not a name"),
-        (_set(f"{ART}/compile_settings", {"x": [1]}), "string, integer or boolean"),
-        (_set(f"{ART}/target", {"soc": 1}), "must be a string"),
-        (_set(f"{ART}/patches/0/from_sha256", "x"), "64 lowercase hex"),
-        (_set(f"{ART}/patches/0/algorithm", ""), "must not be empty"),
+        (set_path("serial", 0), "serial must be between 1"),
+        (set_path("serial", "1"), "serial must be an integer"),
+        (set_path("serial", True), "serial must be an integer"),
+        (set_path("expires", KeyError), "expires is required"),
+        (set_path("channel", "../prod"), "is not a name"),
+        (set_path("models", []), "models must be an object"),
+        (set_path(f"{REL}/version", "a/b"), "is not a name"),
+        (set_path(f"{REL}/rollout/share_ppm", 1_000_001),
+         "share_ppm must be between 0 and 1000000"),
+        (set_path(f"{REL}/rollout/mode", "canary"), "mode must be one of active, shadow"),
+        (set_path(f"{REL}/rollout/shadow", None), "shadow is required when mode is 'shadow'"),
+        (set_path(f"{REL}/rollout/salt", ""), "salt must not be empty"),
+        (set_path(f"{REL}/rollout/filters/os_versions", ["14"]), "version range"),
+        (set_path(f"{REL}/rollout/filters/socs", [1]), "must be a string"),
+        (set_path(f"{ART}/sha256", "AB" * 32), "64 lowercase hex"),
+        (set_path(f"{ART}/length", -1), "length must be between 0"),
+        (set_path(f"{ART}/url", "http://x/a b"), "printable ASCII"),
+        (set_path(f"{ART}/platform", ".."), "is not a name"),
+        (set_path(f"{ART}/compile_settings", {"x": [1]}), "string, integer or boolean"),
+        (set_path(f"{ART}/target", {"soc": 1}), "must be a string"),
+        (set_path(f"{ART}/patches/0/from_sha256", "x"), "64 lowercase hex"),
+        (set_path(f"{ART}/patches/0/algorithm", ""), "must not be empty"),
     ],
 )
 def test_manifest_field_rules(mutate, reason: str) -> None:
-    doc = _manifest_json()
+    doc = manifest_json()
     mutate(doc)
     with pytest.raises(MalformedError, match=reason):
         Manifest.from_dict(doc)
 
 
 def test_duplicate_release_versions_are_refused() -> None:
-    doc = _manifest_json()
+    doc = manifest_json()
     rels = doc["models"]["detector"]["releases"]
     rels[1]["version"] = rels[0]["version"]
     with pytest.raises(MalformedError, match="one version twice"):
@@ -115,7 +99,7 @@ def test_duplicate_release_versions_are_refused() -> None:
 
 
 def test_document_type_mismatch_is_wrong_type() -> None:
-    doc = _manifest_json()
+    doc = manifest_json()
     doc["type"] = "root"
     with pytest.raises(WrongTypeError):
         Manifest.from_dict(doc)
@@ -128,12 +112,12 @@ def _root_json() -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("mutate", "reason"),
     [
-        (_set("version", 0), "version must be between 1"),
-        (_set("roles/release", KeyError), "roles.release is required"),
-        (_set("roles/root/threshold", 3), "threshold must be between 1 and 2"),
-        (_set("roles/root/threshold", 0), "threshold must be between 1 and 2"),
-        (_set("roles/root/keyids", []), "keyids must not be empty"),
-        (_set("roles/release/keyids", [key(9).keyid]), "not in root.keys"),
+        (set_path("version", 0), "version must be between 1"),
+        (set_path("roles/release", KeyError), "roles.release is required"),
+        (set_path("roles/root/threshold", 3), "threshold must be between 1 and 2"),
+        (set_path("roles/root/threshold", 0), "threshold must be between 1 and 2"),
+        (set_path("roles/root/keyids", []), "keyids must not be empty"),
+        (set_path("roles/release/keyids", [key(9).keyid]), "not in root.keys"),
     ],
 )
 def test_root_field_rules(mutate, reason: str) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
-from conftest import DAY, NOW, key, make_manifest, make_root, sign_root
+from manifest_builders import DAY, NOW, key, make_manifest, make_root, sign_root
 
 from manifests import (
     MANIFEST_PAYLOAD_TYPE,
