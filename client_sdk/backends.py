@@ -57,6 +57,7 @@ def _cpu(bundle: Bundle, member: Member) -> Backend:
     # The optimized model is already optimized; don't pay for it again on every load.
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
     try:
         session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as e:

@@ -54,6 +54,7 @@ def compiled_onnx(bundle: Bundle, member: Member) -> Path:
     opts = ort.SessionOptions()
     # EXTENDED, not ALL: layout-specific rewrites are not worth tying the cache to a CPU model.
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    opts.log_severity_level = 3  # warnings about unused initializers are not the app's concern
     opts.optimized_model_filepath = str(tmp)
     try:
         ort.InferenceSession(

@@ -392,7 +392,7 @@ class Updater:
                 self._event(EventKind.REFUSED, r.model, reason=r.reason)
             self._gc_downloads(plans)
             for plan in plans:
-                results.append(self._apply(plan, manifest, deadline))
+                results.append(self._apply(plan, deadline))
         finally:
             self.state = State.IDLE
         order = [Outcome.FAILED, Outcome.ROLLED_BACK, Outcome.UPDATED, Outcome.REFUSED]
@@ -402,17 +402,16 @@ class Updater:
             overall = Outcome.REFUSED
         return UpdateResult(overall, manifest.serial, tuple(results))
 
-    def _apply(self, plan: Plan, manifest: Manifest, deadline: Deadline) -> ModelResult:
+    def _apply(self, plan: Plan, deadline: Deadline) -> ModelResult:
         model, version = plan.model, plan.release.version
         pointer = self.store.pointer(model)
         if pointer.active == plan.bundle_id:
             self._event(EventKind.UP_TO_DATE, model, version)
             return ModelResult(model, Outcome.UP_TO_DATE, version=version,
                                sha256=plan.artifacts[0][1].sha256)
-        offered = {r.version for r in manifest.models[model].releases}
         current = self.store.active(model) if pointer.active else None
         going_back = pointer.previous == plan.bundle_id or (
-            current is not None and current.version not in offered)
+            current is not None and _older(version, current.version))
         try:
             held = self.store.find(model, plan.bundle_id)
             if held is not None:  # instant rollback / switch: the bundle is already here
@@ -442,6 +441,14 @@ class Updater:
                 ok = False
                 self._event(EventKind.FAILED, reason=str(e))
             stop.wait(schedule.next_delay(ok))
+
+
+def _older(a: str, b: str) -> bool:
+    """True when version ``a`` is lower than ``b`` (non-numeric versions never compare)."""
+    try:
+        return manifests.compare_versions(a, b) < 0
+    except ValueError:
+        return False
 
 
 def _copy(src: Path, dst: Path) -> None:

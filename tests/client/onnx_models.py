@@ -1,0 +1,44 @@
+"""Tiny ONNX models built with the onnx helper API (no torch), whose outputs name their bundle.
+
+``scaled_model(k)``: y = x * k and tag = [k], so a prediction proves which whole bundle ran:
+``y == x * tag`` holds only if both outputs came from the same model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def scaled_model(k: float, *, padding: int = 0, tweak: int = 0) -> bytes:
+    """A model computing y = x*k (x: float32[1,4]) plus the constant output tag=[k].
+
+    ``padding`` adds an unused initializer of that many float32s (seeded, identical across
+    calls) to make the file bigger for patch tests; ``tweak`` changes its first values, so two
+    models differing only in ``k``/``tweak`` make a small bsdiff4 patch.
+    """
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    tag = helper.make_tensor_value_info("tag", TensorProto.FLOAT, [1])
+    inits = [numpy_helper.from_array(np.array([k], dtype=np.float32), "k")]
+    if padding:
+        pad = np.random.default_rng(1234).standard_normal(padding).astype(np.float32)
+        pad[:tweak] += 1.0
+        inits.append(numpy_helper.from_array(pad, "pad"))
+    nodes = [
+        helper.make_node("Mul", ["x", "k"], ["y"]),
+        helper.make_node("Identity", ["k"], ["tag"]),
+    ]
+    graph = helper.make_graph(nodes, "scaled", [x], [y, tag], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def check_whole(outputs: dict[str, np.ndarray], x: np.ndarray) -> float:
+    """Assert both outputs come from one model; return its k."""
+    k = float(outputs["tag"][0])
+    np.testing.assert_allclose(outputs["y"], x * np.float32(k), rtol=0, atol=0)
+    return k

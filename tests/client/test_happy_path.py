@@ -1,0 +1,115 @@
+"""The normal update cycle: install, no-op poll with ETag/304, patch update, rollback."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from client_sdk import EventKind, ModelRuntime, Outcome
+from tests.client.onnx_models import check_whole
+from tests.client.simulator import RepositorySimulator
+
+X = np.arange(4, dtype=np.float32).reshape(1, 4)
+
+
+def test_first_update_installs_and_runtime_predicts(make_updater, sim, v1, runtime, events):
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(v1)])])
+    up = make_updater(runtime=runtime)
+    result = up.check_once()
+    assert result.outcome is Outcome.UPDATED
+    (m,) = result.models
+    assert (m.model, m.version, m.sha256) == ("clf", "1.0", hashlib.sha256(v1).hexdigest())
+    pred = runtime.predict("clf", {"x": X})
+    assert pred.version == "1.0" and check_whole(pred.outputs, X) == 1.0
+    kinds = [e.kind for e in events]
+    for k in (EventKind.CHECKING, EventKind.VERIFIED, EventKind.DOWNLOADING, EventKind.STAGED,
+              EventKind.ACTIVE):
+        assert k in kinds
+
+
+def test_unchanged_manifest_is_revalidated_with_etag_and_304(make_updater, sim: RepositorySimulator,
+                                                             v1):
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(v1)])])
+    up = make_updater()
+    up.check_once()
+    sim.fetches.clear()
+    result = up.check_once()
+    assert result.outcome is Outcome.UP_TO_DATE
+    (mf,) = sim.fetched("/v1/channels/")
+    assert mf.status == 304 and mf.headers["If-None-Match"].startswith('"')
+    assert sim.fetched("/blobs/") == []
+
+
+def test_patch_is_used_when_device_holds_the_base(make_updater, sim, v1, v2):
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(v1)])])
+    up = make_updater()
+    up.check_once()
+    patch = sim.patch(v1, v2)
+    art = sim.artifact(v2, patches=[patch])
+    sim.publish("clf", [sim.release("2.0", [art]), sim.release("1.0", [sim.artifact(v1)])])
+    sim.fetches.clear()
+    result = up.check_once()
+    assert result.outcome is Outcome.UPDATED and result.models[0].version == "2.0"
+    paths = [f.path for f in sim.fetched("/blobs/")]
+    assert paths == ["/" + patch.url], "only the patch should be downloaded"
+    assert patch.length < len(v2) / 2
+    assert up.store.verify(up.store.active("clf"))
+
+
+def test_patch_base_mismatch_downloads_the_full_artifact(make_updater, sim, v1, v2):
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(v1)])])
+    up = make_updater()
+    up.check_once()
+    other_base = b"not what the device holds" * 10
+    patch = sim.patch(other_base, v2)
+    art = sim.artifact(v2, patches=[patch])
+    sim.publish("clf", [sim.release("2.0", [art])])
+    sim.fetches.clear()
+    assert up.check_once().outcome is Outcome.UPDATED
+    assert [f.path for f in sim.fetched("/blobs/")] == ["/" + art.url]
+
+
+def test_broken_patch_falls_back_to_full_download(make_updater, sim, v1, v2, events):
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(v1)])])
+    up = make_updater()
+    up.check_once()
+    bad = sim.patch(v1, v2, data=b"BSDIFF40" + b"\x00" * 64)  # signed, but garbage
+    art = sim.artifact(v2, patches=[bad])
+    sim.publish("clf", [sim.release("2.0", [art])])
+    sim.fetches.clear()
+    result = up.check_once()
+    assert result.outcome is Outcome.UPDATED
+    assert [f.path for f in sim.fetched("/blobs/")] == ["/" + bad.url, "/" + art.url]
+    assert any(e.kind is EventKind.FAILED and "patch" in e.reason for e in events)
+    assert up.store.active("clf").sha256 == hashlib.sha256(v2).hexdigest()
+
+
+def test_halted_release_rolls_back_to_the_kept_bundle_without_download(make_updater, sim, v1,
+                                                                       v2, runtime):
+    a1 = sim.artifact(v1)
+    sim.publish("clf", [sim.release("1.0", [a1])])
+    up = make_updater(runtime=runtime)
+    up.check_once()
+    sim.publish("clf", [sim.release("2.0", [sim.artifact(v2)]), sim.release("1.0", [a1])])
+    assert up.check_once().outcome is Outcome.UPDATED
+    assert runtime.predict("clf", {"x": X}).version == "2.0"
+    sim.publish("clf", [sim.release("1.0", [a1])])  # the halt: a new manifest without 2.0
+    sim.fetches.clear()
+    result = up.check_once()
+    assert result.outcome is Outcome.ROLLED_BACK and result.models[0].version == "1.0"
+    assert sim.fetched("/blobs/") == []
+    assert runtime.predict("clf", {"x": X}).version == "1.0"
+
+
+def test_variant_switch_is_a_swap(make_updater, sim, runtime):
+    from tests.client.onnx_models import scaled_model
+
+    small, large = scaled_model(3.0), scaled_model(5.0)
+    rel = sim.release("1.0", [sim.artifact(small, variant="224"),
+                              sim.artifact(large, variant="448")])
+    sim.publish("det", [rel])
+    make_updater(runtime=runtime, variants={"det": "224"}).check_once()
+    assert check_whole(runtime.predict("det", {"x": X}).outputs, X) == 3.0
+    make_updater(runtime=runtime, variants={"det": "448"}).check_once()
+    assert check_whole(runtime.predict("det", {"x": X}).outputs, X) == 5.0
