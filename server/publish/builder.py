@@ -1,0 +1,101 @@
+"""The channel manifest as a pure function of the channel's rollout records.
+
+Which releases a channel offers, per model, newest first:
+  1. every release still in flight (not halted) newer than the latest fully rolled-out one;
+  2. the latest fully rolled-out release (share 100%, not halted) — the fallback that devices
+     outside a new release's cohort, and every device after a halt, land on; when the newest
+     release is itself fully rolled out, the full release before it stays as its fallback.
+Halted releases are never offered (the rollback); in-flight releases older than the latest
+full one are superseded and dropped. A model with nothing to offer is left out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from manifests import (
+    Artifact,
+    Filters,
+    Manifest,
+    ModelEntry,
+    Patch,
+    Release,
+    Rollout,
+    ShadowThresholds,
+)
+from server.publish.records import ArtifactRecord, RolloutRecord, RolloutState
+
+
+def offered(rollouts: Iterable[RolloutRecord]) -> list[RolloutRecord]:
+    """The releases one model's channel offers, in the order devices must try them."""
+    live = sorted(
+        (r for r in rollouts if r.state is not RolloutState.HALTED),
+        key=lambda r: r.seq, reverse=True,
+    )
+    full = [i for i, r in enumerate(live) if r.fully_rolled_out]
+    if not full:
+        return live
+    head = live[: full[0] + 1]
+    if len(head) == 1 and len(full) > 1:
+        # The newest release is itself at 100%: keep its predecessor as the fallback, for
+        # devices its filters leave out and for the moment it is halted.
+        head.append(live[full[1]])
+    return head
+
+
+def _artifact(a: ArtifactRecord) -> Artifact:
+    return Artifact(
+        platform=a.platform, variant=a.variant, format=a.format, url=a.url, length=a.length,
+        sha256=a.sha256, compile_settings=dict(a.compile_settings), target=dict(a.target),
+        patches=[
+            Patch(from_sha256=p.from_sha256, url=p.url, length=p.length, sha256=p.sha256,
+                  algorithm=p.algorithm)
+            for p in a.patches
+        ],
+    )
+
+
+def _rollout(r: RolloutRecord) -> Rollout:
+    f = r.filters
+    return Rollout(
+        share_ppm=r.share_ppm, salt=r.salt, mode=r.mode,
+        filters=Filters(
+            platforms=list(f.platforms), socs=list(f.socs), archs=list(f.archs),
+            os_versions=list(f.os_versions), app_versions=list(f.app_versions),
+            device_allow=list(f.device_allow), device_deny=list(f.device_deny),
+        ),
+        shadow=None if r.shadow is None else ShadowThresholds(
+            max_kl_micro=r.shadow.max_kl_micro,
+            max_latency_p99_us=r.shadow.max_latency_p99_us,
+            min_samples=r.shadow.min_samples,
+        ),
+    )
+
+
+def build_manifest(
+    *, channel: str, serial: int, expires: int, rollouts: Sequence[RolloutRecord]
+) -> Manifest:
+    """The unsigned manifest document for `channel` at `serial`, expiring at `expires`."""
+    by_model: dict[str, list[RolloutRecord]] = defaultdict(list)
+    for r in rollouts:
+        by_model[r.model].append(r)
+    models = {}
+    for name in sorted(by_model):
+        releases = [
+            Release(version=r.version, rollout=_rollout(r),
+                    artifacts=[_artifact(a) for a in r.artifacts])
+            for r in offered(by_model[name])
+        ]
+        if releases:
+            models[name] = ModelEntry(releases=releases)
+    return Manifest(channel=channel, serial=serial, expires=expires, models=models)
+
+
+def join_url(base_url: str, path: str) -> str:
+    """`path` (no leading slash, e.g. 'v1/artifacts/<sha>') under base_url, or left relative.
+
+    With no public base URL the manifest carries the path relative to the server's base URL,
+    which devices resolve against the URL they fetched the manifest's server from.
+    """
+    return f"{base_url.rstrip('/')}/{path}" if base_url else path

@@ -1,0 +1,267 @@
+"""Publishing a channel: build the manifest from the database, sign it with the release key,
+store the exact signed bytes in the blob store and record the next serial.
+
+Serial safety: every publish of a channel runs in one transaction that first locks the
+channel's row (SELECT … FOR UPDATE on PostgreSQL), so concurrent rollout changes queue up; the
+unique (channel_id, serial) constraint is the backstop (SQLite has no row locks) and a lost race
+is retried from scratch in a fresh transaction. A serial is therefore never signed twice with
+different contents as far as anyone can observe: the per-serial blob is written before commit
+but only referenced after commit, and the channel's "current" blob is replaced after commit.
+
+Blob keys: manifests/<channel>/<serial>.json (immutable) and manifests/<channel>.json (current,
+for a CDN or bucket that serves devices directly).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+import manifests
+from server.blobstore import BlobStore
+from server.db import models as db
+from server.publish import records
+from server.publish.builder import build_manifest, join_url
+from server.publish.errors import ChannelNotFoundError, SerialConflictError
+from server.services import audit
+
+log = logging.getLogger("modelfleet.publish")
+
+T = TypeVar("T")
+MANIFEST_MAX_BYTES = manifests.MANIFEST_MAX_SIZE
+PUBLISH_ATTEMPTS = 8
+
+
+def current_blob_key(channel: str) -> str:
+    return f"manifests/{channel}.json"
+
+
+def serial_blob_key(channel: str, serial: int) -> str:
+    return f"manifests/{channel}/{serial}.json"
+
+
+def artifact_path(sha256: str) -> str:
+    return f"v1/artifacts/{sha256}"
+
+
+def patch_path(sha256: str) -> str:
+    return f"v1/patches/{sha256}"
+
+
+@dataclass
+class Publisher:
+    """What publishing needs besides a session: store, key, clock, URLs, lifetime."""
+
+    blob_store: BlobStore
+    release_key: Callable[[], manifests.SigningKey]
+    base_url: str
+    lifetime_seconds: int
+    clock: Callable[[], int] = field(default=lambda: int(time.time()))
+
+
+@dataclass(frozen=True)
+class PublishedManifest:
+    channel: str
+    serial: int
+    sha256: str
+    length: int
+    expires: int
+    blob_key: str
+
+
+def load_rollout_records(session: Session, channel_id: int, base_url: str
+                         ) -> list[records.RolloutRecord]:
+    """Every release on the channel as plain records, with artifacts and their patches."""
+    rows = session.execute(
+        select(db.Release, db.ModelVersion, db.Model)
+        .join(db.ModelVersion, db.Release.version_id == db.ModelVersion.id)
+        .join(db.Model, db.ModelVersion.model_id == db.Model.id)
+        .where(db.Release.channel_id == channel_id)
+        .order_by(db.Release.id)
+    ).all()
+    out = []
+    for release, version, model in rows:
+        if release.state is db.ReleaseState.halted:
+            artifacts: tuple[records.ArtifactRecord, ...] = ()  # never offered; skip the reads
+        else:
+            artifacts = load_artifact_records(session, version.id, base_url)
+        out.append(release_record(release, model.name, version.version, artifacts))
+    return out
+
+
+def release_record(release: db.Release, model: str, version: str,
+                   artifacts: tuple[records.ArtifactRecord, ...] = ()) -> records.RolloutRecord:
+    f = release.filters or {}
+    shadow = None
+    if release.shadow_max_kl_micro is not None:
+        shadow = records.ShadowRecord(
+            max_kl_micro=release.shadow_max_kl_micro,
+            max_latency_p99_us=release.shadow_max_latency_p99_us or 0,
+            min_samples=release.shadow_min_samples or 0,
+        )
+    return records.RolloutRecord(
+        id=release.id, seq=release.id, model=model, version=version,
+        share_ppm=release.share_ppm, salt=release.salt, mode=release.mode.value,
+        state=records.RolloutState(release.state.value),
+        filters=records.FilterRecord(
+            platforms=tuple(f.get("platforms", ())), socs=tuple(f.get("socs", ())),
+            archs=tuple(f.get("archs", ())), os_versions=tuple(f.get("os_versions", ())),
+            app_versions=tuple(f.get("app_versions", ())),
+            device_allow=tuple(release.pinned_devices or ()),
+            device_deny=tuple(release.denied_devices or ()),
+        ),
+        shadow=shadow, artifacts=artifacts,
+    )
+
+
+def load_artifact_records(session: Session, version_id: int, base_url: str
+                          ) -> tuple[records.ArtifactRecord, ...]:
+    arts = session.scalars(
+        select(db.Artifact).where(db.Artifact.version_id == version_id)
+        .order_by(db.Artifact.platform, db.Artifact.variant)
+    ).all()
+    out = []
+    for a in arts:
+        patch_rows = session.execute(
+            select(db.Patch, db.Artifact.sha256)
+            .join(db.Artifact, db.Patch.from_artifact_id == db.Artifact.id)
+            .where(db.Patch.to_artifact_id == a.id)
+            .order_by(db.Patch.length)  # smallest first: the SDK takes the first that applies
+        ).all()
+        patches = tuple(
+            records.PatchRecord(from_sha256=from_sha, url=join_url(base_url, patch_path(p.sha256)),
+                                length=p.length, sha256=p.sha256, algorithm=p.algorithm)
+            for p, from_sha in patch_rows
+        )
+        out.append(records.ArtifactRecord(
+            platform=a.platform, variant=a.variant, format=a.format,
+            url=join_url(base_url, artifact_path(a.sha256)), length=a.length, sha256=a.sha256,
+            compile_settings={k: v for k, v in (a.compile_settings or {}).items()
+                              if isinstance(v, str | int | bool)},
+            target={k: str(v) for k, v in (a.target or {}).items()},
+            patches=patches,
+        ))
+    return tuple(out)
+
+
+def lock_channel(session: Session, name: str) -> db.Channel:
+    """The channel row, locked for the rest of the transaction (a no-op lock on SQLite)."""
+    channel = session.scalars(
+        select(db.Channel).where(db.Channel.name == name).with_for_update()
+    ).first()
+    if channel is None:
+        raise ChannelNotFoundError(
+            f"no channel named {name!r}",
+            fix="create it with POST /v1/channels {\"name\": ...} (scope rollout)",
+        )
+    return channel
+
+
+def latest_manifest(session: Session, channel_id: int) -> db.SignedManifest | None:
+    return session.scalars(
+        select(db.SignedManifest).where(db.SignedManifest.channel_id == channel_id)
+        .order_by(db.SignedManifest.serial.desc()).limit(1)
+    ).first()
+
+
+def sign_and_store(session: Session, pub: Publisher, channel: db.Channel) -> PublishedManifest:
+    """Inside the caller's transaction (channel row locked): next serial, build, sign, store."""
+    serial = (session.scalar(
+        select(func.max(db.SignedManifest.serial))
+        .where(db.SignedManifest.channel_id == channel.id)
+    ) or 0) + 1
+    expires = pub.clock() + pub.lifetime_seconds
+    doc = build_manifest(channel=channel.name, serial=serial, expires=expires,
+                         rollouts=load_rollout_records(session, channel.id, pub.base_url))
+    signed = manifests.sign_envelope(doc.to_bytes(), manifests.MANIFEST_PAYLOAD_TYPE,
+                                     [pub.release_key()])
+    if len(signed) > MANIFEST_MAX_BYTES:
+        raise SerialConflictError(  # pragma: no cover - needs thousands of releases
+            f"the signed manifest of {channel.name!r} is {len(signed)} bytes, over the "
+            f"{MANIFEST_MAX_BYTES}-byte cap devices enforce; halt or finish old rollouts"
+        )
+    key = serial_blob_key(channel.name, serial)
+    info = pub.blob_store.put(key, [signed], content_type="application/json")
+    sha = hashlib.sha256(signed).hexdigest()
+    session.add(db.SignedManifest(channel_id=channel.id, serial=serial, blob_key=key,
+                                  sha256=sha, length=info.length, expires=expires))
+    session.flush()  # the unique (channel_id, serial) constraint fires here, not at commit
+    return PublishedManifest(channel.name, serial, sha, info.length, expires, key)
+
+
+def publish_change(
+    factory: sessionmaker[Session], pub: Publisher, channel: str,
+    change: Callable[[Session, db.Channel], T], *, attempts: int = PUBLISH_ATTEMPTS,
+) -> tuple[T, PublishedManifest | None]:
+    """Apply `change` and publish the resulting manifest atomically, retrying lost races.
+
+    `change` runs inside the locked transaction and may be re-run on a retry; it returns a
+    result, and publishing is skipped when it returns an object with `publish = False` (a
+    no-op change such as halting an already halted rollout).
+    """
+    last: Exception | None = None
+    for attempt in range(attempts):
+        with factory() as session:
+            try:
+                row = lock_channel(session, channel)
+                result = change(session, row)
+                published = None
+                if getattr(result, "publish", True):
+                    published = sign_and_store(session, pub, row)
+                session.commit()
+            except (IntegrityError, OperationalError) as e:
+                # A concurrent publisher took this serial (or SQLite was busy): start over.
+                session.rollback()
+                last = e
+                time.sleep(0.005 * (attempt + 1))
+                continue
+        if published is not None:
+            _update_current(pub, published)
+        return result, published
+    raise SerialConflictError(
+        f"could not publish channel {channel!r} after {attempts} attempts: {last}",
+        fix="retry the request; if it keeps failing, check the database",
+    )
+
+
+def _update_current(pub: Publisher, published: PublishedManifest) -> None:
+    """Point manifests/<channel>.json at the new bytes (after commit, so it never runs ahead)."""
+    try:
+        with pub.blob_store.open(published.blob_key) as f:
+            data = f.read(MANIFEST_MAX_BYTES + 1)
+        pub.blob_store.put(current_blob_key(published.channel), [data],
+                           content_type="application/json")
+    except Exception:  # the DB is the source of truth; the next publish repairs the pointer
+        log.exception("could not update %s", current_blob_key(published.channel))
+
+
+@dataclass(frozen=True)
+class Audited:
+    """A change's result: what to audit, and whether to publish."""
+
+    action: str
+    target: str
+    details: dict[str, object]
+    publish: bool = True
+    rollout_id: int | None = None
+
+
+def publish_channel(factory: sessionmaker[Session], pub: Publisher, channel: str, *,
+                    actor: str, action: str = "manifest.publish") -> PublishedManifest:
+    """Re-publish `channel` as it stands (new serial, fresh expiry)."""
+
+    def change(session: Session, row: db.Channel) -> Audited:
+        audit.record(session, actor, action, f"channel:{row.name}")
+        return Audited(action, row.name, {})
+
+    _, published = publish_change(factory, pub, channel, change)
+    assert published is not None
+    return published

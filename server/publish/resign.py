@@ -1,0 +1,85 @@
+"""Re-signing before expiry: a manifest nobody changed still gets a fresh `expires` (and a new
+serial) well before devices would freeze on an expired one.
+
+`resign_due` is the whole decision, driven by the publisher's clock (tests inject one);
+`resign_loop` runs it periodically inside the API process. Several API replicas may all run
+the loop: the channel lock plus the re-check inside it make the second one a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.db import models as db
+from server.publish.publisher import (
+    Audited,
+    PublishedManifest,
+    Publisher,
+    latest_manifest,
+    publish_change,
+)
+from server.services import audit
+
+log = logging.getLogger("modelfleet.publish.resign")
+
+
+def resign_margin(lifetime_seconds: int) -> int:
+    """Re-sign once less than half the lifetime remains: a missed run or two is harmless."""
+    return lifetime_seconds // 2
+
+
+def check_interval(lifetime_seconds: int) -> float:
+    return float(max(1, min(60, lifetime_seconds // 10)))
+
+
+def channels_due(session: Session, now: int, margin: int) -> list[str]:
+    """Channels whose newest manifest expires within `margin` seconds (or has none)."""
+    newest = (
+        select(db.SignedManifest.channel_id, func.max(db.SignedManifest.expires).label("exp"))
+        .group_by(db.SignedManifest.channel_id).subquery()
+    )
+    rows = session.execute(
+        select(db.Channel.name, newest.c.exp)
+        .outerjoin(newest, newest.c.channel_id == db.Channel.id).order_by(db.Channel.name)
+    ).all()
+    return [name for name, exp in rows if exp is None or exp - now <= margin]
+
+
+def resign_due(factory: sessionmaker[Session], pub: Publisher, *,
+               margin: int | None = None) -> list[PublishedManifest]:
+    """Re-sign every channel that is due; returns what was published."""
+    margin = resign_margin(pub.lifetime_seconds) if margin is None else margin
+    now = pub.clock()
+    with factory() as session:
+        due = channels_due(session, now, margin)
+    out = []
+    for name in due:
+
+        def change(session: Session, ch: db.Channel) -> Audited:
+            latest = latest_manifest(session, ch.id)
+            if latest is not None and latest.expires - now > margin:
+                return Audited("manifest.resign", ch.name, {}, publish=False)  # someone did
+            audit.record(session, "system", "manifest.resign", f"channel:{ch.name}",
+                         previous_expires=None if latest is None else latest.expires)
+            return Audited("manifest.resign", ch.name, {})
+
+        _, published = publish_change(factory, pub, name, change)
+        if published is not None:
+            log.info("re-signed %s as serial %d", name, published.serial)
+            out.append(published)
+    return out
+
+
+async def resign_loop(factory: sessionmaker[Session], pub: Publisher) -> None:
+    """Run `resign_due` forever (until cancelled), logging and surviving failures."""
+    interval = check_interval(pub.lifetime_seconds)
+    while True:
+        try:
+            await asyncio.to_thread(resign_due, factory, pub)
+        except Exception:  # keep trying: an outage must not end re-signing for good
+            log.exception("re-signing failed; retrying in %.0f s", interval)
+        await asyncio.sleep(interval)

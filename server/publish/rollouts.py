@@ -1,0 +1,313 @@
+"""Rollout control: channels and every change to a release on a channel, each one audited and
+published as a new signed manifest in the same transaction (see publisher.publish_change).
+
+Used by the HTTP API (server/api/rollouts.py) and by the telemetry area's automatic halt
+(`halt_rollout(..., actor="system", reason=...)`).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.db import models as db
+from server.publish import rules
+from server.publish.errors import (
+    ChannelNotFoundError,
+    InvalidRolloutError,
+    RolloutExistsError,
+    RolloutNotFoundError,
+    VersionNotFoundError,
+    VersionNotReadyError,
+)
+from server.publish.publisher import (
+    Audited,
+    PublishedManifest,
+    Publisher,
+    publish_change,
+    release_record,
+)
+from server.publish.records import FilterRecord, RolloutRecord, ShadowRecord
+from server.services import audit
+
+CHANNEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class RolloutView:
+    """A rollout as the API shows it, with the manifest serial the change produced."""
+
+    record: RolloutRecord
+    channel: str
+    state_reason: str
+    serial: int | None
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """A request to start a release on a channel (validated by `start_rollout`)."""
+
+    model: str
+    version: str
+    percentage: Decimal | int | float | str
+    mode: str = "active"
+    filters: FilterRecord = field(default_factory=FilterRecord)
+    shadow: ShadowRecord | None = None
+
+
+def _version(session: Session, model: str, version: str) -> db.ModelVersion:
+    row = session.scalars(
+        select(db.ModelVersion).join(db.Model)
+        .where(db.Model.name == model, db.ModelVersion.version == version)
+    ).first()
+    if row is None:
+        raise VersionNotFoundError(
+            f"model {model!r} has no version {version!r}",
+            fix="check the names with GET /v1/models/{model}/versions",
+        )
+    return row
+
+
+def _platforms(session: Session, version_id: int) -> set[str]:
+    return set(session.scalars(
+        select(db.Artifact.platform).where(db.Artifact.version_id == version_id)
+    ))
+
+
+def create_channel(factory: sessionmaker[Session], pub: Publisher, name: str, *,
+                   description: str = "", actor: str) -> PublishedManifest:
+    """Create a channel and publish its first (empty) manifest, serial 1."""
+    if not CHANNEL_NAME.match(name):
+        raise InvalidRolloutError(
+            f"channel name {name!r} is not allowed",
+            field="name", fix="use 1–64 lowercase letters, digits, '.', '_' or '-'",
+        )
+    with factory() as session:
+        if session.scalars(select(db.Channel).where(db.Channel.name == name)).first():
+            raise RolloutExistsError(f"channel {name!r} already exists")
+        session.add(db.Channel(name=name, description=description))
+        audit.record(session, actor, "channel.create", f"channel:{name}")
+        session.commit()
+
+    def change(session: Session, row: db.Channel) -> Audited:
+        return Audited("manifest.publish", name, {})
+
+    _, published = publish_change(factory, pub, name, change)
+    assert published is not None
+    return published
+
+
+def _release(session: Session, rollout_id: int) -> db.Release:
+    row = session.get(db.Release, rollout_id)
+    if row is None:
+        raise RolloutNotFoundError(
+            f"no rollout with id {rollout_id}", fix="list them with GET /v1/channels/{channel}"
+        )
+    return row
+
+
+def _names(session: Session, release: db.Release) -> tuple[str, str, str]:
+    version = session.get(db.ModelVersion, release.version_id)
+    assert version is not None
+    model = session.get(db.Model, version.model_id)
+    channel = session.get(db.Channel, release.channel_id)
+    assert model is not None and channel is not None
+    return channel.name, model.name, version.version
+
+
+def get_rollout(session: Session, rollout_id: int) -> RolloutView:
+    release = _release(session, rollout_id)
+    channel, model, version = _names(session, release)
+    return RolloutView(release_record(release, model, version), channel,
+                       release.state_reason, None)
+
+
+def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
+                  spec: RolloutSpec, *, actor: str) -> RolloutView:
+    """Offer `spec.version` on `channel` to `spec.percentage` of matching devices."""
+    share = rules.percentage_to_ppm(spec.percentage)
+    rules.check_mode(spec.mode)
+    if spec.mode == "shadow" and spec.shadow is None:
+        raise InvalidRolloutError(
+            "mode 'shadow' needs shadow thresholds", field="shadow",
+            fix='send "shadow": {"max_kl_micro": …, "max_latency_p99_us": …, "min_samples": …}',
+        )
+
+    def change(session: Session, ch: db.Channel) -> Audited:
+        version = _version(session, spec.model, spec.version)
+        if version.state is not db.VersionState.ready:
+            raise VersionNotReadyError(
+                f"{spec.model} {spec.version} is {version.state.value}, not ready",
+                fix="wait for its builds to finish (GET its version) or fix the failed ones",
+            )
+        platforms = _platforms(session, version.id)
+        if not platforms:
+            raise VersionNotReadyError(
+                f"{spec.model} {spec.version} has no artifacts to offer",
+                fix="check its builds: every platform failed or was gated out",
+            )
+        rules.check_filters(spec.filters, platforms)
+        existing = session.scalars(select(db.Release).where(
+            db.Release.channel_id == ch.id, db.Release.version_id == version.id)).first()
+        if existing is not None:
+            raise RolloutExistsError(
+                f"{spec.model} {spec.version} already has rollout {existing.id} on {ch.name} "
+                f"({existing.state.value})",
+                fix=f"change it with PATCH /v1/rollouts/{existing.id}; a halted release "
+                "cannot be restarted — publish a new version",
+            )
+        f = spec.filters
+        release = db.Release(
+            channel_id=ch.id, version_id=version.id, share_ppm=share,
+            salt=secrets.token_hex(16),  # fixed for the life of the release: stable cohorts
+            mode=db.RolloutMode(spec.mode),
+            filters={"platforms": list(f.platforms), "socs": list(f.socs),
+                     "archs": list(f.archs), "os_versions": list(f.os_versions),
+                     "app_versions": list(f.app_versions)},
+            pinned_devices=list(f.device_allow), denied_devices=list(f.device_deny),
+            shadow_max_kl_micro=spec.shadow.max_kl_micro if spec.shadow else None,
+            shadow_max_latency_p99_us=spec.shadow.max_latency_p99_us if spec.shadow else None,
+            shadow_min_samples=spec.shadow.min_samples if spec.shadow else None,
+        )
+        session.add(release)
+        session.flush()
+        audit.record(session, actor, "rollout.start", f"{ch.name}/{spec.model}/{spec.version}",
+                     rollout_id=release.id, share_ppm=share, mode=spec.mode)
+        return Audited("rollout.start", str(release.id), {}, rollout_id=release.id)
+
+    result, published = publish_change(factory, pub, channel, change)
+    assert result.rollout_id is not None
+    return _view(factory, result.rollout_id, published)
+
+
+def _view(factory: sessionmaker[Session], rollout_id: int,
+          published: PublishedManifest | None) -> RolloutView:
+    with factory() as session:
+        view = get_rollout(session, rollout_id)
+    serial = published.serial if published else None
+    return RolloutView(view.record, view.channel, view.state_reason, serial)
+
+
+def _change_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
+                    action: str, apply: object, *, actor: str, **details: object) -> RolloutView:
+    """Run `apply(release) -> bool (changed?)` under the channel lock, audit, publish."""
+    with factory() as session:
+        channel, _, _ = _names(session, _release(session, rollout_id))
+
+    def change(session: Session, ch: db.Channel) -> Audited:
+        release = _release(session, rollout_id)
+        changed = apply(release)  # type: ignore[operator]
+        if changed:
+            _, model, version = _names(session, release)
+            audit.record(session, actor, action, f"{ch.name}/{model}/{version}",
+                         rollout_id=rollout_id, **details)
+        return Audited(action, str(rollout_id), {}, publish=bool(changed))
+
+    _, published = publish_change(factory, pub, channel, change)
+    return _view(factory, rollout_id, published)
+
+
+def ramp_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
+                 percentage: Decimal | int | float | str, *, actor: str) -> RolloutView:
+    share = rules.percentage_to_ppm(percentage)
+
+    def apply(release: db.Release) -> bool:
+        rules.check_ramp(rules.RolloutState(release.state.value))
+        release.share_ppm = share
+        return True
+
+    return _change_rollout(factory, pub, rollout_id, "rollout.ramp", apply, actor=actor,
+                           share_ppm=share)
+
+
+def pause_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
+                  actor: str, reason: str = "") -> RolloutView:
+    def apply(release: db.Release) -> bool:
+        rules.check_pause(rules.RolloutState(release.state.value))
+        release.transition(db.ReleaseState.paused)
+        release.state_reason = reason
+        return True
+
+    return _change_rollout(factory, pub, rollout_id, "rollout.pause", apply, actor=actor,
+                           reason=reason)
+
+
+def resume_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
+                   actor: str) -> RolloutView:
+    def apply(release: db.Release) -> bool:
+        rules.check_resume(rules.RolloutState(release.state.value))
+        release.transition(db.ReleaseState.active)
+        release.state_reason = ""
+        return True
+
+    return _change_rollout(factory, pub, rollout_id, "rollout.resume", apply, actor=actor)
+
+
+def halt_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
+                 actor: str, reason: str = "") -> RolloutView:
+    """The rollback: share 0, never offered again. Halting a halted rollout changes nothing."""
+
+    def apply(release: db.Release) -> bool:
+        if release.state is db.ReleaseState.halted:
+            return False  # idempotent: a retried halt must not fail nor publish again
+        release.transition(db.ReleaseState.halted)
+        release.share_ppm = 0
+        release.state_reason = reason
+        return True
+
+    return _change_rollout(factory, pub, rollout_id, "rollout.halt", apply, actor=actor,
+                           reason=reason)
+
+
+def pin_devices(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
+                device_ids: Sequence[str], *, deny: bool = False, actor: str) -> RolloutView:
+    """Pin devices in (allow-list, regardless of the share) or out (deny-list)."""
+    rules.check_device_ids(device_ids)
+
+    def apply(release: db.Release) -> bool:
+        rules.check_pin(rules.RolloutState(release.state.value))
+        column = "denied_devices" if deny else "pinned_devices"
+        current: list[str] = list(getattr(release, column) or [])
+        merged = current + [d for d in dict.fromkeys(device_ids) if d not in current]
+        rules.check_device_ids(merged, column)
+        if merged == current:
+            return False
+        setattr(release, column, merged)  # a new list: JSON columns track assignment only
+        return True
+
+    return _change_rollout(factory, pub, rollout_id, "rollout.pin", apply, actor=actor,
+                           device_ids=list(device_ids), deny=deny)
+
+
+def unpin_devices(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
+                  device_ids: Sequence[str], *, actor: str) -> RolloutView:
+    """Remove devices from both the allow- and the deny-list."""
+    rules.check_device_ids(device_ids)
+    drop = set(device_ids)
+
+    def apply(release: db.Release) -> bool:
+        pinned = [d for d in release.pinned_devices or [] if d not in drop]
+        denied = [d for d in release.denied_devices or [] if d not in drop]
+        if pinned == list(release.pinned_devices or []) and denied == list(
+                release.denied_devices or []):
+            return False
+        release.pinned_devices, release.denied_devices = pinned, denied
+        return True
+
+    return _change_rollout(factory, pub, rollout_id, "rollout.unpin", apply, actor=actor,
+                           device_ids=list(device_ids))
+
+
+def list_rollouts(session: Session, channel: str) -> list[RolloutView]:
+    ch = session.scalars(select(db.Channel).where(db.Channel.name == channel)).first()
+    if ch is None:
+        raise ChannelNotFoundError(f"no channel named {channel!r}")
+    ids = session.scalars(select(db.Release.id).where(db.Release.channel_id == ch.id)
+                          .order_by(db.Release.id.desc()))
+    return [get_rollout(session, i) for i in ids]

@@ -1,0 +1,115 @@
+"""Rollout rules that need no I/O: percentages, filter validation, state transitions.
+
+Everything here raises InvalidRolloutError (the request can never succeed as written) or
+RolloutStateError (not allowed in the rollout's current state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from decimal import Decimal, InvalidOperation
+
+from manifests import ManifestError, VersionRange
+from server.publish.errors import InvalidRolloutError, RolloutStateError
+from server.publish.records import FilterRecord, RolloutState
+
+PPM_PER_PERCENT = 10_000
+MAX_DEVICE_IDS_PER_LIST = 10_000
+MAX_DEVICE_ID_LENGTH = 256
+MODES = ("active", "shadow")
+
+
+def percentage_to_ppm(percentage: Decimal | int | float | str) -> int:
+    """Exact share in parts per million: 10 → 100_000, 0.5 → 5_000; finer than 1 ppm refused.
+
+    Floats go through str() so 0.1 means the decimal 0.1 that was written, not its binary
+    approximation.
+    """
+    try:
+        value = percentage if isinstance(percentage, Decimal) else Decimal(str(percentage))
+    except InvalidOperation as e:
+        raise InvalidRolloutError(f"percentage {percentage!r} is not a number") from e
+    if not value.is_finite() or not Decimal(0) <= value <= Decimal(100):
+        raise InvalidRolloutError(
+            f"percentage {percentage} is outside 0–100; send a number like 5 or 0.5"
+        )
+    ppm = value * PPM_PER_PERCENT
+    if ppm != ppm.to_integral_value():
+        raise InvalidRolloutError(
+            f"percentage {percentage} is finer than 1 part per million (0.0001%); round it "
+            f"to at most 4 decimal places"
+        )
+    return int(ppm)
+
+
+def ppm_to_percentage(share_ppm: int) -> Decimal:
+    return Decimal(share_ppm) / PPM_PER_PERCENT
+
+
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise InvalidRolloutError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+
+
+def check_filters(filters: FilterRecord, release_platforms: Collection[str]) -> None:
+    """Refuse filters that can never match: platforms the release has no artifact for, etc."""
+    unknown = sorted(set(filters.platforms) - set(release_platforms))
+    if unknown:
+        raise InvalidRolloutError(
+            f"filters name unknown platform(s) {', '.join(unknown)}; this release has "
+            f"artifacts for: {', '.join(sorted(release_platforms)) or 'none'}"
+        )
+    for name in ("device_allow", "device_deny"):
+        ids: tuple[str, ...] = getattr(filters, name)
+        check_device_ids(ids, name)
+    for name in ("os_versions", "app_versions"):
+        for spec in getattr(filters, name):
+            _check_range(spec, name)
+
+
+def check_device_ids(ids: Collection[str], what: str = "device_ids") -> None:
+    if len(ids) > MAX_DEVICE_IDS_PER_LIST:
+        raise InvalidRolloutError(
+            f"{what} has {len(ids)} entries; at most {MAX_DEVICE_IDS_PER_LIST} are allowed "
+            f"(use a filter or the percentage for larger cohorts)"
+        )
+    for device_id in ids:
+        if not device_id or len(device_id) > MAX_DEVICE_ID_LENGTH:
+            raise InvalidRolloutError(
+                f"{what} contains an empty id or one longer than {MAX_DEVICE_ID_LENGTH} chars"
+            )
+
+
+def _check_range(spec: str, what: str) -> None:
+    """Range strings like ">=14.0,<18", parsed by the contract's own parser."""
+    try:
+        VersionRange.parse(spec)
+    except ManifestError as e:
+        raise InvalidRolloutError(
+            f"{what} range {spec!r} is not understood ({e}); write clauses like '>=14.0,<18'"
+        ) from e
+
+
+def check_ramp(state: RolloutState) -> None:
+    if state is RolloutState.HALTED:
+        raise RolloutStateError(
+            "this rollout is halted (rolled back); a halted release cannot be ramped — fix "
+            "the model and start a new rollout"
+        )
+    if state is RolloutState.PAUSED:
+        raise RolloutStateError("this rollout is paused; resume it before changing its share")
+
+
+def check_pause(state: RolloutState) -> None:
+    if state is not RolloutState.ACTIVE:
+        raise RolloutStateError(f"only an active rollout can be paused; this one is {state}")
+
+
+def check_resume(state: RolloutState) -> None:
+    if state is not RolloutState.PAUSED:
+        raise RolloutStateError(f"only a paused rollout can be resumed; this one is {state}")
+
+
+def check_pin(state: RolloutState) -> None:
+    if state is RolloutState.HALTED:
+        raise RolloutStateError("this rollout is halted; pinning devices to it has no effect")

@@ -1,0 +1,125 @@
+"""Publishing fixtures: a migrated database (SQLite and PostgreSQL), real signing keys, a local
+blob store, a publisher with an injected clock, and ready model versions with real blobs."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+import manifests
+from server.blobstore import LocalBlobStore
+from server.db import models as db
+from server.db.migrate import upgrade
+from server.db.session import make_engine, make_session_factory
+from server.publish.keys import KeyPaths, init_keys, load_release_key
+from server.publish.publisher import Publisher
+
+NOW = 1_900_000_000
+
+
+@dataclass
+class Clock:
+    now: int = NOW
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
+    upgrade(database_url)
+    engine = make_engine(database_url)
+    try:
+        yield make_session_factory(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def key_paths(tmp_path: Path) -> KeyPaths:
+    paths = KeyPaths.for_data_dir(tmp_path / "data", keys_dir=tmp_path / "data" / "keys")
+    init_keys(paths, now=NOW, root_keys=1, threshold=1)
+    return paths
+
+
+@pytest.fixture
+def root(key_paths: KeyPaths) -> manifests.Root:
+    return manifests.load_trusted_root(key_paths.root_path(1).read_bytes())
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def blob_store(tmp_path: Path) -> LocalBlobStore:
+    return LocalBlobStore(tmp_path / "blobs")
+
+
+@pytest.fixture
+def pub(blob_store: LocalBlobStore, key_paths: KeyPaths, clock: Clock) -> Publisher:
+    return Publisher(blob_store=blob_store,
+                     release_key=lambda: load_release_key(key_paths.release_key_path),
+                     base_url="http://mf.test", lifetime_seconds=86_400, clock=clock)
+
+
+@pytest.fixture
+def make_version(factory: sessionmaker[Session], blob_store: LocalBlobStore
+                 ) -> Callable[..., dict[str, str]]:
+    """make_version("clf", "1.0", platforms=("android",), state="ready") -> {platform: sha}."""
+    return version_maker(factory, blob_store)
+
+
+@pytest.fixture
+def make_version_factory(pub: Publisher, blob_store: LocalBlobStore
+                         ) -> Iterator[Callable[..., Any]]:
+    """For tests that pick their database: url -> (session factory, publisher, make_version)."""
+    engines = []
+
+    def make(url: str):  # type: ignore[no-untyped-def]
+        upgrade(url)
+        engine = make_engine(url, pool_size=10)
+        engines.append(engine)
+        factory = make_session_factory(engine)
+        return factory, pub, version_maker(factory, blob_store)
+
+    yield make
+    for engine in engines:
+        engine.dispose()
+
+
+def version_maker(factory: sessionmaker[Session], blob_store: LocalBlobStore
+                  ) -> Callable[..., dict[str, str]]:
+    def make(model: str, version: str, platforms: tuple[str, ...] = ("android", "ios"),
+             state: str = "ready") -> dict[str, str]:
+        shas = {}
+        with factory() as s:
+            m = s.query(db.Model).filter_by(name=model).first()
+            if m is None:
+                m = db.Model(name=model)
+                s.add(m)
+                s.flush()
+            v = db.ModelVersion(model_id=m.id, version=version, state=db.VersionState(state),
+                                metadata_json={}, source_format="onnx")
+            s.add(v)
+            s.flush()
+            for platform in platforms:
+                data = f"{model}-{version}-{platform}".encode() * 100
+                sha = hashlib.sha256(data).hexdigest()
+                key = f"artifacts/{sha}"
+                blob_store.put(key, [data])
+                s.add(db.Artifact(version_id=v.id, platform=platform, variant="", format="onnx",
+                                  sha256=sha, length=len(data), blob_key=key,
+                                  target={"runtime": "ort"}, compile_settings={"fp16": True}))
+                shas[platform] = sha
+            s.commit()
+        return shas
+
+    return make

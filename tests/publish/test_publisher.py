@@ -1,0 +1,133 @@
+"""Publishing and rollout control against a real database: each change is a new signed
+manifest with a higher serial, verified here with the contract's own verifier."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+import manifests
+from server.db import models as db
+from server.publish import rollouts as ro
+from server.publish.errors import (
+    InvalidRolloutError,
+    RolloutExistsError,
+    RolloutStateError,
+    VersionNotFoundError,
+    VersionNotReadyError,
+)
+from server.publish.publisher import current_blob_key, latest_manifest
+from server.publish.records import FilterRecord
+from server.publish.resign import resign_due
+from tests.publish.conftest import NOW
+
+ACTOR = "token:1:test"
+
+
+def current(factory, blob_store, root, channel="prod", trusted=None):
+    with factory() as s:
+        ch = s.scalars(select(db.Channel).where(db.Channel.name == channel)).one()
+        row = latest_manifest(s, ch.id)
+    with blob_store.open(row.blob_key) as f:
+        data = f.read()
+    m = manifests.verify_manifest(root, data, now=NOW, channel=channel, trusted=trusted)
+    return m, data
+
+
+def test_new_channel_gets_a_signed_empty_manifest_with_serial_1(factory, pub, blob_store, root):
+    published = ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    m, data = current(factory, blob_store, root)
+    assert (published.serial, m.serial, m.models) == (1, 1, {})
+    assert m.expires == NOW + 86_400
+    with blob_store.open(current_blob_key("prod")) as f:
+        assert f.read() == data  # the bytes a CDN or bucket serves as they are
+
+
+def test_each_rollout_change_publishes_a_higher_serial(factory, pub, blob_store, root,
+                                                       make_version):
+    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    make_version("clf", "1.0")
+    view = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 10), actor=ACTOR)
+    assert (view.serial, view.record.share_ppm) == (2, 100_000)
+    m, _ = current(factory, blob_store, root)
+    release = m.models["clf"].releases[0]
+    assert (release.version, release.rollout.share_ppm) == ("1.0", 100_000)
+    assert release.artifacts[0].url.startswith("http://mf.test/v1/artifacts/")
+    salt = release.rollout.salt
+    assert ro.ramp_rollout(factory, pub, view.record.id, 0.5, actor=ACTOR).serial == 3
+    assert ro.pause_rollout(factory, pub, view.record.id, actor=ACTOR).serial == 4
+    assert ro.resume_rollout(factory, pub, view.record.id, actor=ACTOR).serial == 5
+    assert ro.pin_devices(factory, pub, view.record.id, ["d1"], actor=ACTOR).serial == 6
+    assert ro.unpin_devices(factory, pub, view.record.id, ["d1"], actor=ACTOR).serial == 7
+    m, _ = current(factory, blob_store, root)
+    assert m.serial == 7
+    assert m.models["clf"].releases[0].rollout.share_ppm == 5_000
+    assert m.models["clf"].releases[0].rollout.salt == salt  # fixed for the release's life
+    with factory() as s:
+        actions = [e.action for e in s.scalars(select(db.AuditEvent).order_by(db.AuditEvent.id))]
+    assert actions[-6:] == ["rollout.start", "rollout.ramp", "rollout.pause", "rollout.resume",
+                            "rollout.pin", "rollout.unpin"]
+
+
+def test_halt_stops_offering_the_release_and_devices_fall_back(factory, pub, blob_store, root,
+                                                               make_version):
+    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    make_version("clf", "1.0")
+    make_version("clf", "1.1")
+    old = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor=ACTOR)
+    new = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.1", 100), actor=ACTOR)
+    m, _ = current(factory, blob_store, root)
+    assert [r.version for r in m.models["clf"].releases] == ["1.1", "1.0"]
+    trusted = manifests.TrustedManifest.of(m)
+    halted = ro.halt_rollout(factory, pub, new.record.id, actor="system", reason="kl too high")
+    assert halted.serial == m.serial + 1
+    m2, _ = current(factory, blob_store, root, trusted=trusted)
+    assert [r.version for r in m2.models["clf"].releases] == ["1.0"]
+    device = manifests.DeviceProfile(device_id="any", platform="ios")
+    assert manifests.select_release(m2, "clf", device).version == "1.0"
+    # a retried halt is a no-op: no new manifest
+    assert ro.halt_rollout(factory, pub, new.record.id, actor=ACTOR).serial is None
+    with pytest.raises(RolloutStateError, match="halted"):
+        ro.ramp_rollout(factory, pub, new.record.id, 50, actor=ACTOR)
+    assert old.record.id != new.record.id
+
+
+def test_bad_rollout_requests_are_refused_and_publish_nothing(factory, pub, blob_store, root,
+                                                              make_version):
+    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    make_version("clf", "1.0")
+    make_version("clf", "2.0", state="compiling")
+    with pytest.raises(InvalidRolloutError, match="outside 0–100"):
+        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 101), actor=ACTOR)
+    with pytest.raises(InvalidRolloutError, match="unknown platform"):
+        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec(
+            "clf", "1.0", 5, filters=FilterRecord(platforms=("windows",))), actor=ACTOR)
+    with pytest.raises(VersionNotReadyError, match="compiling"):
+        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "2.0", 5), actor=ACTOR)
+    with pytest.raises(VersionNotFoundError):
+        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "9.9", 5), actor=ACTOR)
+    with pytest.raises(InvalidRolloutError, match="shadow"):
+        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 5, mode="shadow"),
+                         actor=ACTOR)
+    m, _ = current(factory, blob_store, root)
+    assert m.serial == 1
+    view = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 5), actor=ACTOR)
+    with pytest.raises(RolloutExistsError):
+        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 5), actor=ACTOR)
+    with pytest.raises(InvalidRolloutError, match="finer"):
+        ro.ramp_rollout(factory, pub, view.record.id, "0.00005", actor=ACTOR)
+    assert current(factory, blob_store, root)[0].serial == 2
+
+
+def test_resign_refreshes_expiry_only_when_due(factory, pub, blob_store, root, clock):
+    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    ro.create_channel(factory, pub, "beta", actor=ACTOR)
+    clock.now = NOW + 3600  # 23 h left of 24: not due
+    assert resign_due(factory, pub) == []
+    clock.now = NOW + 13 * 3600  # 11 h left: under half the lifetime
+    published = resign_due(factory, pub)
+    assert sorted((p.channel, p.serial) for p in published) == [("beta", 2), ("prod", 2)]
+    assert all(p.expires == clock.now + 86_400 for p in published)
+    assert resign_due(factory, pub) == []  # just done
+    m, _ = current(factory, blob_store, root)
+    assert m.serial == 2
