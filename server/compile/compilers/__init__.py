@@ -1,0 +1,1 @@
+"""One compiler per platform behind the `Compiler` protocol (see base.py)."""

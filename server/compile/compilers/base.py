@@ -1,0 +1,63 @@
+"""The `Compiler` protocol every platform implements, and the registry of platforms.
+
+A compiler turns one `CompileRequest` into one or more `CompiledArtifact`s (several when a
+platform builds per hardware target, e.g. QNN per SoC) and can run its own artifacts for the
+numeric gate when this machine can (`run`). It does no packing, storage or gating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from server.compile.types import CompiledArtifact, CompileRequest
+
+Feeds = list[dict[str, np.ndarray]]
+Outputs = list[list[np.ndarray]]
+
+
+@runtime_checkable
+class Compiler(Protocol):
+    platform: str
+
+    def compile(self, request: CompileRequest, workdir: Path) -> list[CompiledArtifact]:
+        """Builds artifacts into `workdir` (created, empty). Raises CompileError subclasses."""
+        ...
+
+    def run(self, artifact: CompiledArtifact, feeds: Feeds) -> Outputs:
+        """Outputs of the artifact per sample; only called when `artifact.runnable_here`."""
+        ...
+
+
+def default_compilers() -> dict[str, Callable[[], Compiler]]:
+    """Factories by platform name; imported lazily so unused toolchains are never loaded."""
+    from server.compile.compilers.coreml import CoreMLCompiler
+    from server.compile.compilers.onnx import OnnxCompiler
+    from server.compile.compilers.qnn import QnnCompiler
+    from server.compile.compilers.qnn_hub import QnnHubCompiler
+
+    return {
+        "onnx": OnnxCompiler,
+        "coreml": CoreMLCompiler,
+        "qnn": QnnCompiler,
+        "qnn-hub": QnnHubCompiler.from_environment,
+    }
+
+
+def settings_for(request: CompileRequest, platform: str) -> dict[str, object]:
+    """The platform's own block of the version's compile settings (may be empty)."""
+    block = request.settings.get(platform, {})
+    return dict(block) if isinstance(block, dict) else {}
+
+
+def ensure_onnx(request: CompileRequest, workdir: Path) -> Path:
+    """The request's FP32 ONNX, exporting it here when the pipeline did not provide one."""
+    if request.onnx_path is not None:
+        return request.onnx_path
+    from server.compile.source import export_onnx
+
+    return export_onnx(request.source_path, request.source_format, request.inputs,
+                       workdir / "source.onnx")

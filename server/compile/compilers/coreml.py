@@ -1,0 +1,164 @@
+"""`coreml` platform: coremltools → `.mlpackage` ML Program (for the Neural Engine).
+
+Settings (`settings["coreml"]`): `precision` fp16 (default) | fp32, `minimum_deployment_target`
+(e.g. "iOS17", default), `weight_compression` none (default) | int8 | palettize4 | palettize6 |
+palettize8. Torch uploads convert directly; ONNX uploads go ONNX → torch (onnx2torch) →
+torch.export → coremltools, and a graph that cannot make that trip fails with the operator
+named and the advice to upload a torch ExportedProgram.
+
+Compiling to `.mlmodelc` and running predictions needs macOS (Core ML framework). On Linux the
+package is converted and inspected only, and the report says so; on macOS `run` predicts.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from server.compile.compilers.base import Feeds, Outputs, settings_for
+from server.compile.errors import ConversionError, InvalidSourceError
+from server.compile.source import load_exported_program, quiet
+from server.compile.types import (
+    CompiledArtifact,
+    CompileRequest,
+    Precision,
+    SourceFormat,
+    Target,
+)
+
+NOT_ON_MACOS = ("not run (needs macOS): Core ML can compile a .mlpackage to .mlmodelc and "
+                "execute it only on macOS; on this machine it was converted and inspected only")
+_COMPRESSIONS = ("none", "int8", "palettize4", "palettize6", "palettize8")
+
+
+def _program_from_onnx(request: CompileRequest) -> Any:
+    """ONNX → torch module → ExportedProgram, or a traced TorchScript module when export
+    trips on onnx2torch's value-dependent shape ops (tracing bakes those in as constants,
+    which is exact for the static shapes we compile for)."""
+    import torch
+
+    from server.compile.onnx_to_torch import onnx_to_torch
+    from server.compile.source import example_inputs
+
+    module = onnx_to_torch(request.onnx_path or request.source_path)
+    args = tuple(torch.from_numpy(a) for a in example_inputs(request.inputs).values())
+    try:
+        with quiet():
+            return torch.export.export(module, args)
+    except Exception as export_error:
+        try:
+            with quiet(), torch.no_grad():
+                return torch.jit.trace(module, args, check_trace=False)
+        except Exception as e:
+            raise ConversionError(
+                f"the onnx2torch module can be neither exported ({export_error}) nor traced "
+                f"({type(e).__name__}: {e}). Upload the model as a torch ExportedProgram to "
+                "compile it for Core ML.") from e
+
+
+def _unsupported_op(err: Exception) -> list[str]:
+    text = str(err)
+    marker = "Unsupported fx node "
+    for key in (marker, "op '", "Op \""):
+        if key in text:
+            rest = text.split(key, 1)[1]
+            return [rest.replace('"', "'").split("'")[0].split(",")[0].strip()]
+    return []
+
+
+class CoreMLCompiler:
+    platform = "coreml"
+
+    def compile(self, request: CompileRequest, workdir: Path) -> list[CompiledArtifact]:
+        import coremltools as ct
+        import torch
+
+        opts = settings_for(request, "coreml")
+        precision = Precision(str(opts.get("precision", "fp16")))
+        if precision not in (Precision.FP16, Precision.FP32):
+            raise InvalidSourceError("coreml precision must be fp16 or fp32")
+        target_name = str(opts.get("minimum_deployment_target", "iOS17"))
+        try:
+            target = getattr(ct.target, target_name)
+        except AttributeError:
+            raise InvalidSourceError(
+                f"unknown Core ML deployment target {target_name!r}; use e.g. iOS16, iOS17, "
+                "macOS14") from None
+        compression = str(opts.get("weight_compression", "none"))
+        if compression not in _COMPRESSIONS:
+            raise InvalidSourceError(f"weight_compression must be one of {_COMPRESSIONS}")
+
+        if request.source_format is SourceFormat.ONNX:
+            program = _program_from_onnx(request)
+        else:
+            program = load_exported_program(request.source_path, request.source_format,
+                                            request.inputs)
+        try:
+            with quiet():
+                if isinstance(program, torch.export.ExportedProgram):
+                    program = program.run_decompositions({})
+                mlmodel = ct.convert(
+                    program, convert_to="mlprogram", minimum_deployment_target=target,
+                    compute_precision=(ct.precision.FLOAT16 if precision is Precision.FP16
+                                       else ct.precision.FLOAT32),
+                    inputs=[ct.TensorType(name=s.name, shape=s.shape) for s in request.inputs],
+                )
+                mlmodel = _compress(mlmodel, compression)
+        except (ConversionError, InvalidSourceError):
+            raise
+        except Exception as e:
+            ops = _unsupported_op(e)
+            named = f" (operator {ops[0]})" if ops else ""
+            raise ConversionError(
+                f"coremltools could not convert the graph{named}: {type(e).__name__}: "
+                f"{str(e)[:500]}. Upload a torch ExportedProgram without that operator, or "
+                "exclude the coreml platform for this model.", ops) from e
+        out = workdir / "model.mlpackage"
+        mlmodel.save(str(out))
+        variant = precision.value if compression == "none" else f"{precision.value}-{compression}"
+        if request.shape_variant != "default":
+            variant = f"{request.shape_variant}-{variant}"
+        on_mac = sys.platform == "darwin"
+        return [CompiledArtifact(
+            path=out,
+            target=Target(platform="coreml", variant=variant, format="mlpackage", arch="ane",
+                          runtime="coreml", runtime_version=target_name),
+            precision=precision,
+            compile_settings={"precision": precision.value, "minimum_deployment_target":
+                              target_name, "weight_compression": compression,
+                              "coremltools": ct.__version__},
+            notes=[] if on_mac else [NOT_ON_MACOS],
+            runnable_here=on_mac,
+            not_runnable_reason="" if on_mac else NOT_ON_MACOS,
+        )]
+
+    def run(self, artifact: CompiledArtifact, feeds: Feeds) -> Outputs:
+        import coremltools as ct
+
+        if sys.platform != "darwin":
+            raise RuntimeError(NOT_ON_MACOS)
+        model = ct.models.MLModel(str(artifact.path))
+        names = [o.name for o in model.get_spec().description.output]
+        outs = []
+        for f in feeds:
+            pred = model.predict({k: np.asarray(v) for k, v in f.items()})
+            outs.append([np.asarray(pred[n]) for n in names])
+        return outs
+
+
+def _compress(mlmodel: Any, compression: str) -> Any:
+    if compression == "none":
+        return mlmodel
+    from coremltools.optimize import coreml as cto
+
+    if compression == "int8":
+        cfg = cto.OptimizationConfig(global_config=cto.OpLinearQuantizerConfig(
+            mode="linear_symmetric", dtype="int8"))
+        return cto.linear_quantize_weights(mlmodel, config=cfg)
+    nbits = int(compression.removeprefix("palettize"))
+    cfg = cto.OptimizationConfig(global_config=cto.OpPalettizerConfig(mode="kmeans",
+                                                                      nbits=nbits))
+    return cto.palettize_weights(mlmodel, config=cfg)

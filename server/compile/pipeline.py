@@ -1,0 +1,210 @@
+"""Builds one model version for every requested platform and shape variant, with gates.
+
+For each shape variant: export the FP32 ONNX once (shared by the ONNX and QNN compilers and by
+the operator gate), compute the source's FP32 reference outputs once, then per platform:
+operator gate on that graph → compile → operator gate on the compiled graph (Core ML spec) →
+numeric gate → deterministic packing. Each (platform, variant) yields one `BuildOutcome`;
+a failure of one platform never hides the others. Only `TransientCompileError` escapes, so
+the job layer can retry the whole build later.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from server.compile.compilers.base import Compiler, default_compilers
+from server.compile.errors import CompileError, ConversionError, TransientCompileError
+from server.compile.gates import numeric
+from server.compile.gates.operators import check_mlpackage, check_onnx, deny_list
+from server.compile.packing import PackedArtifact, pack
+from server.compile.source import export_onnx, load_samples, reference_outputs
+from server.compile.types import CompiledArtifact, CompileRequest, InputSpec, SourceFormat
+
+DEFAULT_PLATFORMS = ("onnx", "coreml", "qnn")
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    source_path: Path
+    source_format: SourceFormat
+    # shape variant name -> static input specs, e.g. {"default": (InputSpec("x", (1, 3)),)}
+    variants: Mapping[str, tuple[InputSpec, ...]]
+    platforms: tuple[str, ...] = DEFAULT_PLATFORMS
+    settings: dict[str, Any] = field(default_factory=dict)
+    calibration_path: Path | None = None
+    reference_path: Path | None = None
+
+
+@dataclass
+class BuildOutcome:
+    platform: str
+    variant: str
+    state: str  # "ready" | "failed"
+    gates: dict[str, Any] = field(default_factory=dict)
+    artifact: PackedArtifact | None = None
+    target: dict[str, str] = field(default_factory=dict)
+    format: str = ""
+    precision: str = ""
+    compile_settings: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    error: str = ""
+    compile_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "platform": self.platform, "variant": self.variant, "state": self.state,
+            "format": self.format, "precision": self.precision, "target": self.target,
+            "compile_settings": self.compile_settings, "gates": self.gates,
+            "notes": self.notes, "error": self.error,
+            "compile_seconds": round(self.compile_seconds, 3),
+            "artifact": None if self.artifact is None else {
+                "sha256": self.artifact.sha256, "length": self.artifact.length,
+                "packing": self.artifact.packing},
+        }
+
+
+def _failed(platform: str, variant: str, error: str, gates: dict[str, Any]) -> BuildOutcome:
+    return BuildOutcome(platform=platform, variant=variant, state="failed", gates=gates,
+                        error=error)
+
+
+class Pipeline:
+    def __init__(self, compilers: Mapping[str, Callable[[], Compiler]] | None = None,
+                 log: Log | None = None) -> None:
+        self._factories = dict(compilers or default_compilers())
+        self._log = log or (lambda _msg: None)
+
+    def build(self, spec: BuildSpec, workdir: Path) -> list[BuildOutcome]:
+        unknown = [p for p in spec.platforms if p not in self._factories]
+        if unknown:
+            raise CompileError(f"unknown platform(s) {unknown}; known: {sorted(self._factories)}")
+        outcomes: list[BuildOutcome] = []
+        for variant, inputs in spec.variants.items():
+            vdir = workdir / variant
+            vdir.mkdir(parents=True, exist_ok=True)
+            outcomes.extend(self._build_variant(spec, variant, inputs, vdir))
+        return outcomes
+
+    def _build_variant(self, spec: BuildSpec, variant: str, inputs: tuple[InputSpec, ...],
+                       vdir: Path) -> list[BuildOutcome]:
+        log = self._log
+        log(f"[{variant}] exporting FP32 ONNX from {spec.source_format.value} source")
+        try:
+            onnx_path = export_onnx(spec.source_path, spec.source_format, inputs,
+                                    vdir / "source.onnx")
+        except CompileError as e:
+            log(f"[{variant}] source unusable: {e}")
+            return [_failed(p, variant, str(e), {}) for p in spec.platforms]
+        feeds, reference, ref_reason = self._reference(spec, inputs, variant)
+        outcomes = []
+        for platform in spec.platforms:
+            request = CompileRequest(
+                source_path=spec.source_path, source_format=spec.source_format, inputs=inputs,
+                shape_variant=variant, settings=spec.settings,
+                calibration_path=spec.calibration_path, onnx_path=onnx_path)
+            outcomes.extend(self._build_platform(platform, request, vdir / platform,
+                                                 feeds, reference, ref_reason))
+        return outcomes
+
+    def _reference(self, spec: BuildSpec, inputs: tuple[InputSpec, ...], variant: str
+                   ) -> tuple[list[Any], list[Any] | None, str]:
+        # Reference inputs, else the calibration inputs (also real data); never invented ones.
+        path = spec.reference_path or spec.calibration_path
+        if path is None:
+            return [], None, "not run: the version has no reference or calibration inputs"
+        try:
+            feeds = load_samples(path, inputs)
+            ref = reference_outputs(spec.source_path, spec.source_format, inputs, feeds)
+        except CompileError as e:
+            return [], None, f"not run: reference inputs unusable: {e}"
+        self._log(f"[{variant}] FP32 reference computed on {len(feeds)} sample(s) "
+                  f"from {path.name}")
+        return feeds, ref, ""
+
+    def _build_platform(self, platform: str, request: CompileRequest, pdir: Path,
+                        feeds: list[Any], reference: list[Any] | None, ref_reason: str
+                        ) -> list[BuildOutcome]:
+        log = self._log
+        variant = request.shape_variant
+        if pdir.exists():
+            shutil.rmtree(pdir)
+        pdir.mkdir(parents=True)
+        assert request.onnx_path is not None
+        gate = check_onnx(request.onnx_path, platform,
+                          deny_list(platform, "onnx", request.settings))
+        gates: dict[str, Any] = {"operators": [gate.to_dict()]}
+        log(f"[{variant}/{platform}] {gate.summary()}")
+        if not gate.passed:
+            return [_failed(platform, variant, gate.summary(), gates)]
+        started = time.monotonic()
+        try:
+            compiler = self._factories[platform]()
+            artifacts = compiler.compile(request, pdir)
+        except TransientCompileError:
+            raise
+        except CompileError as e:
+            log(f"[{variant}/{platform}] compile failed: {e}")
+            if isinstance(e, ConversionError) and e.operators:
+                gates["conversion"] = {"passed": False, "operators": e.operators,
+                                       "summary": str(e)}
+            return [_failed(platform, variant, str(e), gates)]
+        seconds = time.monotonic() - started
+        log(f"[{variant}/{platform}] compiled {len(artifacts)} artifact(s) in {seconds:.2f}s")
+        return [self._check_and_pack(compiler, a, dict(gates), feeds, reference, ref_reason,
+                                     pdir, seconds / max(len(artifacts), 1), request.settings)
+                for a in artifacts]
+
+    def _check_and_pack(self, compiler: Compiler, art: CompiledArtifact, gates: dict[str, Any],
+                        feeds: list[Any], reference: list[Any] | None, ref_reason: str,
+                        pdir: Path, seconds: float, settings: dict[str, Any]) -> BuildOutcome:
+        log = self._log
+        t = art.target
+        tag = f"[{t.variant}/{t.platform}]"
+        out = BuildOutcome(platform=t.platform, variant=t.variant, state="failed",
+                           target=t.to_dict(), format=t.format, precision=art.precision.value,
+                           compile_settings=dict(art.compile_settings), notes=list(art.notes),
+                           compile_seconds=seconds)
+        ok = True
+        if art.path.is_dir() and art.path.suffix == ".mlpackage":
+            mil = check_mlpackage(art.path, t.platform, deny_list(t.platform, "mil"))
+            gates["operators"] = [*gates["operators"], mil.to_dict()]
+            log(f"{tag} {mil.summary()}")
+            ok = mil.passed
+            if not ok:
+                out.error = mil.summary()
+        num = self._numeric(compiler, art, feeds, reference, ref_reason, settings)
+        gates["numeric"] = num.to_dict()
+        log(f"{tag} numeric gate {num.status}" + (f": {num.reason}" if num.reason else ""))
+        if num.status == "failed":
+            ok = False
+            out.error = out.error or f"numeric gate failed: {num.reason}"
+        out.gates = gates
+        if ok:
+            out.artifact = pack(art.path, pdir / "packed" / t.variant)
+            out.state = "ready"
+            log(f"{tag} packed {out.artifact.length} bytes sha256={out.artifact.sha256[:16]}…")
+        return out
+
+    def _numeric(self, compiler: Compiler, art: CompiledArtifact, feeds: list[Any],
+                 reference: list[Any] | None, ref_reason: str, settings: dict[str, Any]
+                 ) -> numeric.NumericGateReport:
+        if not art.runnable_here:
+            return numeric.not_run(art.precision, art.not_runnable_reason)
+        if reference is None:
+            return numeric.not_run(art.precision, ref_reason)
+        try:
+            thresholds = numeric.thresholds_for(art.precision, settings)
+            candidate = compiler.run(art, feeds)
+            metrics = numeric.compare(reference, candidate, thresholds.topk)
+        except Exception as e:  # a run that crashes is a failed gate, with the reason
+            report = numeric.not_run(art.precision, "")
+            report.status, report.reason = "failed", f"could not run the artifact: {e}"
+            return report
+        return numeric.evaluate(metrics, art.precision, thresholds, len(feeds),
+                                runner=type(compiler).__name__)

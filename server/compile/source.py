@@ -1,0 +1,195 @@
+"""Loading an uploaded model and turning it into the two forms compilers consume.
+
+- `load_exported_program`: any torch source (ExportedProgram .pt2 or TorchScript) as a static
+  `torch.export.ExportedProgram` for the given input specs (Core ML, ONNX export).
+- `export_onnx`: a single-file FP32 ONNX with static shapes and the declared input names
+  (ONNX artifact, QNN, operator gate, reference run). ONNX sources are passed through.
+- `reference_outputs`: FP32 outputs of the *source* model on the reference inputs, computed
+  without any conversion so the numeric gate compares against the original, not a copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from server.compile.errors import CalibrationError, InvalidSourceError
+from server.compile.types import InputSpec, SourceFormat
+
+# Largest sample count read from a calibration / reference .npz (memory and time cap).
+MAX_SAMPLES = 256
+ONNX_OPSET = 18  # newest opset onnx2torch and coremltools' ONNX path handle well
+
+_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32,
+           "uint8": np.uint8, "bool": np.bool_}
+
+
+def numpy_dtype(spec: InputSpec) -> Any:
+    try:
+        return _DTYPES[spec.dtype]
+    except KeyError:
+        raise InvalidSourceError(
+            f"input {spec.name!r} has dtype {spec.dtype!r}; supported: {', '.join(_DTYPES)}"
+        ) from None
+
+
+def example_inputs(specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
+    """Zeros of the declared shapes: only used to trace shapes, never as calibration data."""
+    return {s.name: np.zeros(s.shape, dtype=numpy_dtype(s)) for s in specs}
+
+
+def load_samples(path: Path, specs: tuple[InputSpec, ...]) -> list[dict[str, np.ndarray]]:
+    """Reads an .npz of inputs into per-sample feeds, checking names, shapes and dtypes."""
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise CalibrationError(f"cannot read {path.name} as .npz: {e}") from e
+    with npz:
+        missing = [s.name for s in specs if s.name not in npz.files]
+        if missing:
+            raise CalibrationError(
+                f"{path.name} lacks arrays for inputs {missing}; it has {sorted(npz.files)}. "
+                "Save one array per input name, shaped (N, *input_shape)."
+            )
+        batches: dict[str, np.ndarray] = {}
+        counts = set()
+        for s in specs:
+            arr = npz[s.name]
+            if tuple(arr.shape) == s.shape:
+                arr = arr[None]
+            if tuple(arr.shape[1:]) != s.shape:
+                raise CalibrationError(
+                    f"{path.name}[{s.name!r}] has shape {arr.shape}; expected (N, *{s.shape})"
+                )
+            batches[s.name] = arr[:MAX_SAMPLES].astype(numpy_dtype(s), copy=False)
+            counts.add(batches[s.name].shape[0])
+    if len(counts) != 1 or 0 in counts:
+        raise CalibrationError(f"{path.name}: every input needs the same, non-zero sample count")
+    n = counts.pop()
+    return [{k: v[i] for k, v in batches.items()} for i in range(n)]
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silences the exporters' progress chatter; the job log records our own summary."""
+    sink = io.StringIO()
+    level = logging.getLogger("torch").level
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            yield
+    finally:
+        logging.getLogger("torch").setLevel(level)
+
+
+def _torch_inputs(specs: tuple[InputSpec, ...]) -> tuple[Any, ...]:
+    import torch
+
+    return tuple(torch.from_numpy(a) for a in example_inputs(specs).values())
+
+
+def load_exported_program(path: Path, fmt: SourceFormat, specs: tuple[InputSpec, ...]) -> Any:
+    """A static ExportedProgram of a torch source for exactly these input shapes."""
+    import torch
+
+    args = _torch_inputs(specs)
+    try:
+        if fmt is SourceFormat.EXPORTED_PROGRAM:
+            ep = torch.export.load(str(path))
+        elif fmt is SourceFormat.TORCHSCRIPT:
+            # TorchScript is the legacy format; convert once to an ExportedProgram.
+            from torch._export.converter import TS2EPConverter
+
+            ep = TS2EPConverter(torch.jit.load(str(path), map_location="cpu"), args).convert()
+        else:
+            raise InvalidSourceError(f"{fmt} is not a torch format")
+    except InvalidSourceError:
+        raise
+    except Exception as e:
+        raise InvalidSourceError(
+            f"cannot load {path.name} as {fmt.value}: {type(e).__name__}: {e}. Save it with "
+            "torch.export.save(torch.export.export(model, args), 'model.pt2')."
+        ) from e
+    declared = [tuple(n.meta["val"].shape) for n in ep.graph.nodes
+                if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs]
+    if len(declared) != len(specs):
+        raise InvalidSourceError(
+            f"the program takes {len(declared)} inputs but {len(specs)} input specs were given"
+        )
+    static = all(all(isinstance(d, int) for d in shape) for shape in declared)
+    if static and [tuple(shape) for shape in declared] == [s.shape for s in specs]:
+        return ep
+    try:
+        # A program with dynamic dims (or other sizes) is specialised to this variant's shapes.
+        return torch.export.export(ep.module(), args)
+    except Exception as e:
+        raise InvalidSourceError(
+            f"the program was exported for input shapes {declared} and cannot run at "
+            f"{[s.shape for s in specs]}: {e}. Export it with torch.export Dim for the sizes "
+            "you declare as shape variants, or upload one program per shape."
+        ) from e
+
+
+def export_onnx(path: Path, fmt: SourceFormat, specs: tuple[InputSpec, ...], out: Path) -> Path:
+    """Writes a single-file FP32 ONNX of the source to `out` (ONNX sources are copied as is)."""
+    import onnx
+
+    if fmt is SourceFormat.ONNX:
+        try:
+            model = onnx.load(str(path))
+        except Exception as e:
+            raise InvalidSourceError(f"cannot read {path.name} as ONNX: {e}") from e
+        names = [i.name for i in model.graph.input
+                 if i.name not in {t.name for t in model.graph.initializer}]
+        if names != [s.name for s in specs]:
+            raise InvalidSourceError(
+                f"the ONNX graph's inputs are {names} but the input specs name "
+                f"{[s.name for s in specs]}; declare the specs in the graph's order"
+            )
+        onnx.save(model, str(out))
+        return out
+    import torch
+
+    ep = load_exported_program(path, fmt, specs)
+    try:
+        with quiet():
+            torch.onnx.export(ep, (), str(out), dynamo=True, external_data=False,
+                              opset_version=ONNX_OPSET, input_names=[s.name for s in specs],
+                              optimize=True, verify=False)
+    except Exception as e:
+        raise InvalidSourceError(f"torch.onnx.export failed: {type(e).__name__}: {e}") from e
+    return out
+
+
+def run_onnx_cpu(model_path: Path, feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+    """Runs an ONNX model on the onnxruntime CPU provider, one output list per sample."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(model_path), sess_options=opts,
+                                providers=["CPUExecutionProvider"])
+    return [[np.asarray(o) for o in sess.run(None, f)] for f in feeds]
+
+
+def reference_outputs(path: Path, fmt: SourceFormat, specs: tuple[InputSpec, ...],
+                      feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+    """FP32 outputs of the unconverted source on each reference sample."""
+    if fmt is SourceFormat.ONNX:
+        return run_onnx_cpu(path, feeds)
+    import torch
+
+    module = load_exported_program(path, fmt, specs).module()
+    outs: list[list[np.ndarray]] = []
+    with torch.no_grad():
+        for f in feeds:
+            res = module(*(torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in specs))
+            flat = res if isinstance(res, (tuple, list)) else (res,)
+            outs.append([t.detach().cpu().numpy() for t in flat])
+    return outs
