@@ -50,6 +50,11 @@ def _obj(required: list[str], properties: dict[str, Any], **more: Any) -> dict[s
     return {"type": "object", "required": required, "properties": properties, **more}
 
 
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    # Optional members may be null, meaning absent (what many serializers write).
+    return {"anyOf": [{"type": "null"}, schema]}
+
+
 def envelope_schema() -> dict[str, Any]:
     b64 = {"type": "string",
            "pattern": "^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"}
@@ -101,18 +106,19 @@ def manifest_schema() -> dict[str, Any]:
         "platform": NAME,
         "variant": {"anyOf": [NAME, {"const": ""}]},
         "format": NAME, "url": URL, "length": COUNT, "sha256": SHA256,
-        "compile_settings": {"type": "object", "additionalProperties": {
+        "compile_settings": _nullable({"type": "object", "additionalProperties": {
             "anyOf": [{"type": "string"}, {"type": "boolean"},
                       {"type": "integer", "minimum": -MAX_SAFE_INTEGER,
-                       "maximum": MAX_SAFE_INTEGER}]}},
-        "target": {"type": "object", "additionalProperties": {"type": "string"}},
-        "patches": {"type": "array", "items": patch},
+                       "maximum": MAX_SAFE_INTEGER}]}}),
+        "target": _nullable({"type": "object", "additionalProperties": {"type": "string"}}),
+        "patches": _nullable({"type": "array", "items": patch}),
     })
-    ranges = {"type": "array", "items": {"type": "string", "pattern": RANGE_PATTERN}}
+    ranges = _nullable({"type": "array", "items": {"type": "string", "pattern": RANGE_PATTERN}})
+    strings = _nullable(STRINGS)
     filters = _obj([], {
-        "platforms": STRINGS, "socs": STRINGS, "archs": STRINGS,
+        "platforms": strings, "socs": strings, "archs": strings,
         "os_versions": ranges, "app_versions": ranges,
-        "device_allow": STRINGS, "device_deny": STRINGS,
+        "device_allow": strings, "device_deny": strings,
     })
     shadow = _obj(["max_kl_micro", "max_latency_p99_us", "min_samples"], {
         "max_kl_micro": {**COUNT, "description": "KL divergence x 10^6"},
@@ -123,8 +129,8 @@ def manifest_schema() -> dict[str, Any]:
         "share_ppm": {"type": "integer", "minimum": 0, "maximum": PPM},
         "salt": {"type": "string", "minLength": 1, "maxLength": 256},
         "mode": {"enum": ["active", "shadow"]},
-        "filters": filters,
-        "shadow": {"anyOf": [{"type": "null"}, shadow]},
+        "filters": _nullable(filters),
+        "shadow": _nullable(shadow),
     }, **{"if": {"properties": {"mode": {"const": "shadow"}}},
           "then": {"required": ["shadow"], "properties": {"shadow": shadow}}})
     release = _obj(["version", "rollout", "artifacts"], {

@@ -52,6 +52,20 @@ def test_optional_fields_default_to_empty() -> None:
     assert r.artifacts[0].patches == [] and r.artifacts[0].target == {}
 
 
+def test_null_optional_members_mean_absent() -> None:
+    doc = manifest_json()
+    rel = doc["models"]["detector"]["releases"][1]
+    rel["rollout"].update(filters=None, shadow=None, mode="active")
+    art = rel["artifacts"][0]
+    art.update(compile_settings=None, target=None, patches=None)
+    r = Manifest.from_dict(doc).models["detector"].releases[1]
+    assert r.rollout.filters.platforms == [] and r.rollout.shadow is None
+    assert (r.artifacts[0].compile_settings, r.artifacts[0].target, r.artifacts[0].patches) == (
+        {}, {}, [])
+    doc["models"]["detector"]["releases"][0]["rollout"]["filters"]["socs"] = None
+    assert Manifest.from_dict(doc).models["detector"].releases[0].rollout.filters.socs == []
+
+
 REL = "models/detector/releases/0"
 ART = f"{REL}/artifacts/0"
 

@@ -50,6 +50,16 @@ def test_sample_documents_validate() -> None:
                                                MANIFEST_PAYLOAD_TYPE, [key(3)])))
 
 
+def test_schema_accepts_null_optional_members() -> None:
+    doc = manifest_json()
+    rel = doc["models"]["detector"]["releases"][1]
+    rel["rollout"].update(filters=None, shadow=None, mode="active")
+    rel["artifacts"][0].update(compile_settings=None, target=None, patches=None)
+    doc["models"]["detector"]["releases"][0]["rollout"]["filters"]["socs"] = None
+    MANIFEST.validate(doc)
+    Manifest.from_dict(doc)
+
+
 def test_envelope_vectors_that_parse_validate() -> None:
     for v in json.loads((REPO / "manifests/vectors/envelopes.json").read_text()):
         errors = list(ENVELOPE.iter_errors(v["envelope"]))
