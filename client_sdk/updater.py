@@ -19,6 +19,7 @@ import shutil
 import sys
 import threading
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -427,19 +428,24 @@ class Updater:
         self._event(EventKind.ROLLED_BACK if going_back else EventKind.ACTIVE, model, version)
         return ModelResult(model, outcome, version=version, sha256=plan.artifacts[0][1].sha256)
 
-    def run(self, stop: threading.Event) -> None:
-        """Poll until ``stop`` is set: jittered interval after success, backoff after errors."""
+    def run(self, stop: threading.Event,
+            on_result: Callable[[UpdateResult | ClientSDKError], None] | None = None) -> None:
+        """Poll until ``stop`` is set: jittered interval after success, capped exponential
+        backoff after errors. A cycle in progress when ``stop`` is set finishes first.
+        ``on_result`` receives each cycle's result or error."""
         cfg = self.config
         schedule = PollSchedule(cfg.poll_interval_seconds, cfg.poll_jitter,
                                 cfg.backoff_base_seconds, cfg.backoff_cap_seconds, cfg.rng)
         while not stop.is_set():
-            ok = True
+            outcome: UpdateResult | ClientSDKError
             try:
-                result = self.check_once()
-                ok = result.outcome is not Outcome.FAILED and not result.verification_failed
+                outcome = self.check_once()
+                ok = outcome.outcome is not Outcome.FAILED and not outcome.verification_failed
             except ClientSDKError as e:
-                ok = False
+                outcome, ok = e, False
                 self._event(EventKind.FAILED, reason=str(e))
+            if on_result is not None:
+                on_result(outcome)
             stop.wait(schedule.next_delay(ok))
 
 

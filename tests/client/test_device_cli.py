@@ -1,0 +1,117 @@
+"""`modelfleet device …` as a real subprocess against the simulator served over loopback HTTP."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.client.http_repo import serve
+from tests.client.onnx_models import scaled_model
+from tests.client.simulator import FakeClock, RepositorySimulator, _seed
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "modelfleet", "device", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def served(tmp_path):
+    sim = RepositorySimulator(FakeClock(time.time()))
+    root = tmp_path / "root.json"
+    root.write_bytes(sim.pinned_root)
+    with serve(sim, redirect_blobs=True) as base:
+        yield sim, base, root
+
+
+def update_args(base: str, root: Path, data: Path, platform: str = "linux") -> list[str]:
+    return ["update", "--server", base, "--channel", "prod", "--root", str(root),
+            "--data-dir", str(data), "--device-id", "edge-7", "--platform", platform,
+            "--os-version", "6.1", "--app-version", "1.0"]
+
+
+def test_update_once_then_predict_prints_json(served, tmp_path):
+    sim, base, root = served
+    v1 = scaled_model(3.0)
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(v1)])])
+    data = tmp_path / "device"
+    first = cli(*update_args(base, root, data), "--once")
+    assert first.returncode == 0, first.stderr
+    out = json.loads(first.stdout)
+    assert out["outcome"] == "updated"
+    assert out["active"] == [{"model": "clf", "version": "1.0",
+                              "sha256": hashlib.sha256(v1).hexdigest()}]
+    assert json.loads(cli(*update_args(base, root, data), "--once").stdout)["outcome"] == (
+        "up_to_date")
+
+    x = np.ones((1, 4), dtype=np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    pred = cli("predict", "--data-dir", str(data), "--model", "clf", "--input",
+               str(tmp_path / "x.npz"))
+    assert pred.returncode == 0, pred.stderr
+    body = json.loads(pred.stdout)
+    assert body["version"] == "1.0" and body["outputs"]["y"]["data"] == [[3.0] * 4]
+
+
+def test_verification_failure_exits_nonzero_with_one_line_and_keeps_the_model(served, tmp_path):
+    sim, base, root = served
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(scaled_model(1.0))])])
+    data = tmp_path / "device"
+    assert cli(*update_args(base, root, data), "--once").returncode == 0
+    sim.publish("clf", [sim.release("2.0", [sim.artifact(scaled_model(2.0))])])
+    sim.sign_with = [_seed("attacker")]
+    bad = cli(*update_args(base, root, data), "--once")
+    assert bad.returncode == 1
+    assert len(bad.stderr.strip().splitlines()) == 1 and "SignatureError" in bad.stderr
+    out = json.loads(bad.stdout)
+    assert out["outcome"] == "refused" and out["active"][0]["version"] == "1.0"
+
+
+def test_tampered_artifact_exits_nonzero_and_keeps_the_model(served, tmp_path):
+    sim, base, root = served
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(scaled_model(1.0))])])
+    data = tmp_path / "device"
+    assert cli(*update_args(base, root, data), "--once").returncode == 0
+    v2 = scaled_model(2.0)
+    art = sim.artifact(v2)
+    sim.blobs["/" + art.url] = v2[:-4] + b"evil"
+    sim.publish("clf", [sim.release("2.0", [art])])
+    bad = cli(*update_args(base, root, data), "--once")
+    assert bad.returncode == 1 and "sha256" in bad.stderr
+    assert json.loads(bad.stdout)["active"][0]["version"] == "1.0"
+
+
+def test_offer_for_another_platform_is_refused(served, tmp_path):
+    sim, base, root = served
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(scaled_model(1.0))])])
+    res = cli(*update_args(base, root, tmp_path / "d", platform="android"), "--once")
+    out = json.loads(res.stdout)
+    assert res.returncode == 0 and out["outcome"] == "refused" and out["active"] == []
+    assert "includes this device" in out["reason"]
+
+
+def test_polling_agent_stops_cleanly_on_sigterm(served, tmp_path):
+    sim, base, root = served
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(scaled_model(1.0))])])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "modelfleet", "device", *update_args(base, root, tmp_path / "d"),
+         "--interval", "0.2"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    first = json.loads(proc.stdout.readline())
+    assert first["outcome"] == "updated"
+    second = json.loads(proc.stdout.readline())  # it keeps polling
+    assert second["outcome"] == "up_to_date"
+    proc.send_signal(signal.SIGTERM)
+    rest, _err = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert json.loads(rest.strip().splitlines()[-1])["stopped"] is True
