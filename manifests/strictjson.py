@@ -2,8 +2,9 @@
 
 Refused (``MalformedError``): bytes that are not UTF-8 (or start with a BOM), duplicate object
 keys, NaN/Infinity, any number with a fraction or exponent (floats), integers outside
-±(2^53-1), strings holding lone surrogates, a top level that is not an object, nesting that
-exhausts the parser. These are the I-JSON (RFC 7493) rules plus "integers only".
+±(2^53-1), strings holding lone surrogates, a top level that is not an object, nesting deeper
+than ``MAX_DEPTH`` (64) arrays/objects. These are the I-JSON (RFC 7493) rules plus "integers
+only".
 
 ``dumps`` writes the one serialization the library signs: sorted keys, no whitespace, UTF-8
 (not ``\\u`` escapes). Verifiers never re-serialize; they verify the bytes they received.
@@ -20,6 +21,8 @@ JSONValue: TypeAlias = bool | int | str | list["JSONValue"] | dict[str, "JSONVal
 JSONObject: TypeAlias = dict[str, JSONValue]
 
 MAX_SAFE_INTEGER = 2**53 - 1
+# Real documents nest fewer than 12 levels; a fixed cap makes "too deep" the same everywhere.
+MAX_DEPTH = 64
 # More digits than this cannot be a safe integer; refusing early keeps int() cheap.
 _MAX_INT_DIGITS = 16
 
@@ -60,16 +63,18 @@ def _check_string(value: str) -> None:
         raise MalformedError("JSON string holds a lone surrogate (invalid Unicode)") from e
 
 
-def _check_strings(value: Any) -> None:
-    # Object keys were checked by the hook; values need a walk (json has no string hook).
-    if isinstance(value, str):
-        _check_string(value)
-    elif isinstance(value, list):
-        for item in value:
-            _check_strings(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _check_strings(item)
+def _check_tree(value: Any) -> None:
+    """Walk the parsed value iteratively: strings must be valid Unicode, depth <= MAX_DEPTH."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            _check_string(node)
+        elif isinstance(node, (list, dict)):
+            if depth > MAX_DEPTH:
+                raise MalformedError(f"JSON nests deeper than {MAX_DEPTH} levels")
+            children = node if isinstance(node, list) else node.values()
+            stack.extend((child, depth + 1) for child in children)
 
 
 def loads(data: bytes, *, what: str = "document") -> JSONObject:
@@ -100,7 +105,10 @@ def loads(data: bytes, *, what: str = "document") -> JSONObject:
         ) from e
     except RecursionError as e:
         raise MalformedError(f"{what} is nested too deeply") from e
-    _check_strings(value)
+    try:
+        _check_tree(value)
+    except MalformedError as e:
+        raise MalformedError(f"{what}: {e}") from None
     if not isinstance(value, dict):
         raise MalformedError(f"{what} must be a JSON object, got {type(value).__name__}")
     return value

@@ -230,6 +230,9 @@ def strict_json_vectors() -> list[dict[str, Any]]:
         ("single_quotes", b"{'a':1}", False),
         ("leading_zero", b'{"a":01}', False),
         ("control_character_in_string", b'{"a":"\x01"}', False),
+        ("depth_64", b'{"a":' + b"[" * 63 + b"]" * 63 + b"}", True),
+        ("depth_65", b'{"a":' + b"[" * 64 + b"]" * 64 + b"}", False),
+        ("depth_65_objects", b'{"a":' * 65 + b"1" + b"}" * 65, False),
     ]
     return [{"name": n, "json_base64": base64.b64encode(d).decode(), "valid": ok,
              "error": None if ok else "MalformedError"} for n, d, ok in cases]

@@ -31,6 +31,8 @@ from manifests.strictjson import dumps, loads
         (b'{"a": 1', "not JSON"),
         (b'{"a": 1} x', "not JSON"),
         (b'[' * 100_000 + b']' * 100_000, "nested too deeply"),
+        (b'{"a":' + b'[' * 64 + b']' * 64 + b'}', "deeper than 64"),
+        (b'{"a":' * 65 + b'1' + b'}' * 65, "deeper than 64"),
     ],
 )
 def test_loads_refuses_ambiguous_json(data: bytes, reason: str) -> None:
@@ -46,3 +48,7 @@ def test_loads_accepts_safe_integer_edges() -> None:
 
 def test_dumps_is_sorted_compact_utf8() -> None:
     assert dumps({"b": "é", "a": [1, None, True]}) == '{"a":[1,null,true],"b":"é"}'.encode()
+
+
+def test_loads_accepts_depth_64() -> None:
+    assert loads(b'{"a":' * 63 + b"1" + b"}" * 63)
