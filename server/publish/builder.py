@@ -73,6 +73,12 @@ def _rollout(r: RolloutRecord) -> Rollout:
     )
 
 
+def release_of(r: RolloutRecord) -> Release:
+    """The manifest entry for one rollout record."""
+    return Release(version=r.version, rollout=_rollout(r),
+                   artifacts=[_artifact(a) for a in r.artifacts])
+
+
 def build_manifest(
     *, channel: str, serial: int, expires: int, rollouts: Sequence[RolloutRecord]
 ) -> Manifest:
@@ -82,11 +88,7 @@ def build_manifest(
         by_model[r.model].append(r)
     models = {}
     for name in sorted(by_model):
-        releases = [
-            Release(version=r.version, rollout=_rollout(r),
-                    artifacts=[_artifact(a) for a in r.artifacts])
-            for r in offered(by_model[name])
-        ]
+        releases = [release_of(r) for r in offered(by_model[name])]
         if releases:
             models[name] = ModelEntry(releases=releases)
     return Manifest(channel=channel, serial=serial, expires=expires, models=models)

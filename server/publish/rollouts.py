@@ -8,7 +8,6 @@ Used by the HTTP API (server/api/rollouts.py) and by the telemetry area's automa
 from __future__ import annotations
 
 import re
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -61,7 +60,7 @@ class RolloutSpec:
     shadow: ShadowRecord | None = None
 
 
-def _version(session: Session, model: str, version: str) -> db.ModelVersion:
+def version_row(session: Session, model: str, version: str) -> db.ModelVersion:
     row = session.scalars(
         select(db.ModelVersion).join(db.Model)
         .where(db.Model.name == model, db.ModelVersion.version == version)
@@ -140,7 +139,7 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
         )
 
     def change(session: Session, ch: db.Channel) -> Audited:
-        version = _version(session, spec.model, spec.version)
+        version = version_row(session, spec.model, spec.version)
         if version.state is not db.VersionState.ready:
             raise VersionNotReadyError(
                 f"{spec.model} {spec.version} is {version.state.value}, not ready",
@@ -165,7 +164,7 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
         f = spec.filters
         release = db.Release(
             channel_id=ch.id, version_id=version.id, share_ppm=share,
-            salt=secrets.token_hex(16),  # fixed for the life of the release: stable cohorts
+            salt=rules.release_salt(ch.name, spec.model, spec.version),
             mode=db.RolloutMode(spec.mode),
             filters={"platforms": list(f.platforms), "socs": list(f.socs),
                      "archs": list(f.archs), "os_versions": list(f.os_versions),

@@ -6,6 +6,7 @@ RolloutStateError (not allowed in the rollout's current state).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection
 from decimal import Decimal, InvalidOperation
 
@@ -40,6 +41,14 @@ def percentage_to_ppm(percentage: Decimal | int | float | str) -> int:
             f"to at most 4 decimal places"
         )
     return int(ppm)
+
+
+def release_salt(channel: str, model: str, version: str) -> str:
+    """The salt of a release on a channel: fixed for its life, and known before it starts, so
+    a preview shows exactly the cohort the rollout will reach. (Cohorts need not be secret;
+    a device learns its own membership from the manifest anyway.)"""
+    text = f"modelfleet-rollout:{channel}:{model}:{version}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def ppm_to_percentage(share_ppm: int) -> Decimal:

@@ -1,0 +1,320 @@
+"""Channels and rollout control (scope `rollout`): create channels, start a release on a
+channel, ramp, pause, resume, halt (the rollback), pin/unpin devices, preview a rollout.
+Every change is audited and answered with the serial of the new signed manifest."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Annotated
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.api.deps import RolloutPrincipal, SessionDep, TokenPrincipal
+from server.api.errors import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
+from server.api.serving import manifest_cache, publisher
+from server.db import models as db
+from server.publish import rollouts as ro
+from server.publish.errors import ChannelNotFoundError, InvalidRolloutError
+from server.publish.preview import MAX_PREVIEW_DEVICES, preview, profile_from_dict
+from server.publish.publisher import latest_manifest, load_artifact_records, publish_channel
+from server.publish.records import FilterRecord, RolloutRecord, RolloutState, ShadowRecord
+from server.publish.rules import (
+    MAX_DEVICE_IDS_PER_LIST,
+    check_filters,
+    percentage_to_ppm,
+    ppm_to_percentage,
+    release_salt,
+)
+
+router = APIRouter(prefix="/v1", tags=["rollouts"])
+
+Strings = Annotated[list[Annotated[str, Field(max_length=256)]],
+                    Field(max_length=MAX_DEVICE_IDS_PER_LIST)]
+Percentage = Annotated[Decimal, Field(description="0–100, at most 4 decimals (1 ppm)")]
+
+
+class ChannelCreate(BaseModel):
+    name: str = Field(max_length=64, examples=["prod"])
+    description: str = Field(default="", max_length=2000)
+
+
+class ChannelPublic(BaseModel):
+    name: str
+    description: str
+    serial: int | None
+    manifest_sha256: str | None
+    expires: int | None
+
+
+class FiltersIn(BaseModel):
+    platforms: Strings = []
+    socs: Strings = []
+    archs: Strings = []
+    os_versions: Strings = []
+    app_versions: Strings = []
+    device_allow: Strings = []
+    device_deny: Strings = []
+
+    def record(self) -> FilterRecord:
+        return FilterRecord(
+            platforms=tuple(self.platforms), socs=tuple(self.socs), archs=tuple(self.archs),
+            os_versions=tuple(self.os_versions), app_versions=tuple(self.app_versions),
+            device_allow=tuple(self.device_allow), device_deny=tuple(self.device_deny))
+
+
+class ShadowIn(BaseModel):
+    max_kl_micro: int = Field(ge=0, le=2**53, description="KL divergence × 10^6")
+    max_latency_p99_us: int = Field(ge=0, le=2**53)
+    min_samples: int = Field(ge=0, le=2**31)
+
+
+class RolloutCreate(BaseModel):
+    model: str = Field(max_length=64)
+    version: str = Field(max_length=64)
+    percentage: Percentage
+    mode: str = Field(default="active", description="active | shadow")
+    filters: FiltersIn = FiltersIn()
+    shadow: ShadowIn | None = None
+
+    def spec(self) -> ro.RolloutSpec:
+        shadow = None if self.shadow is None else ShadowRecord(**self.shadow.model_dump())
+        return ro.RolloutSpec(self.model, self.version, self.percentage, self.mode,
+                              self.filters.record(), shadow)
+
+
+class RampIn(BaseModel):
+    percentage: Percentage
+
+
+class ReasonIn(BaseModel):
+    reason: str = Field(default="", max_length=2000)
+
+
+class PinIn(BaseModel):
+    device_ids: Strings
+    deny: bool = Field(default=False, description="pin out (deny-list) instead of in")
+
+
+class RolloutPublic(BaseModel):
+    id: int
+    channel: str
+    model: str
+    version: str
+    percentage: float
+    share_ppm: int
+    salt: str
+    mode: str
+    state: str
+    state_reason: str
+    filters: FiltersIn
+    shadow: ShadowIn | None
+    serial: int | None = Field(description="serial of the manifest this change published "
+                               "(null when the change was a no-op)")
+
+
+class DeviceIn(BaseModel):
+    device_id: str = Field(max_length=256)
+    platform: str = Field(max_length=64)
+    soc: str = Field(default="", max_length=64)
+    arch: str = Field(default="", max_length=64)
+    os_version: str = Field(default="", max_length=64)
+    app_version: str = Field(default="", max_length=64)
+
+
+class PreviewIn(BaseModel):
+    rollout_id: int | None = Field(default=None, description="preview an existing rollout…")
+    model: str | None = Field(default=None, max_length=64, description="…or a proposed one")
+    version: str | None = Field(default=None, max_length=64)
+    percentage: Percentage | None = None
+    filters: FiltersIn = FiltersIn()
+    devices: list[DeviceIn] | None = Field(
+        default=None, max_length=10_000,
+        description="device profiles; omitted = the devices the server has seen")
+
+
+class PreviewOut(BaseModel):
+    total: int
+    included: int
+    included_share: float
+    included_device_ids: list[str] = Field(description="the first 1000 included")
+    excluded_device_ids: list[str] = Field(description="the first 1000 excluded")
+
+
+def _public(view: ro.RolloutView) -> RolloutPublic:
+    r = view.record
+    f = r.filters
+    return RolloutPublic(
+        id=r.id, channel=view.channel, model=r.model, version=r.version,
+        percentage=float(ppm_to_percentage(r.share_ppm)), share_ppm=r.share_ppm, salt=r.salt,
+        mode=r.mode, state=r.state.value, state_reason=view.state_reason,
+        filters=FiltersIn(platforms=list(f.platforms), socs=list(f.socs), archs=list(f.archs),
+                          os_versions=list(f.os_versions), app_versions=list(f.app_versions),
+                          device_allow=list(f.device_allow), device_deny=list(f.device_deny)),
+        shadow=None if r.shadow is None else ShadowIn(**vars(r.shadow)),
+        serial=view.serial,
+    )
+
+
+def _changed(request: Request, view: ro.RolloutView) -> RolloutPublic:
+    manifest_cache(request.app).invalidate(view.channel)
+    return _public(view)
+
+
+def _channel_public(session: Session, ch: db.Channel) -> ChannelPublic:
+    m = latest_manifest(session, ch.id)
+    return ChannelPublic(name=ch.name, description=ch.description,
+                         serial=m.serial if m else None, manifest_sha256=m.sha256 if m else None,
+                         expires=m.expires if m else None)
+
+
+@router.post("/channels", status_code=201, responses={**AUTH_ERRORS, **CONFLICT, **INVALID})
+def create_channel(body: ChannelCreate, request: Request, principal: RolloutPrincipal,
+                   session: SessionDep) -> ChannelPublic:
+    """Create a channel; its first (empty) signed manifest is published at once."""
+    ro.create_channel(request.app.state.session_factory, publisher(request.app), body.name,
+                      description=body.description, actor=principal.actor)
+    ch = session.scalars(select(db.Channel).where(db.Channel.name == body.name)).one()
+    return _channel_public(session, ch)
+
+
+@router.get("/channels", responses={**AUTH_ERRORS})
+def list_channels(session: SessionDep, _principal: TokenPrincipal) -> list[ChannelPublic]:
+    return [_channel_public(session, ch)
+            for ch in session.scalars(select(db.Channel).order_by(db.Channel.name))]
+
+
+@router.get("/channels/{channel}/rollouts", responses={**AUTH_ERRORS, **NOT_FOUND})
+def list_channel_rollouts(channel: str, session: SessionDep,
+                          _principal: TokenPrincipal) -> list[RolloutPublic]:
+    """Every rollout on the channel, newest first."""
+    return [_public(v) for v in ro.list_rollouts(session, channel)]
+
+
+@router.post("/channels/{channel}/publish", responses={**AUTH_ERRORS, **NOT_FOUND})
+def republish(channel: str, request: Request, principal: RolloutPrincipal,
+              session: SessionDep) -> ChannelPublic:
+    """Sign the channel again as it stands (new serial, fresh expiry)."""
+    publish_channel(request.app.state.session_factory, publisher(request.app), channel,
+                    actor=principal.actor)
+    manifest_cache(request.app).invalidate(channel)
+    ch = session.scalars(select(db.Channel).where(db.Channel.name == channel)).one()
+    return _channel_public(session, ch)
+
+
+@router.post("/channels/{channel}/rollouts", status_code=201,
+             responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT, **INVALID})
+def start_rollout(channel: str, body: RolloutCreate, request: Request,
+                  principal: RolloutPrincipal) -> RolloutPublic:
+    """Start offering a ready model version on the channel to `percentage` of the devices
+    that match `filters` (409 if the version is not ready or already on the channel)."""
+    view = ro.start_rollout(request.app.state.session_factory, publisher(request.app), channel,
+                            body.spec(), actor=principal.actor)
+    return _changed(request, view)
+
+
+@router.get("/rollouts/{rollout_id}", responses={**AUTH_ERRORS, **NOT_FOUND})
+def get_rollout(rollout_id: int, session: SessionDep,
+                _principal: TokenPrincipal) -> RolloutPublic:
+    return _public(ro.get_rollout(session, rollout_id))
+
+
+@router.patch("/rollouts/{rollout_id}", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT,
+                                                    **INVALID})
+def ramp_rollout(rollout_id: int, body: RampIn, request: Request,
+                 principal: RolloutPrincipal) -> RolloutPublic:
+    """Change the share (ramp up or down). 409 on a halted or paused rollout."""
+    return _changed(request, ro.ramp_rollout(
+        request.app.state.session_factory, publisher(request.app), rollout_id, body.percentage,
+        actor=principal.actor))
+
+
+@router.post("/rollouts/{rollout_id}/pause", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT})
+def pause_rollout(rollout_id: int, request: Request, principal: RolloutPrincipal,
+                  body: ReasonIn | None = None) -> RolloutPublic:
+    """Freeze the share (still offered); resume before ramping again."""
+    return _changed(request, ro.pause_rollout(
+        request.app.state.session_factory, publisher(request.app), rollout_id,
+        actor=principal.actor, reason=body.reason if body else ""))
+
+
+@router.post("/rollouts/{rollout_id}/resume", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT})
+def resume_rollout(rollout_id: int, request: Request,
+                   principal: RolloutPrincipal) -> RolloutPublic:
+    return _changed(request, ro.resume_rollout(
+        request.app.state.session_factory, publisher(request.app), rollout_id,
+        actor=principal.actor))
+
+
+@router.post("/rollouts/{rollout_id}/halt", responses={**AUTH_ERRORS, **NOT_FOUND})
+def halt_rollout(rollout_id: int, request: Request, principal: RolloutPrincipal,
+                 body: ReasonIn | None = None) -> RolloutPublic:
+    """The rollback: share 0 and no longer offered; devices fall back to the previous fully
+    rolled-out release. Final; halting again is a no-op (`serial` null)."""
+    return _changed(request, ro.halt_rollout(
+        request.app.state.session_factory, publisher(request.app), rollout_id,
+        actor=principal.actor, reason=body.reason if body else ""))
+
+
+@router.post("/rollouts/{rollout_id}/pin", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT,
+                                                       **INVALID})
+def pin_devices(rollout_id: int, body: PinIn, request: Request,
+                principal: RolloutPrincipal) -> RolloutPublic:
+    """Pin devices in (regardless of share and filters) or, with `deny`, out."""
+    return _changed(request, ro.pin_devices(
+        request.app.state.session_factory, publisher(request.app), rollout_id, body.device_ids,
+        deny=body.deny, actor=principal.actor))
+
+
+@router.post("/rollouts/{rollout_id}/unpin", responses={**AUTH_ERRORS, **NOT_FOUND, **INVALID})
+def unpin_devices(rollout_id: int, body: PinIn, request: Request,
+                  principal: RolloutPrincipal) -> RolloutPublic:
+    """Remove devices from the rollout's allow- and deny-lists."""
+    return _changed(request, ro.unpin_devices(
+        request.app.state.session_factory, publisher(request.app), rollout_id, body.device_ids,
+        actor=principal.actor))
+
+
+def _proposed(session: Session, channel: str, body: PreviewIn) -> RolloutRecord:
+    if body.rollout_id is not None:
+        view = ro.get_rollout(session, body.rollout_id)
+        release = session.get(db.Release, body.rollout_id)
+        assert release is not None  # get_rollout raised otherwise
+        arts = load_artifact_records(session, release.version_id, "")
+        return RolloutRecord(**{**vars(view.record), "artifacts": arts})
+    if body.model is None or body.version is None or body.percentage is None:
+        raise InvalidRolloutError(
+            "preview needs either rollout_id or model, version and percentage",
+            fix='send {"rollout_id": 7} or {"model": …, "version": …, "percentage": 5}')
+    version = ro.version_row(session, body.model, body.version)
+    arts = load_artifact_records(session, version.id, "")
+    filters = body.filters.record()
+    check_filters(filters, {a.platform for a in arts})
+    return RolloutRecord(
+        id=0, seq=0, model=body.model, version=body.version,
+        share_ppm=percentage_to_ppm(body.percentage),
+        salt=release_salt(channel, body.model, body.version), mode="active",
+        state=RolloutState.ACTIVE, filters=filters, artifacts=arts)
+
+
+@router.post("/channels/{channel}/preview", responses={**AUTH_ERRORS, **NOT_FOUND, **INVALID})
+def preview_rollout(channel: str, body: PreviewIn, session: SessionDep,
+                    _principal: RolloutPrincipal) -> PreviewOut:
+    """Dry run: which devices (given, or every device the server has seen, newest first, at
+    most 100 000) a rollout would reach — by the same rule devices apply."""
+    if session.scalars(select(db.Channel).where(db.Channel.name == channel)).first() is None:
+        raise ChannelNotFoundError(f"no channel named {channel!r}")
+    record = _proposed(session, channel, body)
+    if body.devices is not None:
+        devices = [profile_from_dict(d.device_id, d.model_dump()) for d in body.devices]
+    else:
+        rows = session.scalars(select(db.Device).order_by(db.Device.last_seen_at.desc())
+                               .limit(MAX_PREVIEW_DEVICES))
+        devices = [profile_from_dict(d.id, d.profile or {}) for d in rows]
+    result = preview(record, devices)
+    share = len(result.included) / result.total if result.total else 0.0
+    return PreviewOut(total=result.total, included=len(result.included), included_share=share,
+                      included_device_ids=result.included[:1000],
+                      excluded_device_ids=result.excluded[:1000])

@@ -1,0 +1,232 @@
+"""What devices fetch, without a token: channel manifests (ETag / 304 / Cache-Control), signed
+root versions, and artifact and patch files (Range → 206 / 416 on the local store, a 302 to a
+presigned URL on S3).
+
+Manifest bytes are served exactly as signed and stored. Each process keeps the current bytes
+of a channel for MANIFEST_CACHE_SECONDS so a poll (and above all a 304) costs no database or
+storage round trip; changes made through this process invalidate its entry at once.
+
+The router's lifespan imports signed roots from DATA_DIR/roots and runs the re-sign loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import APIRouter, FastAPI, Path, Request, Response
+from fastapi.responses import RedirectResponse, StreamingResponse
+from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
+
+from server.api.errors import NOT_FOUND
+from server.db import models as db
+from server.errors import NotFoundError
+from server.publish import rootstore
+from server.publish.errors import ChannelNotFoundError, PublishError
+from server.publish.httpcache import RangeNotSatisfiable, etag_for, if_none_match, parse_range
+from server.publish.publisher import MANIFEST_MAX_BYTES, Publisher
+from server.publish.resign import resign_loop
+from server.publish.rollouts import CHANNEL_NAME
+from server.publish.service import key_paths, make_publisher
+
+log = logging.getLogger("modelfleet.serving")
+
+MANIFEST_CACHE_SECONDS = 1.0
+# Devices and CDNs revalidate at most a minute later: a halt reaches the fleet within a
+# minute plus the poll interval, and a revalidation is a cheap 304.
+MANIFEST_CACHE_CONTROL = "public, max-age=60, must-revalidate"
+IMMUTABLE = "public, max-age=31536000, immutable"
+SHA256_PATTERN = "^[0-9a-f]{64}$"
+
+
+@dataclass(frozen=True)
+class CachedManifest:
+    data: bytes
+    etag: str
+    loaded_at: float
+
+
+class ManifestCache:
+    """The current signed bytes per channel, per process, for a short time."""
+
+    def __init__(self, ttl: float = MANIFEST_CACHE_SECONDS) -> None:
+        self.ttl = ttl
+        self._entries: dict[str, CachedManifest] = {}
+
+    def fresh(self, channel: str) -> CachedManifest | None:
+        entry = self._entries.get(channel)
+        if entry is None or time.monotonic() - entry.loaded_at > self.ttl:
+            return None
+        return entry
+
+    def put(self, channel: str, data: bytes, sha256: str) -> CachedManifest:
+        entry = CachedManifest(data, etag_for(sha256), time.monotonic())
+        self._entries[channel] = entry
+        return entry
+
+    def invalidate(self, channel: str) -> None:
+        self._entries.pop(channel, None)
+
+
+def manifest_cache(app: FastAPI) -> ManifestCache:
+    cache: ManifestCache | None = getattr(app.state, "manifest_cache", None)
+    if cache is None:
+        cache = app.state.manifest_cache = ManifestCache()
+    return cache
+
+
+def publisher(app: FastAPI) -> Publisher:
+    """The app's publisher, made on first use from its settings and blob store."""
+    pub: Publisher | None = getattr(app.state, "publisher", None)
+    if pub is None:
+        pub = app.state.publisher = make_publisher(app.state.settings, app.state.blob_store)
+    return pub
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    try:
+        await run_in_threadpool(import_roots, app)
+    except PublishError as e:  # serve anyway: manifests and artifacts do not need the roots
+        log.error("signed roots not imported: %s", e.message)
+    task = asyncio.create_task(resign_loop(app.state.session_factory, publisher(app)))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def import_roots(app: FastAPI) -> list[int]:
+    with app.state.session_factory() as session:
+        added = rootstore.sync_roots(session, key_paths(app.state.settings))
+        session.commit()
+    if added:
+        log.info("imported signed root versions %s", added)
+    return added
+
+
+router = APIRouter(prefix="/v1", tags=["serving"], lifespan=lifespan)
+
+
+def _load_manifest(app: FastAPI, channel: str) -> CachedManifest:
+    with app.state.session_factory() as session:
+        row = session.execute(
+            select(db.SignedManifest.blob_key, db.SignedManifest.sha256)
+            .join(db.Channel, db.Channel.id == db.SignedManifest.channel_id)
+            .where(db.Channel.name == channel)
+            .order_by(db.SignedManifest.serial.desc()).limit(1)
+        ).first()
+    if row is None:
+        raise ChannelNotFoundError(f"channel {channel!r} does not exist or has no manifest yet")
+    with app.state.blob_store.open(row.blob_key) as f:
+        data = f.read(MANIFEST_MAX_BYTES + 1)
+    return manifest_cache(app).put(channel, data, row.sha256)
+
+
+@router.get(
+    "/channels/{channel}/manifest",
+    response_class=Response,
+    responses={200: {"content": {"application/json": {}},
+                     "description": "The channel's DSSE envelope, exactly as signed"},
+               304: {"description": "If-None-Match matched the current ETag"}, **NOT_FOUND},
+)
+async def get_manifest(channel: str, request: Request) -> Response:
+    """The channel's current signed manifest (a DSSE envelope). Poll with If-None-Match."""
+    if not CHANNEL_NAME.match(channel):
+        raise ChannelNotFoundError(f"channel {channel[:80]!r} does not exist")
+    entry = manifest_cache(request.app).fresh(channel)
+    if entry is None:
+        entry = await run_in_threadpool(_load_manifest, request.app, channel)
+    headers = {"ETag": entry.etag, "Cache-Control": MANIFEST_CACHE_CONTROL}
+    if if_none_match(request.headers.get("if-none-match"), entry.etag):
+        return Response(status_code=304, headers=headers)
+    return Response(entry.data, media_type="application/json", headers=headers)
+
+
+@router.get("/root", responses={**NOT_FOUND})
+def get_root_index(request: Request) -> dict[str, int]:
+    """The newest signed root version; fetch each one after yours at /v1/root/{N}.json."""
+    with request.app.state.session_factory() as session:
+        latest = rootstore.latest_root_version(session)
+    if latest is None:
+        raise NotFoundError("no signed root yet", fix="run `modelfleet keys init --data-dir DIR`")
+    return {"latest_version": latest}
+
+
+@router.get(
+    "/root/{version}.json", response_class=Response,
+    responses={200: {"content": {"application/json": {}},
+                     "description": "Root version N as a DSSE envelope"}, **NOT_FOUND},
+)
+def get_root(version: Annotated[int, Path(ge=1, le=1_000_000)], request: Request) -> Response:
+    """Signed root version `version` (every version stays served, for rotation)."""
+    with request.app.state.session_factory() as session:
+        data = rootstore.root_bytes(session, version)
+    if data is None:
+        raise NotFoundError(f"no root version {version}")
+    return Response(data, media_type="application/json", headers={"Cache-Control": IMMUTABLE})
+
+
+def _serve_blob(request: Request, key: str, sha256: str, length: int) -> Response:
+    store = request.app.state.blob_store
+    url = store.presigned_url(key)
+    if url is not None:
+        return RedirectResponse(url, status_code=302)
+    headers = {"ETag": etag_for(sha256), "Accept-Ranges": "bytes", "Cache-Control": IMMUTABLE}
+    if if_none_match(request.headers.get("if-none-match"), headers["ETag"]):
+        return Response(status_code=304, headers=headers)
+    try:
+        wanted = parse_range(request.headers.get("range"), length)
+    except RangeNotSatisfiable:
+        return Response(status_code=416, headers={"Content-Range": f"bytes */{length}"})
+    if wanted is None:
+        headers["Content-Length"] = str(length)
+        body = store.iter_range(key) if request.method == "GET" else iter(())
+        return StreamingResponse(body, media_type="application/octet-stream", headers=headers)
+    headers["Content-Range"] = wanted.content_range(length)
+    headers["Content-Length"] = str(wanted.length)
+    body = store.iter_range(key, wanted.start, wanted.end) if request.method == "GET" else iter(())
+    return StreamingResponse(body, status_code=206, media_type="application/octet-stream",
+                             headers=headers)
+
+
+BLOB_RESPONSES: dict[int | str, dict[str, object]] = {
+    200: {"content": {"application/octet-stream": {}}, "description": "The whole file"},
+    206: {"description": "The requested byte range"},
+    302: {"description": "Redirect to a presigned URL (S3 blob store)"},
+    416: {"description": "Range not satisfiable"},
+    **NOT_FOUND,
+}
+
+
+@router.api_route("/artifacts/{sha256}", methods=["GET", "HEAD"], response_class=Response,
+                  responses=BLOB_RESPONSES)
+def get_artifact(sha256: Annotated[str, Path(pattern=SHA256_PATTERN)],
+                 request: Request) -> Response:
+    """An artifact by its sha256 (as named in the manifest). Supports Range."""
+    with request.app.state.session_factory() as session:
+        row = session.execute(select(db.Artifact.blob_key, db.Artifact.length)
+                              .where(db.Artifact.sha256 == sha256).limit(1)).first()
+    if row is None:
+        raise NotFoundError(f"no artifact with sha256 {sha256}")
+    return _serve_blob(request, row.blob_key, sha256, row.length)
+
+
+@router.api_route("/patches/{sha256}", methods=["GET", "HEAD"], response_class=Response,
+                  responses=BLOB_RESPONSES)
+def get_patch(sha256: Annotated[str, Path(pattern=SHA256_PATTERN)], request: Request) -> Response:
+    """A delta patch by its sha256 (as named in the manifest). Supports Range."""
+    with request.app.state.session_factory() as session:
+        row = session.execute(select(db.Patch.blob_key, db.Patch.length)
+                              .where(db.Patch.sha256 == sha256).limit(1)).first()
+    if row is None:
+        raise NotFoundError(f"no patch with sha256 {sha256}")
+    return _serve_blob(request, row.blob_key, sha256, row.length)
