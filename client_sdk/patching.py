@@ -70,9 +70,12 @@ class OutputTooLargeError(PatchError):
 # --- mfdelta1 format constants (docs/delta.md is the normative description) ---------------
 
 MAGIC: Final = b"MFDELTA1"
-# magic, flags (u32, must be 0), base length, base sha256, output length, output sha256, ops
-HEADER: Final = struct.Struct("<8sIQ32sQ32sI")
-# kind (u8), width (u8), reserved (u16, must be 0), length, base offset, ref length (u64 each)
+# magic, flags (u32, must be 0), base length, base sha256, output length, output sha256,
+# op count (u32), op table offset (u64), op table compressed / raw length (u32 each)
+HEADER: Final = struct.Struct("<8sIQ32sQ32sIQII")
+# Op record in the (zstd-compressed) op table: kind (u8), width (u8), reserved (u16, 0),
+# length, base offset, ref length (u64 each); then one u32 per stream (its compressed
+# length in the data section); an OP_LITERAL record is followed by its ``length`` bytes.
 OP_HEADER: Final = struct.Struct("<BBHQQQ")
 STREAM_LENGTH: Final = struct.Struct("<I")
 
@@ -83,7 +86,8 @@ OP_PLANES: Final = 3  # output = elements assembled from byte planes (no base)
 OP_ZSTD: Final = 4  # output = one zstd frame, optionally with a base range as raw dictionary
 OP_ADD_BYTES_SORTED: Final = 5  # OP_ADD_BYTES with the diff stored in context order
 OP_ADD_BITS_SORTED: Final = 6  # OP_ADD_BITS with the diff stored in context order
-OP_KINDS: Final = frozenset(range(7))
+OP_LITERAL: Final = 7  # output = bytes stored inline in the op table (small pieces)
+OP_KINDS: Final = frozenset(range(8))
 _ADD_KINDS: Final = frozenset({OP_ADD_BYTES, OP_ADD_BITS, OP_ADD_BYTES_SORTED, OP_ADD_BITS_SORTED})
 _BIT_KINDS: Final = frozenset({OP_ADD_BITS, OP_ADD_BITS_SORTED})
 _SORTED_KINDS: Final = frozenset({OP_ADD_BYTES_SORTED, OP_ADD_BITS_SORTED})
@@ -93,6 +97,8 @@ WIDTHS: Final = (1, 2, 4, 8)
 MAX_OP_LENGTH: Final = 8 * 1024 * 1024  # bytes one non-COPY op may produce
 MAX_REF_LENGTH: Final = 16 * 1024 * 1024  # bytes of base one OP_ZSTD may use as dictionary
 MAX_ZSTD_WINDOW: Final = 1 << 25  # no frame may need a larger window than 32 MiB
+MAX_TABLE_LENGTH: Final = 16 * 1024 * 1024  # decompressed op table (held in memory)
+MAX_LITERAL_LENGTH: Final = 64 * 1024  # bytes one OP_LITERAL may carry
 
 _IO_BLOCK: Final = 1024 * 1024
 
@@ -101,8 +107,8 @@ UIntArray = npt.NDArray[Any]
 
 
 def stream_count(kind: int, width: int) -> int:
-    """Number of compressed streams that follow an op header of this kind and width."""
-    if kind == OP_COPY:
+    """Number of data-section streams an op of this kind and width reads."""
+    if kind in (OP_COPY, OP_LITERAL):
         return 0
     if kind in _BIT_KINDS:
         return 8 * width
@@ -271,13 +277,37 @@ def _apply_bsdiff4(base: Path, patch: Path, sink: BinaryIO, max_output: int) -> 
 
 
 class _Mfdelta1Reader:
-    """Decodes one mfdelta1 patch op by op; each op's output is at most MAX_OP_LENGTH."""
+    """Decodes one mfdelta1 patch op by op; each op's output is at most MAX_OP_LENGTH.
 
-    def __init__(self, base: BinaryIO, patch: BinaryIO, base_length: int) -> None:
+    Op records come from the decompressed op table (``table``); the compressed streams they
+    name are read one after another from the data section of ``patch``.
+    """
+
+    def __init__(self, base: BinaryIO, patch: BinaryIO, base_length: int, table: bytes) -> None:
         self.base = base
         self.patch = patch
         self.base_length = base_length
+        self.table = memoryview(table)
+        self.table_pos = 0
         self.plain = zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW)
+
+    def table_bytes(self, size: int, what: str) -> bytes:
+        if self.table_pos + size > len(self.table):
+            raise CorruptPatchError(f"mfdelta1 op table ends inside {what}")
+        data = bytes(self.table[self.table_pos : self.table_pos + size])
+        self.table_pos += size
+        return data
+
+    def next_op(self) -> tuple[int, int, int, int, int, int, list[int]]:
+        kind, width, reserved, length, offset, ref_length = OP_HEADER.unpack(
+            self.table_bytes(OP_HEADER.size, "an op record")
+        )
+        _check_op(kind, width, reserved, length, offset, ref_length)
+        sizes = [
+            STREAM_LENGTH.unpack(self.table_bytes(STREAM_LENGTH.size, "stream sizes"))[0]
+            for _ in range(stream_count(kind, width))
+        ]
+        return kind, width, reserved, length, offset, ref_length, sizes
 
     def base_range(self, offset: int, length: int) -> bytes:
         if offset + length > self.base_length:
@@ -292,39 +322,26 @@ class _Mfdelta1Reader:
         return data
 
     def stream(
-        self, expected: int, decompressor: zstandard.ZstdDecompressor | None = None
+        self, size: int, expected: int, decompressor: zstandard.ZstdDecompressor | None = None
     ) -> bytes:
-        (size,) = STREAM_LENGTH.unpack(_read_exact(self.patch, STREAM_LENGTH.size, "stream size"))
         if size > MAX_OP_LENGTH + 65536:
             raise CorruptPatchError(f"patch stream of {size} bytes exceeds the format's cap")
         frame = _read_exact(self.patch, size, "stream")
-        try:
-            content_size = zstandard.frame_content_size(frame)
-        except zstandard.ZstdError as e:
-            raise CorruptPatchError(f"patch stream is not a zstd frame: {e}") from e
-        if content_size != expected:
-            raise CorruptPatchError(
-                f"patch stream declares {content_size} bytes where the op needs {expected}"
-            )
-        try:
-            data = (decompressor or self.plain).decompress(
-                frame, max_output_size=expected, allow_extra_data=False
-            )
-        except zstandard.ZstdError as e:
-            raise CorruptPatchError(f"patch stream does not decompress: {e}") from e
-        if len(data) != expected:
-            raise CorruptPatchError("patch stream decompressed to the wrong length")
-        return data
+        return _decompress(decompressor or self.plain, frame, expected)
 
-    def op(self, kind: int, width: int, length: int, offset: int, ref_length: int) -> bytes:
+    def op(
+        self, kind: int, width: int, length: int, offset: int, ref_length: int, sizes: list[int]
+    ) -> bytes:
         count = length // width
+        if kind == OP_LITERAL:
+            return self.table_bytes(length, "literal bytes")
         if kind in _ADD_KINDS:
             old = np.frombuffer(self.base_range(offset, length), dtype=element_dtype(width))
             if kind in _BIT_KINDS:
-                planes = [self.stream((count + 7) // 8) for _ in range(8 * width)]
+                planes = [self.stream(size, (count + 7) // 8) for size in sizes]
                 zigzagged = join_bit_planes(planes, count, width)
             else:
-                planes = [self.stream(count) for _ in range(width)]
+                planes = [self.stream(size, count) for size in sizes]
                 zigzagged = join_byte_planes(planes, count, width)
             if kind in _SORTED_KINDS:
                 stored = zigzagged
@@ -332,16 +349,34 @@ class _Mfdelta1Reader:
                 zigzagged[context_order(old)] = stored
             return (old + unzigzag(zigzagged)).tobytes()
         if kind == OP_PLANES:
-            planes = [self.stream(count) for _ in range(width)]
+            planes = [self.stream(size, count) for size in sizes]
             return join_byte_planes(planes, count, width).tobytes()
         # OP_ZSTD
         if ref_length == 0:
-            return self.stream(length)
+            return self.stream(sizes[0], length)
         ref = zstandard.ZstdCompressionDict(
             self.base_range(offset, ref_length), dict_type=zstandard.DICT_TYPE_RAWCONTENT
         )
         with_ref = zstandard.ZstdDecompressor(dict_data=ref, max_window_size=MAX_ZSTD_WINDOW)
-        return self.stream(length, with_ref)
+        return self.stream(sizes[0], length, with_ref)
+
+
+def _decompress(decompressor: zstandard.ZstdDecompressor, frame: bytes, expected: int) -> bytes:
+    try:
+        content_size = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as e:
+        raise CorruptPatchError(f"patch stream is not a zstd frame: {e}") from e
+    if content_size != expected:
+        raise CorruptPatchError(
+            f"patch stream declares {content_size} bytes where the op needs {expected}"
+        )
+    try:
+        data = decompressor.decompress(frame, max_output_size=expected, allow_extra_data=False)
+    except zstandard.ZstdError as e:
+        raise CorruptPatchError(f"patch stream does not decompress: {e}") from e
+    if len(data) != expected:
+        raise CorruptPatchError("patch stream decompressed to the wrong length")
+    return data
 
 
 def _check_op(
@@ -351,12 +386,14 @@ def _check_op(
         raise CorruptPatchError(f"unknown mfdelta1 op kind {kind}")
     if width not in WIDTHS or reserved != 0 or length == 0 or length % width:
         raise CorruptPatchError("malformed mfdelta1 op header (width, reserved or length)")
-    if kind in (OP_COPY, OP_ZSTD) and width != 1:
-        raise CorruptPatchError("mfdelta1 copy/zstd ops must have width 1")
+    if kind in (OP_COPY, OP_ZSTD, OP_LITERAL) and width != 1:
+        raise CorruptPatchError("mfdelta1 copy/zstd/literal ops must have width 1")
+    if kind == OP_LITERAL and length > MAX_LITERAL_LENGTH:
+        raise CorruptPatchError(f"mfdelta1 literal of {length} bytes exceeds the format's cap")
     if kind != OP_COPY and length > MAX_OP_LENGTH:
         raise CorruptPatchError(f"mfdelta1 op of {length} bytes exceeds the format's cap")
-    if kind == OP_PLANES and offset != 0:
-        raise CorruptPatchError("mfdelta1 planes op must have base offset 0")
+    if kind in (OP_PLANES, OP_LITERAL) and offset != 0:
+        raise CorruptPatchError("mfdelta1 planes/literal ops must have base offset 0")
     if (kind != OP_ZSTD and ref_length != 0) or ref_length > MAX_REF_LENGTH:
         raise CorruptPatchError("mfdelta1 op has an invalid dictionary length")
 
@@ -374,25 +411,36 @@ def _hash_file(source: BinaryIO) -> tuple[int, bytes]:
 def _apply_mfdelta1(base: Path, patch: Path, sink: BinaryIO, max_output: int) -> None:
     with open(patch, "rb") as patch_file, open(base, "rb") as base_file:
         fields = HEADER.unpack(_read_exact(patch_file, HEADER.size, "mfdelta1 header"))
-        magic, flags, base_length, base_sha, out_length, out_sha, op_count = fields
+        magic, flags, base_length, base_sha, out_length, out_sha, op_count = fields[:7]
+        table_offset, table_length, table_raw_length = fields[7:]
         if magic != MAGIC or flags != 0:
             raise CorruptPatchError("not an mfdelta1 patch (bad magic or unknown flags)")
         if out_length > max_output:
             raise OutputTooLargeError(
                 f"mfdelta1 patch would write {out_length} bytes, more than max_output={max_output}"
             )
+        patch_length = os.fstat(patch_file.fileno()).st_size
+        if table_offset < HEADER.size or table_offset + table_length != patch_length:
+            raise CorruptPatchError("mfdelta1 op table is not where the header says")
+        if table_raw_length > MAX_TABLE_LENGTH:
+            raise CorruptPatchError(f"mfdelta1 op table of {table_raw_length} bytes exceeds cap")
         if _hash_file(base_file) != (base_length, base_sha):
             raise BaseMismatchError(
                 "the local base is not the file this mfdelta1 patch was made from "
                 f"(expected sha256 {base_sha.hex()}); download the full artifact"
             )
-        reader = _Mfdelta1Reader(base_file, patch_file, base_length)
+        patch_file.seek(table_offset)
+        table = _decompress(
+            zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW),
+            _read_exact(patch_file, table_length, "op table"),
+            table_raw_length,
+        )
+        patch_file.seek(HEADER.size)
+        reader = _Mfdelta1Reader(base_file, patch_file, base_length, table)
         digest = hashlib.sha256()
         written = 0
         for _ in range(op_count):
-            op = OP_HEADER.unpack(_read_exact(patch_file, OP_HEADER.size, "op header"))
-            kind, width, reserved, length, offset, ref_length = op
-            _check_op(kind, width, reserved, length, offset, ref_length)
+            kind, width, _reserved, length, offset, ref_length, sizes = reader.next_op()
             if written + length > out_length:
                 raise CorruptPatchError("mfdelta1 ops produce more bytes than the header says")
             if kind == OP_COPY:
@@ -404,11 +452,11 @@ def _apply_mfdelta1(base: Path, patch: Path, sink: BinaryIO, max_output: int) ->
                     digest.update(chunk)
                     sink.write(chunk)
             else:
-                chunk = reader.op(kind, width, length, offset, ref_length)
+                chunk = reader.op(kind, width, length, offset, ref_length, sizes)
                 digest.update(chunk)
                 sink.write(chunk)
             written += length
-        if patch_file.read(1):
-            raise CorruptPatchError("trailing bytes after the last mfdelta1 op")
+        if patch_file.tell() != table_offset or reader.table_pos != len(table):
+            raise CorruptPatchError("mfdelta1 patch has unused bytes after its last op")
         if written != out_length or digest.digest() != out_sha:
             raise CorruptPatchError("mfdelta1 output does not match the checksum in the patch")

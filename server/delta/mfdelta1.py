@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import struct
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,6 +38,8 @@ REF_SLACK = 256 * 1024  # base bytes before the mapped position kept in the dict
 REF_BUDGET = 2 * 1024 * 1024 - GAP_CHUNK
 MIN_BIT_PLANE_ELEMENTS = 4096  # below this the 8-16 stream headers cost more than they save
 GAP_DIFF_MIN = 64 * 1024  # opaque pieces at least this long also try a 4-byte difference
+LITERAL_MAX = 4096  # pieces up to this long may ride inline in the op table
+LITERAL_BUDGET = 8 * 1024 * 1024  # total inline bytes (the decoder holds the table in memory)
 DICT_LEVEL_MIN = 3  # lower levels have smaller windows than REF_BUDGET assumes
 
 UIntArray = npt.NDArray[Any]
@@ -63,10 +64,19 @@ class Encoded:
     base_offset: int
     ref_length: int
     streams: list[bytes]
+    literal: bytes = b""
 
     @property
     def size(self) -> int:
-        return fmt.OP_HEADER.size + sum(4 + len(s) for s in self.streams)
+        # Estimate: op records compress to a few bytes in the op table; literals barely do.
+        return 8 + sum(len(s) for s in self.streams) + len(self.literal)
+
+    def record(self, length: int) -> bytes:
+        head = fmt.OP_HEADER.pack(
+            self.kind, self.width, 0, length, self.base_offset, self.ref_length
+        )
+        sizes = b"".join(fmt.STREAM_LENGTH.pack(len(s)) for s in self.streams)
+        return head + sizes + self.literal
 
 
 def plan_regions(new: list[Tensor], base: list[Tensor], new_size: int) -> list[Region]:
@@ -125,6 +135,7 @@ class Encoder:
     """Encodes regions of one (base, new) pair; owns the zstd contexts and file handles."""
 
     def __init__(self, base: BinaryIO, base_size: int, level: int) -> None:
+        self.literal_budget = LITERAL_BUDGET
         self.base = base
         self.base_size = base_size
         self.level = level
@@ -142,14 +153,19 @@ class Encoder:
         self, data: bytes, width: int, base_offset: int | None, mapped: int
     ) -> Encoded:
         if base_offset is None:
-            return self.smallest([self.planes(data, width), self.opaque(data, mapped)])
+            return self.smallest(
+                [self.planes(data, width), self.opaque(data, mapped), *self.literal(data)]
+            )
         old_bytes = self.read_base(base_offset, len(data))
         if old_bytes == data:
             return Encoded(fmt.OP_COPY, 1, base_offset, 0, [])
         new_values = np.frombuffer(data, dtype=fmt.element_dtype(width))
         old_values = np.frombuffer(old_bytes, dtype=fmt.element_dtype(width))
         zigzagged = _zigzag(new_values - old_values, width)
-        candidates = [self.add(fmt.OP_ADD_BYTES, zigzagged, width, base_offset)]
+        candidates = [
+            self.add(fmt.OP_ADD_BYTES, zigzagged, width, base_offset),
+            *self.literal(data),
+        ]
         if len(zigzagged) >= MIN_BIT_PLANE_ELEMENTS:
             # Ordering diffs by the base value's top byte groups alike statistics (an int8
             # near +-127 moves on re-quantization far more often than one near 0).
@@ -183,8 +199,17 @@ class Encoder:
         )
         return Encoded(fmt.OP_ZSTD, 1, ref_start, ref_end - ref_start, [with_ref.compress(data)])
 
+    def literal(self, data: bytes) -> list[Encoded]:
+        """An inline candidate for a small piece, while the table budget lasts."""
+        if len(data) > LITERAL_MAX or len(data) > self.literal_budget:
+            return []
+        return [Encoded(fmt.OP_LITERAL, 1, 0, 0, [], data)]
+
     def gap_chunk(self, data: bytes, mapped: int) -> Encoded:
-        candidates = [self.opaque(data, mapped)]
+        inline = self.literal(data)
+        if inline and len(data) <= 256:
+            return inline[0]  # protobuf framing between tensors: a dictionary cannot pay off
+        candidates = [self.opaque(data, mapped), *inline]
         if (
             len(data) >= GAP_DIFF_MIN
             and len(data) % 4 == 0
@@ -194,9 +219,10 @@ class Encoder:
             candidates.append(self.tensor_chunk(data, 4, mapped, mapped))
         return self.smallest(candidates)
 
-    @staticmethod
-    def smallest(candidates: list[Encoded]) -> Encoded:
-        return min(candidates, key=lambda c: c.size)
+    def smallest(self, candidates: list[Encoded]) -> Encoded:
+        best = min(candidates, key=lambda c: c.size)
+        self.literal_budget -= len(best.literal)
+        return best
 
 
 def _chunks(region: Region) -> Iterator[tuple[int, int]]:
@@ -228,6 +254,7 @@ def create_mfdelta1(base: Path, new: Path, out: Path, *, level: int = 3) -> None
             sink.write(b"\0" * fmt.HEADER.size)  # filled in once the output hash is known
             encoder = Encoder(base_file, base_size, level)
             digest = hashlib.sha256()
+            table = bytearray()
             op_count = 0
             for region in regions:
                 for start, length in _chunks(region):
@@ -243,12 +270,20 @@ def create_mfdelta1(base: Path, new: Path, out: Path, *, level: int = 3) -> None
                         )
                     else:
                         encoded = encoder.gap_chunk(data, region.mapped + start)
-                    _write_op(sink, encoded, length)
+                    for stream in encoded.streams:
+                        sink.write(stream)
+                    table += encoded.record(length)
                     op_count += 1
+            if len(table) > fmt.MAX_TABLE_LENGTH:
+                raise ValueError("mfdelta1 op table over the format's cap; raise TENSOR_CHUNK")
+            table_offset = sink.tell()
+            compressed_table = zstandard.ZstdCompressor(level=19).compress(bytes(table))
+            sink.write(compressed_table)
             sink.seek(0)
             sink.write(
                 fmt.HEADER.pack(
-                    fmt.MAGIC, 0, base_size, base_sha, new_size, digest.digest(), op_count
+                    fmt.MAGIC, 0, base_size, base_sha, new_size, digest.digest(), op_count,
+                    table_offset, len(compressed_table), len(table),
                 )
             )
             sink.flush()
@@ -257,10 +292,3 @@ def create_mfdelta1(base: Path, new: Path, out: Path, *, level: int = 3) -> None
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-
-
-def _write_op(sink: BinaryIO, op: Encoded, length: int) -> None:
-    sink.write(fmt.OP_HEADER.pack(op.kind, op.width, 0, length, op.base_offset, op.ref_length))
-    for stream in op.streams:
-        sink.write(struct.pack("<I", len(stream)))
-        sink.write(stream)
