@@ -25,10 +25,29 @@ sys.path.insert(0, str(ROOT))
 from manifests import (  # noqa: E402
     MANIFEST_PAYLOAD_TYPE,
     ROOT_PAYLOAD_TYPE,
+    Artifact,
+    DeviceProfile,
+    Filters,
+    Manifest,
+    ManifestError,
+    ModelEntry,
+    Patch,
+    PublicKey,
+    Release,
+    Role,
+    Rollout,
+    Root,
+    ShadowThresholds,
     SigningKey,
+    TrustedManifest,
     bucket,
+    load_trusted_root,
     pae,
+    select_artifact,
+    select_release,
     sign_envelope,
+    verify_manifest,
+    verify_root_update,
 )
 from manifests.versions import VersionRange  # noqa: E402
 
@@ -238,12 +257,206 @@ def strict_json_vectors() -> list[dict[str, Any]]:
              "error": None if ok else "MalformedError"} for n, d, ok in cases]
 
 
+# --- trust decisions ---------------------------------------------------------------------------
+
+NOW = 1_800_000_000
+YEAR = 365 * 86_400
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _root(version: int, root_keys: list[SigningKey], root_threshold: int,
+          release_keys: list[SigningKey], expires: int = NOW + YEAR) -> Root:
+    return Root(
+        version=version, expires=expires,
+        keys={k.keyid: PublicKey.ed25519(k.public_key) for k in [*root_keys, *release_keys]},
+        roles={"root": Role([k.keyid for k in root_keys], root_threshold),
+               "release": Role([k.keyid for k in release_keys], 1)},
+    )
+
+
+def _in_share(name: str, salt: str = "detector-2.0", share: int = 300_000) -> str:
+    """The first id name-0, name-1, ... inside the share, so filter cases are not masked by it."""
+    return next(f"{name}-{i}" for i in range(10_000) if bucket(salt, f"{name}-{i}") < share)
+
+
+DENIED = _in_share("bad")
+
+
+def _sample_manifest(serial: int, expires: int = NOW + 86_400, channel: str = "prod") -> Manifest:
+    def artifact(version: str, platform: str, soc: str = "") -> Artifact:
+        target = {"runtime": "onnxruntime"} | ({"soc": soc} if soc else {})
+        name = f"{version}/{platform}/{soc or 'generic'}"
+        return Artifact(platform=platform, variant=soc or "generic", format="onnx",
+                        url=f"https://cdn.example/detector/{name}.onnx", length=1000 + serial,
+                        sha256=_sha(name), compile_settings={"opset": 18, "fp16": True},
+                        target=target,
+                        patches=[Patch(_sha(f"1.0/{platform}/generic"),
+                                       f"https://cdn.example/detector/{name}.patch", 77,
+                                       _sha(f"patch:{name}"), "bsdiff4")])
+    new = Release("2.0", Rollout(
+        share_ppm=300_000, salt="detector-2.0", mode="shadow",
+        filters=Filters(platforms=["android", "ios"], os_versions=[">=14.0,<18", ">=34"],
+                        app_versions=[">=3.2"], device_allow=["lab-1"], device_deny=[DENIED]),
+        shadow=ShadowThresholds(max_kl_micro=20_000, max_latency_p99_us=15_000, min_samples=500)),
+        [artifact("2.0", "android", "sm8650"), artifact("2.0", "android"), artifact("2.0", "ios")])
+    old = Release("1.0", Rollout(share_ppm=1_000_000, salt="detector-1.0"),
+                  [artifact("1.0", "android"), artifact("1.0", "ios")])
+    seg = Release("1.0", Rollout(share_ppm=1_000_000, salt="seg-1.0",
+                                 filters=Filters(socs=["sm8650", "sm8550"])),
+                  [artifact("seg-1.0", "android", "sm8650"),
+                   artifact("seg-1.0", "android", "sm8550")])
+    return Manifest(channel=channel, serial=serial, expires=expires,
+                    models={"detector": ModelEntry([new, old]), "segmenter": ModelEntry([seg])})
+
+
+def trust_vectors() -> list[dict[str, Any]]:
+    r1a, r1b, r1c = _key("root-1a"), _key("root-1b"), _key("root-1c")
+    rel1, r2, rel2, stranger = _key("release-1"), _key("root-2"), _key("release-2"), _key("x")
+    root1 = _root(1, [r1a, r1b, r1c], 2, [rel1])
+    pinned = sign_envelope(root1.to_bytes(), ROOT_PAYLOAD_TYPE, [r1a, r1b])
+    root2 = _root(2, [r2], 1, [rel2])
+    root2_ok = sign_envelope(root2.to_bytes(), ROOT_PAYLOAD_TYPE, [r1a, r1c, r2])
+    M = MANIFEST_PAYLOAD_TYPE
+
+    def man(serial: int = 5, signers: list[SigningKey] | None = None, **kw: Any) -> bytes:
+        return sign_envelope(_sample_manifest(serial, **kw).to_bytes(), M,
+                             [rel1] if signers is None else signers)
+
+    def raw(payload: dict[str, Any] | bytes, signers: list[SigningKey] | None = None,
+            payload_type: str = M) -> bytes:
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        return sign_envelope(data, payload_type, [rel1] if signers is None else signers)
+
+    doc = json.loads(_sample_manifest(5).to_bytes())
+    same5 = man(5)
+    trusted5 = {"serial": 5, "sha256": hashlib.sha256(_sample_manifest(5).to_bytes()).hexdigest()}
+
+    def edited(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        copy = json.loads(json.dumps(doc))
+        change(copy)
+        return copy
+
+    text_float = json.dumps(doc).replace('"serial": 5', '"serial": 5.0').encode()
+    text_dup = json.dumps(doc).replace('"serial": 5', '"serial": 5, "serial": 6').encode()
+    cases: list[dict[str, Any]] = []
+
+    def case(name: str, manifest: bytes, *, updates: tuple[bytes, ...] | list[bytes] = (),
+             now: int = NOW,
+             channel: str = "prod", trusted: dict[str, Any] | None = None,
+             max_size: int = 4 * 1024 * 1024, note: str = "") -> None:
+        vector: dict[str, Any] = {
+            "name": name, "note": note, "pinned_root": pinned.decode(),
+            "root_updates": [u.decode() for u in updates], "now": now, "channel": channel,
+            "trusted_manifest": trusted, "max_size": max_size, "manifest": manifest.decode(),
+        }
+        try:
+            root = load_trusted_root(pinned)
+            for u in updates:
+                root = verify_root_update(root, u)
+            trusted_state = None if trusted is None else TrustedManifest(**trusted)
+            m = verify_manifest(root, manifest, now=now, channel=channel, trusted=trusted_state,
+                                max_size=max_size)
+            vector.update(valid=True, error=None, expected={
+                "root_version": root.version, "serial": m.serial, "sha256": m.raw_sha256})
+        except ManifestError as e:
+            vector.update(valid=False, error=type(e).__name__, expected=None)
+        cases.append(vector)
+
+    case("valid", man())
+    case("valid_same_bytes_refetch", man(5, [rel1, stranger]), trusted=trusted5,
+         note="same serial and payload as trusted; extra signatures do not matter")
+    case("valid_higher_serial", man(6), trusted=trusted5)
+    case("valid_one_second_before_expiry", man(), now=NOW + 86_399)
+    case("valid_unknown_fields", raw(edited(lambda d: d.update(future={"x": [1, None]}))),
+         note="unknown members are ignored by verifiers")
+    case("valid_after_root_rotation", man(5, [rel2]), updates=[root2_ok])
+    case("release_key_of_old_root_after_rotation", man(5, [rel1]), updates=[root2_ok])
+    case("rotation_missing_new_root_signature", man(5, [rel2]),
+         updates=[sign_envelope(root2.to_bytes(), ROOT_PAYLOAD_TYPE, [r1a, r1b])])
+    case("rotation_below_old_threshold", man(5, [rel2]),
+         updates=[sign_envelope(root2.to_bytes(), ROOT_PAYLOAD_TYPE, [r1a, r2])])
+    case("rotation_skips_a_version", man(5, [rel2]), updates=[sign_envelope(
+        _root(3, [r2], 1, [rel2]).to_bytes(), ROOT_PAYLOAD_TYPE, [r1a, r1b, r2])])
+    case("rotation_replays_same_version", man(), updates=[pinned])
+    case("unsigned", man(5, []))
+    case("signed_by_unknown_key", man(5, [stranger]))
+    case("signed_by_root_key_not_release_key", man(5, [r1a, r1b]))
+    case("rollback", man(4), trusted=trusted5)
+    case("equivocation", man(5, expires=NOW + 2 * 86_400), trusted=trusted5)
+    case("expired", man(), now=NOW + 86_400, note="expired when now >= expires")
+    case("expired_and_rollback", man(4), now=NOW + 86_400, trusted=trusted5,
+         note="rollback is checked before expiry")
+    case("wrong_channel", man(5, channel="beta"))
+    case("root_envelope_as_manifest", raw(doc, payload_type=ROOT_PAYLOAD_TYPE))
+    case("manifest_type_field_root", raw(edited(lambda d: d.update(type="root"))))
+    case("oversize", same5, max_size=len(same5) - 1)
+    case("exactly_at_size_cap", same5, max_size=len(same5))
+    case("signed_float", raw(text_float), note="5.0 is not an integer")
+    case("signed_duplicate_key", raw(text_dup))
+    case("signed_integer_above_2_53", raw(edited(lambda d: d.update(expires=2**53))))
+    case("signed_nan", raw(json.dumps(doc).replace('"serial": 5', '"serial": NaN').encode()))
+    case("signed_missing_models", raw(edited(lambda d: d.pop("models"))))
+    case("signed_bad_version_range", raw(edited(lambda d: d["models"]["detector"]["releases"][0][
+        "rollout"]["filters"].update(os_versions=["14"]))))
+    case("signed_path_traversal_model_name", raw(edited(lambda d: d["models"].update(
+        {"../etc": d["models"]["detector"]}))))
+    case("signed_share_above_million", raw(edited(lambda d: d["models"]["detector"]["releases"][0][
+        "rollout"].update(share_ppm=1_000_001))))
+    case("signed_shadow_mode_without_thresholds", raw(edited(lambda d: d["models"]["detector"][
+        "releases"][0]["rollout"].update(shadow=None))))
+    return cases
+
+
+def selection_vectors() -> list[dict[str, Any]]:
+    manifest = _sample_manifest(1)
+    doc = manifest.to_dict()
+    devices = [
+        DeviceProfile("lab-1", "android", "sm8650", "arm64", "13", "1.0"),
+        DeviceProfile("lab-1", "linux", "", "x86_64", "6.1", "3.4"),
+        DeviceProfile(DENIED, "android", "sm8650", "arm64", "14.2", "3.4"),
+        DeviceProfile("", "android", "sm8650", "arm64", "14.2", "3.4"),
+        DeviceProfile(_in_share("pixel"), "android", "", "arm64", "14.10", "3.2.0"),
+        DeviceProfile(_in_share("pixel"), "android", "", "arm64", "14.9", "3.2"),
+        DeviceProfile(_in_share("pixel"), "android", "", "arm64", "14.10", "3.1.9"),
+        DeviceProfile(_in_share("pixel"), "android", "", "arm64", "34", "3.2"),
+        DeviceProfile(_in_share("pixel"), "android", "", "arm64", "18", "3.2"),
+        DeviceProfile(_in_share("pixel"), "android", "", "arm64", "14-beta", "3.2"),
+        DeviceProfile(_in_share("pixel"), "android", "", "arm64", "", "3.2"),
+        DeviceProfile(_in_share("pixel"), "linux", "", "x86_64", "15", "3.2"),
+        DeviceProfile(_in_share("iphone"), "ios", "", "arm64", "17.1", "3.2"),
+        DeviceProfile(_in_share("s24"), "android", "sm8650", "arm64", "14", "3.3"),
+        DeviceProfile(_in_share("s23"), "android", "sm8550", "arm64", "14", "3.3"),
+        DeviceProfile(_in_share("s22"), "android", "sm8450", "arm64", "14", "3.3"),
+        DeviceProfile(_in_share("é"), "ios", "", "arm64", "16.0", "4"),
+    ] + [DeviceProfile(f"fleet-{i:03d}", "android", "sm8650", "arm64", "15.0.1", "3.5")
+         for i in range(16)]
+    out: list[dict[str, Any]] = []
+    for model in ("detector", "segmenter", "absent"):
+        for d in devices:
+            release = select_release(manifest, model, d)
+            artifact = select_artifact(release, d) if release else None
+            out.append({
+                "model": model,
+                "device": {"device_id": d.device_id, "platform": d.platform, "soc": d.soc,
+                           "arch": d.arch, "os_version": d.os_version,
+                           "app_version": d.app_version},
+                "release": release.version if release else None,
+                "artifact_sha256": artifact.sha256 if artifact else None,
+            })
+    return [{"name": "sample", "manifest": doc, "cases": out}]
+
+
 def build() -> dict[str, bytes]:
     return {
         "bucketing.json": _dump(bucketing_vectors()),
         "envelopes.json": _dump(envelope_vectors()),
         "version_ranges.json": _dump(version_range_vectors()),
         "strict_json.json": _dump(strict_json_vectors()),
+        "trust.json": _dump(trust_vectors()),
+        "selection.json": _dump(selection_vectors()),
     }
 
 

@@ -15,12 +15,19 @@ import manifests
 from manifests import (
     DeviceProfile,
     Envelope,
+    Manifest,
     ManifestError,
     Rollout,
+    TrustedManifest,
     bucket,
+    load_trusted_root,
     pae,
     rollout_includes,
+    select_artifact,
+    select_release,
     verify_envelope,
+    verify_manifest,
+    verify_root_update,
 )
 from manifests.strictjson import loads
 from manifests.versions import VersionRange
@@ -139,3 +146,58 @@ def test_strict_json_vector(v: dict[str, Any]) -> None:
     else:
         with pytest.raises(manifests.MalformedError):
             loads(data)
+
+
+# --- trust decisions and selection -------------------------------------------------------------
+
+TRUST = _load("trust.json")
+
+
+def test_trust_vectors_cover_every_error() -> None:
+    errors = {v["error"] for v in TRUST}
+    assert errors >= {None, "SignatureError", "RollbackError", "EquivocationError",
+                      "ExpiredError", "WrongTypeError", "WrongChannelError", "OversizeError",
+                      "MalformedError", "RootRotationError"}
+
+
+def _decide(v: dict[str, Any]) -> tuple[int, Manifest]:
+    root = load_trusted_root(v["pinned_root"].encode())
+    for update in v["root_updates"]:
+        root = verify_root_update(root, update.encode())
+    trusted = None if v["trusted_manifest"] is None else TrustedManifest(**v["trusted_manifest"])
+    m = verify_manifest(root, v["manifest"].encode(), now=v["now"], channel=v["channel"],
+                        trusted=trusted, max_size=v["max_size"])
+    return root.version, m
+
+
+@pytest.mark.parametrize("v", TRUST, ids=lambda v: v["name"])
+def test_trust_vector(v: dict[str, Any]) -> None:
+    if v["valid"]:
+        root_version, m = _decide(v)
+        assert v["expected"] == {"root_version": root_version, "serial": m.serial,
+                                 "sha256": m.raw_sha256}
+        payload = Envelope.from_bytes(v["manifest"].encode(), v["max_size"]).payload
+        assert hashlib.sha256(payload).hexdigest() == m.raw_sha256
+    else:
+        with pytest.raises(getattr(manifests, v["error"])):
+            _decide(v)
+
+
+SELECTION = _load("selection.json")
+
+
+def test_selection_vectors_exercise_every_outcome() -> None:
+    cases = [c for s in SELECTION for c in s["cases"]]
+    assert {c["release"] for c in cases} == {"2.0", "1.0", None}
+    assert len({c["artifact_sha256"] for c in cases}) >= 6
+
+
+@pytest.mark.parametrize("s", SELECTION, ids=lambda s: s["name"])
+def test_selection_vector(s: dict[str, Any]) -> None:
+    manifest = Manifest.from_dict(s["manifest"])
+    for c in s["cases"]:
+        device = DeviceProfile(**c["device"])
+        release = select_release(manifest, c["model"], device)
+        assert (release.version if release else None) == c["release"], c
+        artifact = select_artifact(release, device) if release else None
+        assert (artifact.sha256 if artifact else None) == c["artifact_sha256"], c
