@@ -1,9 +1,158 @@
-"""`modelfleet keys` commands (not built yet)."""
+"""`modelfleet keys init|rotate|show`: signing keys and signed root versions.
+
+`init` writes the offline root keys and the online release key (files with mode 0600) and the
+self-signed root v1 that apps pin; `rotate` writes root N+1 signed by a threshold of root N's
+keys and of its own. Both import the new root into the server's database so the API serves it
+at /v1/root/<N>.json (the server also imports DATA_DIR/roots at start).
+"""
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+keys_app = typer.Typer(no_args_is_help=True, help="Signing keys and root versions.")
+
+DataDir = Annotated[Path, typer.Option("--data-dir", help="The server's data directory")]
+KeysDir = Annotated[
+    Path | None,
+    typer.Option("--keys-dir", envvar="MODELFLEET_KEYS_DIR",
+                 help="Where key files live (default DATA_DIR/keys)"),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output")]
+
+
+def _fail(e: Exception) -> typer.Exit:
+    message = getattr(e, "message", str(e))
+    fix = getattr(e, "fix", None)
+    typer.echo(f"error: {message}" + (f" ({fix})" if fix else ""), err=True)
+    return typer.Exit(1)
+
+
+def _import_into_database(data_dir: Path, keys_dir: Path | None) -> str:
+    """Store the roots in the server database; a failure here is not fatal (the server imports
+    them at start), so it is reported, not raised."""
+    try:
+        from server.db.migrate import upgrade
+        from server.db.session import make_engine, make_session_factory
+        from server.publish.keys import KeyPaths
+        from server.publish.rootstore import sync_roots
+        from server.settings import Settings
+
+        settings = Settings(data_dir=data_dir)
+        upgrade(settings.resolved_database_url)
+        engine = make_engine(settings.resolved_database_url)
+        try:
+            with make_session_factory(engine)() as session:
+                added = sync_roots(session, KeyPaths.for_data_dir(data_dir, keys_dir))
+                session.commit()
+        finally:
+            engine.dispose()
+        return f"stored root version(s) {added or 'none new'} in the server database"
+    except Exception as e:  # reported, not raised: the server imports them at start too
+        return f"warning: roots not stored in the database yet ({e}); the server imports " \
+            "them at start"
+
+
+def _report(result: Any, note: str, as_json: bool, what: str) -> None:
+    root = result.root
+    doc = {
+        "root_version": root.version, "root_path": str(result.root_path),
+        "root_keyids": root.roles["root"].keyids, "root_threshold": root.roles["root"].threshold,
+        "release_keyid": result.release_keyid,
+        "new_root_key_files": [str(p) for p in result.new_root_key_paths],
+        "expires": root.expires, "database": note,
+    }
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    typer.echo(f"{what}: root v{root.version} at {result.root_path}")
+    typer.echo(f"  root keys ({root.roles['root'].threshold} of "
+               f"{len(root.roles['root'].keyids)} must sign a rotation):")
+    for path in result.new_root_key_paths:
+        typer.echo(f"    {path}")
+    typer.echo(f"  release key: {result.release_keyid[:16]}… (online, signs manifests)")
+    typer.echo(f"  {note}")
+    typer.echo("  Move the root key files OFF this machine (offline storage); bring a threshold "
+               "back only to rotate.")
+
+
+@keys_app.command("init")
+def init(
+    data_dir: DataDir = Path("data"),
+    keys_dir: KeysDir = None,
+    root_keys: Annotated[int, typer.Option(min=1, max=16, help="Number of root keys")] = 3,
+    threshold: Annotated[int, typer.Option(min=1, max=16, help="Root signatures needed")] = 2,
+    as_json: AsJson = False,
+) -> None:
+    """Create root keys, the release key and root v1 (what apps pin). Refuses to overwrite."""
+    from server.publish.errors import PublishError
+    from server.publish.keys import KeyPaths, init_keys
+
+    paths = KeyPaths.for_data_dir(data_dir, keys_dir)
+    try:
+        result = init_keys(paths, now=int(time.time()), root_keys=root_keys, threshold=threshold)
+    except PublishError as e:
+        raise _fail(e) from None
+    _report(result, _import_into_database(data_dir, keys_dir), as_json, "created")
+
+
+@keys_app.command("rotate")
+def rotate(
+    data_dir: DataDir = Path("data"),
+    keys_dir: KeysDir = None,
+    root_keys_dir: Annotated[
+        Path | None, typer.Option(help="Where the current (offline) root keys are; "
+                                  "default the keys directory")] = None,
+    root_keys: Annotated[int | None, typer.Option(min=1, max=16,
+                                                  help="Number of new root keys")] = None,
+    threshold: Annotated[int | None, typer.Option(min=1, max=16)] = None,
+    rotate_release: Annotated[bool, typer.Option(help="Also replace the release key")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Make root N+1 with new root keys, signed by a threshold of root N's keys and its own."""
+    from server.publish.errors import PublishError
+    from server.publish.keys import KeyPaths, rotate_root
+
+    paths = KeyPaths.for_data_dir(data_dir, keys_dir)
+    try:
+        result = rotate_root(paths, now=int(time.time()), root_keys_dir=root_keys_dir,
+                             new_root_keys=root_keys, threshold=threshold,
+                             rotate_release=rotate_release)
+    except PublishError as e:
+        raise _fail(e) from None
+    _report(result, _import_into_database(data_dir, keys_dir), as_json, "rotated")
+    if rotate_release and not as_json:
+        typer.echo("  Re-publish every channel (POST /v1/channels/{channel}/publish) so devices "
+                   "get manifests signed by the new release key.")
+
+
+@keys_app.command("show")
+def show(data_dir: DataDir = Path("data"), keys_dir: KeysDir = None,
+         as_json: AsJson = False) -> None:
+    """List the signed root versions and which keys they name."""
+    from server.publish.errors import PublishError
+    from server.publish.keys import KeyPaths, load_root_chain
+
+    try:
+        chain = load_root_chain(KeyPaths.for_data_dir(data_dir, keys_dir))
+    except PublishError as e:
+        raise _fail(e) from None
+    rows = [{"version": r.version, "expires": r.expires,
+             "root_keyids": r.roles["root"].keyids, "root_threshold": r.roles["root"].threshold,
+             "release_keyids": r.roles["release"].keyids} for r, _ in chain]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        typer.echo(f"root v{row['version']}: {row['root_threshold']} of "
+                   f"{len(row['root_keyids'])} root keys; release "
+                   f"{', '.join(k[:16] for k in row['release_keyids'])}; expires {row['expires']}")
 
 
 def register(app: typer.Typer) -> None:
-    """Registers nothing until this area is built."""
+    app.add_typer(keys_app, name="keys")

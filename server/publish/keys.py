@@ -193,6 +193,7 @@ def init_keys(
         )
     roots = [SigningKey.generate() for _ in range(root_keys)]
     release = SigningKey.generate()
+    paths.keys_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     root = build_root(
         version=1, expires=now + root_lifetime, root_keys=roots, root_threshold=threshold,
         release_keys=[release],
@@ -249,6 +250,7 @@ def rotate_root(
     if rotate_release:
         _write_atomic(next_release, _key_bytes("release", release), 0o600)
         retired = paths.keys_dir / "retired" / f"release-{current_release.keyid[:16]}.key"
+        retired.parent.mkdir(mode=0o700, exist_ok=True)
         _write_atomic(retired, _key_bytes("release", current_release), 0o600)
     _write_atomic(paths.root_path(root.version), data, 0o644)
     if rotate_release:
