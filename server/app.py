@@ -3,6 +3,8 @@ error mapping and every router in `server.api.ROUTERS`. No module-level app or e
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -17,6 +19,19 @@ from server.jobs.interface import JobQueue, NullJobQueue
 from server.settings import Settings
 
 API_VERSION = "0.1.0"
+
+
+# The compile area plugs its queue in here: a module with `make_job_queue(app) -> JobQueue`,
+# called once app.state holds settings, session_factory and blob_store.
+JOB_QUEUE_FACTORY_MODULE = "server.jobs.factory"
+
+
+def default_job_queue(app: FastAPI) -> JobQueue:
+    if importlib.util.find_spec(JOB_QUEUE_FACTORY_MODULE) is None:
+        return NullJobQueue()
+    factory = importlib.import_module(JOB_QUEUE_FACTORY_MODULE)
+    queue: JobQueue = factory.make_job_queue(app)
+    return queue
 
 
 def create_app(
@@ -46,7 +61,7 @@ def create_app(
     app.state.engine = engine
     app.state.session_factory = make_session_factory(engine)
     app.state.blob_store = blob_store if blob_store is not None else make_blob_store(settings)
-    app.state.job_queue = job_queue if job_queue is not None else NullJobQueue()
+    app.state.job_queue = job_queue if job_queue is not None else default_job_queue(app)
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from server.api import audit, health
+from server.api import audit, health, models, rollouts, serving, versions
 
 ROUTERS: list[APIRouter] = [
     health.router,
     audit.router,
+    models.router,
+    versions.router,
+    serving.router,
+    rollouts.router,
 ]

@@ -1,9 +1,105 @@
-"""`modelfleet tokens` commands (not built yet)."""
+"""`modelfleet tokens create|list|revoke`: API token administration (run on the server host;
+it talks to the database directly, so it needs no token itself)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+tokens_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke API tokens.")
+
+DataDir = Annotated[
+    Path, typer.Option("--data-dir", help="Data directory of the embedded default")
+]
+
+
+def _session_factory(data_dir: Path):  # type: ignore[no-untyped-def]
+    from server.db.migrate import upgrade
+    from server.db.session import make_engine, make_session_factory
+    from server.settings import Settings
+
+    settings = Settings(data_dir=data_dir)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.resolved_database_url)
+    return make_session_factory(make_engine(settings.resolved_database_url))
+
+
+@tokens_app.command("create")
+def create(
+    scope: Annotated[list[str], typer.Option("--scope", help="publish, rollout or admin; repeat")],
+    data_dir: DataDir = Path("data"),
+    name: Annotated[str, typer.Option("--name", help="Who or what the token is for")] = "",
+) -> None:
+    """Create a token. The secret is printed once, alone on the last line of stdout."""
+    from server.auth import create_token
+    from server.errors import ServiceError
+    from server.services import audit
+
+    factory = _session_factory(data_dir)
+    with factory() as session:
+        try:
+            row, secret = create_token(session, scope, name=name)
+        except ServiceError as e:
+            typer.echo(f"error: {e.message}" + (f" ({e.fix})" if e.fix else ""), err=True)
+            raise typer.Exit(2) from None
+        audit.record(session, "cli", "token.create", f"token:{row.id}", name=name,
+                     scopes=row.scopes)
+        session.commit()
+        typer.echo(f"created token {row.id} ({row.prefix}…) scopes: {','.join(row.scopes)}")
+        typer.echo("store it now; it is not shown again:")
+        typer.echo(secret)
+
+
+@tokens_app.command("list")
+def list_(
+    data_dir: DataDir = Path("data"),
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """List tokens (never their secrets)."""
+    from server.auth import list_tokens
+
+    factory = _session_factory(data_dir)
+    with factory() as session:
+        rows = list_tokens(session)
+        items: list[dict[str, Any]] = [
+            {"id": r.id, "name": r.name, "prefix": r.prefix, "scopes": r.scopes,
+             "revoked": r.revoked, "created_at": r.created_at.isoformat(),
+             "last_used_at": r.last_used_at.isoformat() if r.last_used_at else None}
+            for r in rows
+        ]
+    if as_json:
+        typer.echo(json.dumps(items, indent=2))
+        return
+    for i in items:
+        state = "revoked" if i["revoked"] else "active"
+        typer.echo(f"{i['id']:>4}  {i['prefix']}…  {','.join(i['scopes']):<24} {state:<8} "
+                   f"{i['name']}")
+
+
+@tokens_app.command("revoke")
+def revoke(
+    token_id: Annotated[int, typer.Argument(help="Token id from `modelfleet tokens list`")],
+    data_dir: DataDir = Path("data"),
+) -> None:
+    """Revoke a token; requests with it get 401 from now on."""
+    from server.auth import revoke_token
+    from server.errors import ServiceError
+    from server.services import audit
+
+    factory = _session_factory(data_dir)
+    with factory() as session:
+        try:
+            row = revoke_token(session, token_id)
+        except ServiceError as e:
+            typer.echo(f"error: {e.message}" + (f" ({e.fix})" if e.fix else ""), err=True)
+            raise typer.Exit(1) from None
+        audit.record(session, "cli", "token.revoke", f"token:{row.id}")
+        session.commit()
+    typer.echo(f"revoked token {token_id}")
 
 
 def register(app: typer.Typer) -> None:
-    """Registers nothing until this area is built."""
+    app.add_typer(tokens_app, name="tokens")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from server_testdata import make_onnx_bytes
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.app import create_app
@@ -73,3 +74,25 @@ def make_token(session_factory: sessionmaker[Session]) -> Callable[..., str]:
 @pytest.fixture
 def publish_headers(make_token: Callable[..., str]) -> dict[str, str]:
     return {"Authorization": f"Bearer {make_token('publish')}"}
+
+
+
+@pytest.fixture(scope="session")
+def onnx_bytes() -> bytes:
+    return make_onnx_bytes()
+
+
+@pytest.fixture(scope="session")
+def torch_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """Real .pt2 (torch.export.save) and TorchScript (torch.jit.save) files."""
+    import torch
+
+    class Double(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    d = tmp_path_factory.mktemp("torch")
+    example = (torch.zeros(1, 3, 8, 8),)
+    torch.export.save(torch.export.export(Double(), example), d / "m.pt2")
+    torch.jit.save(torch.jit.trace(Double(), example), d / "m.ts")
+    return {"pt2": (d / "m.pt2").read_bytes(), "torchscript": (d / "m.ts").read_bytes()}

@@ -1,0 +1,145 @@
+"""Recognising uploaded files by their content, not their name: ONNX, torch ExportedProgram
+(.pt2), TorchScript, and NumPy .npz archives. Reads only headers and zip directories, so a
+multi-GB model is checked without loading it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from server.errors import PayloadTooLargeError, UnsupportedFileError
+
+CHUNK = 1024 * 1024
+MODEL_FORMATS = ("onnx", "pt2", "torchscript")
+
+# ModelProto fields (onnx.proto3): number -> wire type (0 varint, 2 length-delimited).
+_ONNX_FIELDS = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2}
+_ONNX_GRAPH_FIELD = 7
+_MAX_TOP_LEVEL_FIELDS = 100_000
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    sha256: str
+    length: int
+
+
+def digest_file(f: BinaryIO, *, field: str, max_bytes: int) -> FileDigest:
+    """sha256 and length of a seekable upload, refusing it past `max_bytes`; rewinds `f`."""
+    f.seek(0)
+    sha = hashlib.sha256()
+    length = 0
+    while chunk := f.read(CHUNK):
+        length += len(chunk)
+        if length > max_bytes:
+            raise PayloadTooLargeError(
+                f"file field {field!r} is larger than the limit of {max_bytes} bytes",
+                field=field,
+                fix="upload a smaller file, or raise the server's size cap "
+                "(MODELFLEET_MAX_MODEL_BYTES / MODELFLEET_MAX_NPZ_BYTES)",
+            )
+        sha.update(chunk)
+    f.seek(0)
+    return FileDigest(sha256=sha.hexdigest(), length=length)
+
+
+def detect_model_format(f: BinaryIO) -> str:
+    """'onnx', 'pt2' or 'torchscript'; raises UnsupportedFileError naming the `model` field."""
+    f.seek(0)
+    head = f.read(4)
+    f.seek(0)
+    try:
+        if head.startswith(b"PK"):
+            fmt = _torch_zip_format(f)
+        elif _is_onnx(f):
+            fmt = "onnx"
+        else:
+            fmt = None
+    finally:
+        f.seek(0)
+    if fmt is None:
+        raise UnsupportedFileError(
+            "file field 'model' is not an ONNX model, a torch ExportedProgram (.pt2) or a "
+            "TorchScript archive",
+            field="model",
+            fix="upload a single-file .onnx (torch.onnx.export), a .pt2 (torch.export.save) "
+            "or a TorchScript file (torch.jit.save)",
+        )
+    return fmt
+
+
+def check_npz(f: BinaryIO, *, field: str) -> None:
+    """Accepts a NumPy .npz (a zip of .npy members); raises UnsupportedFileError otherwise."""
+    f.seek(0)
+    try:
+        names = zipfile.ZipFile(f).namelist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        names = []
+    finally:
+        f.seek(0)
+    if not names or not all(n.endswith(".npy") for n in names):
+        raise UnsupportedFileError(
+            f"file field {field!r} is not a NumPy .npz archive",
+            field=field,
+            fix="save the arrays with numpy.savez (one array per model input name)",
+        )
+
+
+def _torch_zip_format(f: BinaryIO) -> str | None:
+    try:
+        names = zipfile.ZipFile(f).namelist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return None
+    # torch.export.save writes <archive>/archive_format; torch.jit.save writes code/ + data.pkl.
+    if any(n == "archive_format" or n.endswith("/archive_format") for n in names):
+        return "pt2"
+    if any("/code/" in n or n.startswith("code/") for n in names) and any(
+        n.endswith("data.pkl") for n in names
+    ):
+        return "torchscript"
+    return None
+
+
+def _read_varint(f: BinaryIO) -> int | None:
+    result = 0
+    for shift in range(0, 70, 7):
+        b = f.read(1)
+        if not b:
+            return None
+        result |= (b[0] & 0x7F) << shift
+        if not b[0] & 0x80:
+            return result
+    return None
+
+
+def _is_onnx(f: BinaryIO) -> bool:
+    """Walks the top-level protobuf fields of a ModelProto (skipping nested messages by
+    length): every tag must be a known ModelProto field of the right wire type, a graph must
+    be present, and the walk must end exactly at end of file."""
+    end = f.seek(0, 2)
+    f.seek(0)
+    if end == 0:
+        return False
+    seen_graph = False
+    for _ in range(_MAX_TOP_LEVEL_FIELDS):
+        if f.tell() == end:
+            return seen_graph
+        tag = _read_varint(f)
+        if tag is None:
+            return False
+        number, wire = tag >> 3, tag & 7
+        if _ONNX_FIELDS.get(number) != wire:
+            return False
+        if wire == 0:
+            if _read_varint(f) is None:
+                return False
+        else:
+            size = _read_varint(f)
+            if size is None or f.tell() + size > end:
+                return False
+            f.seek(size, 1)
+        seen_graph = seen_graph or number == _ONNX_GRAPH_FIELD
+    return False

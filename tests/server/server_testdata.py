@@ -1,0 +1,28 @@
+"""Small real test files for the server tests: ONNX models and .npz archives."""
+
+from __future__ import annotations
+
+
+def make_onnx_bytes(scale: float = 2.0) -> bytes:
+    """A tiny real ONNX model: y = x * scale, x float32[1, 3, 8, 8]."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])
+    k = numpy_helper.from_array(np.array(scale, dtype=np.float32), name="k")
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "k"], ["y"])], "g", [x], [y], [k])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def npz_bytes(**arrays: object) -> bytes:
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    return buf.getvalue()
