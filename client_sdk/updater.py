@@ -289,11 +289,12 @@ class Updater:
             target = self.downloads / f"{artifact.sha256}.ready"
             if artifact.sha256 in held:
                 _copy(held[artifact.sha256], target)
-            else:
+                if sha256_file(target) != artifact.sha256:
+                    target.unlink(missing_ok=True)
+                    raise IntegrityError(f"{plan.model}: the local copy of {member.file} "
+                                         "no longer matches its sha256")
+            else:  # verified against the signed length and sha256 on the way in
                 self._fetch_artifact(plan, artifact, held, target, deadline)
-            if target.stat().st_size != artifact.length or sha256_file(target) != artifact.sha256:
-                target.unlink(missing_ok=True)
-                raise IntegrityError(f"{plan.model}: {member.file} changed on disk before staging")
             out.append((member, target))
         self._step("download_done")
         return out

@@ -17,10 +17,10 @@ def _handler(sim: RepositorySimulator, redirect_blobs: bool) -> type[BaseHTTPReq
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             path = self.path
             if redirect_blobs and path.startswith("/blobs/"):
                 self.send_response(302)

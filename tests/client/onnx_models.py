@@ -11,12 +11,15 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def scaled_model(k: float, *, padding: int = 0, tweak: int = 0) -> bytes:
+def scaled_model(
+    k: float, *, padding: int = 0, tweak: int = 0, use_padding: bool = False
+) -> bytes:
     """A model computing y = x*k (x: float32[1,4]) plus the constant output tag=[k].
 
     ``padding`` adds an unused initializer of that many float32s (seeded, identical across
     calls) to make the file bigger for patch tests; ``tweak`` changes its first values, so two
-    models differing only in ``k``/``tweak`` make a small bsdiff4 patch.
+    models differing only in ``k``/``tweak`` make a small bsdiff4 patch. ``use_padding`` adds
+    an output ``padsum`` so optimizers keep the padding (realistic compile cost).
     """
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
@@ -30,7 +33,11 @@ def scaled_model(k: float, *, padding: int = 0, tweak: int = 0) -> bytes:
         helper.make_node("Mul", ["x", "k"], ["y"]),
         helper.make_node("Identity", ["k"], ["tag"]),
     ]
-    graph = helper.make_graph(nodes, "scaled", [x], [y, tag], inits)
+    outputs = [y, tag]
+    if use_padding:
+        nodes.append(helper.make_node("ReduceSum", ["pad"], ["padsum"], keepdims=0))
+        outputs.append(helper.make_tensor_value_info("padsum", TensorProto.FLOAT, []))
+    graph = helper.make_graph(nodes, "scaled", [x], outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)

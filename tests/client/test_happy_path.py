@@ -6,7 +6,7 @@ import hashlib
 
 import numpy as np
 
-from client_sdk import EventKind, ModelRuntime, Outcome
+from client_sdk import EventKind, Outcome
 from tests.client.onnx_models import check_whole
 from tests.client.simulator import RepositorySimulator
 

@@ -21,7 +21,7 @@ UPDATER_STEPS = ("manifest_verified", "patch_applied", "download_done")
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_driver(base: str, data_dir: Path, root: Path, kill_at: str = "") -> subprocess.CompletedProcess[str]:
+def run_driver(base: str, data_dir: Path, root: Path, kill_at: str = ""):
     cmd = [sys.executable, "-m", "tests.client.kill_driver", base, str(data_dir), str(root)]
     return subprocess.run(cmd + ([kill_at] if kill_at else []), cwd=REPO, capture_output=True,
                           text=True, timeout=120)

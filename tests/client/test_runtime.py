@@ -1,4 +1,4 @@
-"""ModelRuntime: atomic swaps under concurrent inference, circuit breaker, QNN EP, candidate slot."""
+"""ModelRuntime: atomic swaps under concurrent inference, circuit breaker, QNN EP, candidates."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_thousand_swaps_under_four_predicting_threads_zero_errors_whole_bundles(
                 assert check_whole(p.outputs, X) == expected_k[p.version]
                 seen.add(p.version)
                 counts[i] += 1
-            except BaseException as e:  # noqa: BLE001 - any failure is the finding
+            except BaseException as e:
                 errors.append(e)
                 return
 
