@@ -28,6 +28,7 @@ from .errors import (
     WrongTypeError,
 )
 from .keys import SigningKey, key_id, verify_signature
+from .lint import LintFinding, lint_manifest
 from .manifest import (
     PPM,
     Artifact,
@@ -78,6 +79,7 @@ __all__ = [
     "Filters",
     "JSONObject",
     "JSONValue",
+    "LintFinding",
     "MalformedError",
     "Manifest",
     "ManifestError",
@@ -104,6 +106,7 @@ __all__ = [
     "compare_versions",
     "filters_match",
     "key_id",
+    "lint_manifest",
     "load_trusted_root",
     "pae",
     "parse_version",
