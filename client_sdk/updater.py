@@ -296,13 +296,22 @@ class Updater:
             else:  # verified against the signed length and sha256 on the way in
                 self._fetch_artifact(plan, artifact, held, target, deadline)
             out.append((member, target))
+            self._event(EventKind.VERIFIED, plan.model, plan.release.version,
+                        f"{member.file} sha256 {artifact.sha256[:16]}…")
         self._step("download_done")
         return out
 
     def _fetch_artifact(self, plan: Plan, artifact: Artifact, held: dict[str, Path],
                         target: Path, deadline: Deadline) -> None:
         version = plan.release.version
-        patch = next((p for p in artifact.patches if p.from_sha256 in held), None)
+        cap = self.config.limits.max_artifact_bytes
+        if artifact.length > cap:
+            raise OversizeError(
+                f"{plan.model} {version}: artifact declares {artifact.length} bytes, over this "
+                f"device's cap of {cap} (Limits.max_artifact_bytes)"
+            )
+        patch = next((p for p in artifact.patches
+                      if p.from_sha256 in held and p.length <= cap), None)
         if patch is not None:
             try:
                 self._fetch_via_patch(plan, artifact, patch, held[patch.from_sha256], target,

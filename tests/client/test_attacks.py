@@ -212,6 +212,23 @@ def test_endless_artifact_is_cut_at_its_signed_length(installed, sim, v2):
         k for k in before if k.startswith("models")}
 
 
+def test_artifact_declared_over_the_device_cap_is_refused(make_updater, sim, v1):
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(v1)])])
+    up = make_updater(limits=Limits(max_artifact_bytes=1024))
+    (m,) = up.check_once().models
+    assert m.outcome is Outcome.REFUSED and m.error == "OversizeError"
+    assert sim.fetched("/blobs/") == [] and up.store.active("clf") is None
+
+
+def test_endless_root_is_refused(installed, sim):
+    sim.roots[2] = b"x"
+    sim.faults.endless.add("/v1/root/2.json")
+    before = trusted_state(installed.config.data_dir)
+    with pytest.raises(OversizeError):
+        installed.check_once()
+    assert trusted_state(installed.config.data_dir) == before
+
+
 def test_endless_patch_output_is_capped_then_full_download(installed, sim, v1, v2):
     import bsdiff4
 

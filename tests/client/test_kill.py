@@ -71,3 +71,19 @@ def test_sigkill_at_every_install_step_leaves_exactly_old_or_new(repo, tmp_path,
     leftovers = list((data / "models" / "clf").glob("tmp/*")) + list(
         (data / "models" / "clf").glob("journal.json"))
     assert leftovers == []
+
+
+@pytest.mark.parametrize("step", ["stage_renamed", "journal_written", "pointer_written"])
+def test_sigkill_during_the_first_install_leaves_nothing_or_the_new_bundle(repo, tmp_path, step):
+    sim, base, root, v1, _v2, a1 = repo
+    sim.publish("clf", [sim.release("1.0", [a1])])
+    data = tmp_path / "device"
+    killed = run_driver(base, data, root, kill_at=step)
+    assert killed.returncode == -signal.SIGKILL
+    store = BundleStore(data)
+    store.recover_all()
+    active = store.active("clf") if "clf" in store.models() else None
+    assert active is None or (active.sha256 == hashlib.sha256(v1).hexdigest()
+                              and store.verify(active))
+    assert run_driver(base, data, root).returncode == 0
+    assert BundleStore(data).active("clf").version == "1.0"
