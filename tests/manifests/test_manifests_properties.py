@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from manifest_builders import key
+from manifest_builders import key, make_manifest, make_root
 from manifest_strategies import json_values, manifests_st, texts
 
 from manifests import (
@@ -16,12 +18,14 @@ from manifests import (
     Manifest,
     ManifestError,
     Rollout,
+    Root,
     SignatureError,
     bucket,
     compare_versions,
     rollout_includes,
     sign_envelope,
     verify_envelope,
+    verify_manifest,
 )
 from manifests.strictjson import dumps, loads
 
@@ -136,3 +140,53 @@ def test_version_compare_is_numeric_tuple_order(a: list[int], b: list[int]) -> N
     pa, pb = a + [0] * (width - len(a)), b + [0] * (width - len(b))
     expected = (pa > pb) - (pa < pb)
     assert compare_versions(".".join(map(str, a)), ".".join(map(str, b))) == expected
+
+
+# --- robustness: hostile but signed input never escapes the error tree ----------------------------
+
+def _mutate(doc: Any, data: st.DataObject) -> Any:
+    """Replace one randomly chosen node of ``doc`` (walking down from the top) by any JSON."""
+    replacement = data.draw(json_values)
+    if not isinstance(doc, (dict, list)) or not doc or data.draw(st.integers(0, 4)) == 0:
+        return replacement
+    if isinstance(doc, dict):
+        k = data.draw(st.sampled_from(sorted(doc)))
+        if data.draw(st.booleans()) and data.draw(st.integers(0, 5)) == 0:
+            return {kk: vv for kk, vv in doc.items() if kk != k}  # drop a member
+        return {**doc, k: _mutate(doc[k], data)}
+    i = data.draw(st.integers(0, len(doc) - 1))
+    return [*doc[:i], _mutate(doc[i], data), *doc[i + 1:]]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_mutated_manifest_parses_or_raises_manifest_error(data: st.DataObject) -> None:
+    doc = json.loads(make_manifest().to_bytes())
+    mutated = _mutate(doc, data)
+    try:
+        m = Manifest.from_dict(mutated)
+    except ManifestError:
+        return
+    assert Manifest.from_bytes(m.to_bytes()) == m
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_mutated_root_parses_or_raises_manifest_error(data: st.DataObject) -> None:
+    doc = json.loads(make_root(1, [key(1), key(2)], 2, [key(3)]).to_bytes())
+    try:
+        r = Root.from_dict(_mutate(doc, data))
+    except ManifestError:
+        return
+    assert Root.from_bytes(r.to_bytes()) == r
+
+
+@FAST
+@given(st.binary(max_size=300))
+def test_verify_manifest_on_arbitrary_bytes_raises_only_manifest_errors(data: bytes) -> None:
+    root = make_root(1, [key(1)], 1, [key(2)])
+    try:
+        verify_manifest(root, data, now=0, channel="prod", trusted=None)
+    except ManifestError:
+        return
+    raise AssertionError("arbitrary bytes verified")
