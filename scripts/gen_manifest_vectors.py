@@ -101,6 +101,17 @@ def _flip_b64(text: str, byte_index: int) -> str:
     return base64.b64encode(bytes(raw)).decode()
 
 
+ED25519_L = 2**252 + 27742317777372353535851937790883648493
+
+
+def _malleate_b64(text: str) -> str:
+    """The same signature with S replaced by S + L: valid under a lax verifier, refused by a
+    strict one (RFC 8032 section 5.1.7 requires S < L)."""
+    raw = base64.b64decode(text)
+    s = int.from_bytes(raw[32:], "little") + ED25519_L
+    return base64.b64encode(raw[:32] + s.to_bytes(32, "little")).decode()
+
+
 def envelope_vectors() -> list[dict[str, Any]]:
     k1, k2, k3, stranger = _key("one"), _key("two"), _key("three"), _key("stranger")
     manifest_payload = json.dumps(
@@ -149,6 +160,10 @@ def envelope_vectors() -> list[dict[str, Any]]:
         case("tampered_signature",
              mutated(_env(manifest_payload, M, [k1]), lambda e: e["signatures"][0].update(
                  sig=_flip_b64(e["signatures"][0]["sig"], 63))), keys2, 1, "SignatureError"),
+        case("signature_s_not_reduced",
+             mutated(_env(manifest_payload, M, [k1]), lambda e: e["signatures"][0].update(
+                 sig=_malleate_b64(e["signatures"][0]["sig"]))), keys2, 1, "SignatureError",
+             note="S + L instead of S: RFC 8032 requires S < L; lax verifiers accept it"),
         case("unknown_key", _env(manifest_payload, M, [stranger]), keys2, 1, "SignatureError"),
         case("keyid_relabelled",
              mutated(_env(manifest_payload, M, [stranger]), lambda e: e["signatures"][0].update(
