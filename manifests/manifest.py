@@ -272,7 +272,7 @@ class Manifest:
     @classmethod
     def from_dict(cls, value: JSONValue) -> Manifest:
         f = Fields(value, "manifest")
-        doc_type = f.string("type")
+        doc_type = f.string("type", max_len=1 << 30, allow_empty=True)  # other: WrongType
         if doc_type != cls.TYPE:
             raise WrongTypeError(f"document type is {doc_type[:40]!r}, expected 'manifest'")
         channel = f.name("channel")

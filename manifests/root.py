@@ -106,7 +106,7 @@ class Root:
     @classmethod
     def from_dict(cls, value: JSONValue) -> Root:
         f = Fields(value, "root")
-        doc_type = f.string("type")
+        doc_type = f.string("type", max_len=1 << 30, allow_empty=True)  # other: WrongType
         if doc_type != cls.TYPE:
             raise WrongTypeError(f"document type is {doc_type[:40]!r}, expected 'root'")
         version = f.integer("version", minimum=1)
