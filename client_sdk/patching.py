@@ -149,15 +149,36 @@ def join_byte_planes(planes: list[bytes], count: int, width: int) -> UIntArray:
     return matrix.view(element_dtype(width)).reshape(count)
 
 
+def transpose8(x: UIntArray) -> UIntArray:
+    """Transpose the 8x8 bit matrix in each uint64 (bit k of byte m <-> bit m of byte k).
+
+    Bit-plane ops use it on groups of 8 elements (an involution: the same call undoes it).
+    Hacker's Delight, 7-3 ("transpose8"), on whole arrays at once.
+    """
+    x = x.copy()
+    steps = ((7, 0x00AA00AA00AA00AA), (14, 0x0000CCCC0000CCCC), (28, 0x00000000F0F0F0F0))
+    for shift, mask in steps:
+        s, m = np.uint64(shift), np.uint64(mask)
+        t = (x ^ (x >> s)) & m
+        x ^= t ^ (t << s)
+    return x
+
+
 def join_bit_planes(planes: list[bytes], count: int, width: int) -> UIntArray:
     """Elements whose bit j is bit i of ``planes[j]`` (packed most significant bit first)."""
-    # Row r of ``bits`` is bit 7 - r % 8 of little-endian byte r // 8 (np.packbits order).
-    bits = np.empty((8 * width, count), dtype=np.uint8)
-    for j, plane in enumerate(planes):
-        row = (j // 8) * 8 + 7 - j % 8
-        bits[row] = np.unpackbits(np.frombuffer(plane, dtype=np.uint8), count=count)
-    packed = np.packbits(bits.T, axis=1)
-    return np.ascontiguousarray(packed).view(element_dtype(width)).reshape(count)
+    groups = (count + 7) // 8
+    lanes = np.empty((width, groups * 8), dtype=np.uint8)
+    for lane in range(width):
+        matrix = np.empty((groups, 8), dtype=np.uint8)
+        for k in range(8):
+            matrix[:, k] = np.frombuffer(planes[8 * lane + k], dtype=np.uint8)
+        # Column k is plane k: as a little-endian uint64, byte k (weight 2^8k) holds bit k of
+        # the group's 8 elements, element i at bit 7 - i. Transposing yields, per byte of
+        # weight 2^(8*(7-i)), element i, so the big-endian bytes are the elements in order.
+        flipped = transpose8(matrix.view("<u8").reshape(groups))
+        lanes[lane] = flipped.astype(">u8").view(np.uint8)
+    matrix_out = np.ascontiguousarray(lanes[:, :count].T)
+    return matrix_out.view(element_dtype(width)).reshape(count)
 
 
 # --- public entry point ------------------------------------------------------------------

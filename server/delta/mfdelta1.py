@@ -119,16 +119,26 @@ def _zigzag(delta: UIntArray, width: int) -> UIntArray:
     return result
 
 
-def _byte_planes(values: UIntArray, width: int) -> list[bytes]:
+def _byte_planes(values: UIntArray, width: int) -> list[UIntArray]:
     matrix = values.view(np.uint8).reshape(-1, width)
-    return [np.ascontiguousarray(matrix[:, k]).tobytes() for k in range(width)]
+    return [np.ascontiguousarray(matrix[:, k]) for k in range(width)]
 
 
-def _bit_planes(values: UIntArray, width: int) -> list[bytes]:
-    # Row r of ``bits`` holds bit 7 - r % 8 of little-endian byte r // 8 of every element.
-    bits = np.unpackbits(values.view(np.uint8).reshape(-1, width), axis=1).T
-    packed = np.packbits(bits, axis=1)
-    return [packed[(j // 8) * 8 + 7 - j % 8].tobytes() for j in range(8 * width)]
+def _bit_planes(values: UIntArray, width: int) -> list[UIntArray]:
+    """Plane j = bit j of every element, packed 8 per byte, first element in the top bit."""
+    count = len(values)
+    groups = (count + 7) // 8
+    lanes = values.view(np.uint8).reshape(count, width)
+    planes = []
+    for lane in range(width):
+        padded = np.zeros(groups * 8, dtype=np.uint8)
+        padded[:count] = lanes[:, lane]
+        # Big-endian: element i of a group of 8 sits in the byte of weight 2^(8*(7-i)), so
+        # after the transpose byte k (weight 2^8k) holds bit k with element i at bit 7 - i.
+        flipped = fmt.transpose8(padded.view(">u8").astype("<u8"))
+        matrix = flipped.view(np.uint8).reshape(groups, 8)
+        planes += [np.ascontiguousarray(matrix[:, k]) for k in range(8)]
+    return planes
 
 
 class Encoder:
@@ -146,8 +156,8 @@ class Encoder:
         self.base.seek(offset)
         return self.base.read(length)
 
-    def compress(self, planes: list[bytes]) -> list[bytes]:
-        return [self.plain.compress(p) for p in planes]
+    def compress(self, planes: list[UIntArray]) -> list[bytes]:
+        return [self.plain.compress(memoryview(p)) for p in planes]
 
     def tensor_chunk(
         self, data: bytes, width: int, base_offset: int | None, mapped: int

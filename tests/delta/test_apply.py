@@ -288,3 +288,21 @@ def test_mfdelta1_round_trips_across_many_small_ops(
     create_mfdelta1(base, target, tmp_path / "patch")
     apply_patch("mfdelta1", base, tmp_path / "patch", tmp_path / "out", max_output=len(new))
     assert (tmp_path / "out").read_bytes() == new
+
+
+@pytest.mark.parametrize("width", [1, 2, 4, 8])
+@pytest.mark.parametrize("count", [1, 7, 8, 9, 1000, 4097])
+def test_bit_planes_match_the_spec_definition_and_join_back(width: int, count: int) -> None:
+    from server.delta.mfdelta1 import _bit_planes
+
+    rng = np.random.default_rng(count * width)
+    values = rng.integers(0, 2**63, count, dtype=np.uint64).astype(f"<u{width}")
+    planes = _bit_planes(values, width)
+    # docs/delta.md: plane j = np.packbits(bit j of each element), first element in bit 7.
+    spec = [
+        np.packbits(((values >> np.array(j, dtype=values.dtype)) & 1).astype(np.uint8))
+        for j in range(8 * width)
+    ]
+    assert [p.tobytes() for p in planes] == [s.tobytes() for s in spec]
+    joined = patching.join_bit_planes([p.tobytes() for p in planes], count, width)
+    assert np.array_equal(joined, values)

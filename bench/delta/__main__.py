@@ -1,0 +1,7 @@
+"""``python -m bench.delta``: see bench/delta/run.py."""
+
+import sys
+
+from bench.delta.run import main
+
+sys.exit(main())
