@@ -15,9 +15,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from client_sdk.compile import (
-    FORMAT_COREML,
+    COREML_FORMATS,
     FORMAT_ONNX,
-    FORMAT_QNN,
+    QNN_FORMATS,
     compiled_coreml,
     compiled_onnx,
 )
@@ -124,8 +124,8 @@ def open_backend(bundle: Bundle, member: Member) -> Backend:
     """Load ``member`` of ``bundle`` on the backend its format needs."""
     if member.format == FORMAT_ONNX:
         return _cpu(bundle, member)
-    if member.format == FORMAT_QNN:
+    if member.format in QNN_FORMATS:
         return _qnn(bundle, member)
-    if member.format == FORMAT_COREML:
+    if member.format in COREML_FORMATS:
         return _coreml(bundle, member)
     raise BackendUnavailableError(f"no backend for format {member.format!r}")

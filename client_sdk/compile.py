@@ -2,9 +2,10 @@
 
 - ``onnx``: onnxruntime's optimized model (``optimized_model_filepath``), keyed by the
   onnxruntime version because optimized graphs are only valid for the runtime that wrote them.
-- ``coreml``: a deterministic tar of an ``.mlpackage`` compiled to ``.mlmodelc`` with
-  coremltools — only on macOS (Core ML cannot compile or run elsewhere).
-- ``qnn``: EPContext ONNX models already carry the HTP context binary; nothing to compile here.
+- ``mlpackage``/``coreml``: a deterministic tar of an ``.mlpackage`` compiled to
+  ``.mlmodelc`` with coremltools — only on macOS (Core ML cannot compile or run elsewhere).
+- ``onnx-epcontext``/``qnn``: EPContext ONNX models already carry the HTP context binary;
+  nothing to compile here (the QNN EP loads them).
 
 Compiled outputs are written to a temp name and renamed, with a sha256 sidecar checked on use,
 so a crash or bit rot means "compile again", never "load a torn file".
@@ -22,10 +23,12 @@ from client_sdk.errors import BackendUnavailableError, InstallError
 from client_sdk.fsutil import atomic_write_bytes, remove_tree, sha256_file
 from client_sdk.install import Bundle, Member
 
+# Format names as the server's compilers write them (server/compile/compilers), plus the short
+# aliases "qnn" (ONNX for the QNN EP) and "coreml".
 FORMAT_ONNX = "onnx"
-FORMAT_QNN = "qnn"
-FORMAT_COREML = "coreml"
-KNOWN_FORMATS = (FORMAT_ONNX, FORMAT_QNN, FORMAT_COREML)
+QNN_FORMATS = ("onnx-epcontext", "qnn")
+COREML_FORMATS = ("mlpackage", "coreml")
+KNOWN_FORMATS = (FORMAT_ONNX, *QNN_FORMATS, *COREML_FORMATS)
 
 
 def onnxruntime_key() -> str:
@@ -101,5 +104,5 @@ def compile_bundle(bundle: Bundle) -> None:
     for member in bundle.members:
         if member.format == FORMAT_ONNX:
             compiled_onnx(bundle, member)
-        elif member.format == FORMAT_COREML and sys.platform == "darwin":
+        elif member.format in COREML_FORMATS and sys.platform == "darwin":
             compiled_coreml(bundle, member)

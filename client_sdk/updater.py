@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import manifests
-from client_sdk.compile import FORMAT_COREML, FORMAT_ONNX, FORMAT_QNN, compile_bundle
+from client_sdk.compile import COREML_FORMATS, FORMAT_ONNX, QNN_FORMATS, compile_bundle
 from client_sdk.config import UpdaterConfig
 from client_sdk.errors import (
     ClientSDKError,
@@ -45,7 +45,11 @@ from client_sdk.transport import Transport
 from client_sdk.trust import ChannelState, TrustedMetadata, TrustStore
 from manifests import Artifact, Manifest, Release
 
-_EXT = {FORMAT_ONNX: ".onnx", FORMAT_QNN: ".onnx", FORMAT_COREML: ".mlpackage.tar"}
+_EXT = {FORMAT_ONNX: ".onnx", **{f: ".onnx" for f in QNN_FORMATS},
+        **{f: ".mlpackage.tar" for f in COREML_FORMATS}}
+# The server's compilers write target {"arch": "any"} for portable ONNX; the manifests spec
+# matches target soc/arch exactly, so "any" is read as "no constraint" here (see _selectable).
+WILDCARD = "any"
 # Errors that mean "these bytes are bad / untrusted", as opposed to "try again later".
 VERIFICATION_ERRORS = (TrustError, IntegrityError, OversizeError)
 
@@ -107,9 +111,9 @@ def default_formats() -> list[str]:
     except ImportError:
         pass
     else:
-        formats.append(FORMAT_QNN)
+        formats.extend(QNN_FORMATS)
     if sys.platform == "darwin":
-        formats.append(FORMAT_COREML)
+        formats.extend(COREML_FORMATS)
     return formats
 
 
@@ -233,7 +237,8 @@ class Updater:
             # Shadow releases run as candidates beside the active model (next capability); the
             # active bundle comes from the first *active-mode* release that includes us.
             active_view = replace(manifest, models={model: replace(
-                entry, releases=[r for r in entry.releases if r.rollout.mode == "active"])})
+                entry, releases=[_selectable(r) for r in entry.releases
+                                 if r.rollout.mode == "active"])})
             release = manifests.select_release(active_view, model, device)
             if release is None:
                 refused.append(ModelResult(model, Outcome.REFUSED, (
@@ -457,6 +462,23 @@ class Updater:
             if on_result is not None:
                 on_result(outcome)
             stop.wait(schedule.next_delay(ok))
+
+
+def _selectable(release: Release) -> Release:
+    """``release`` with target soc/arch values of "any" removed, so they match every device.
+
+    Local adapter: server/compile writes arch "any" for portable ONNX while the manifests
+    spec compares target soc/arch exactly. Only selection sees this view; urls, lengths and
+    hashes are the signed ones.
+    """
+    def clean(a: Artifact) -> Artifact:
+        if WILDCARD not in (a.target.get("soc"), a.target.get("arch")):
+            return a
+        target = {k: v for k, v in a.target.items()
+                  if not (k in ("soc", "arch") and v == WILDCARD)}
+        return replace(a, target=target)
+
+    return replace(release, artifacts=[clean(a) for a in release.artifacts])
 
 
 def _older(a: str, b: str) -> bool:

@@ -113,3 +113,29 @@ def test_variant_switch_is_a_swap(make_updater, sim, runtime):
     assert check_whole(runtime.predict("det", {"x": X}).outputs, X) == 3.0
     make_updater(runtime=runtime, variants={"det": "448"}).check_once()
     assert check_whole(runtime.predict("det", {"x": X}).outputs, X) == 5.0
+
+
+def test_server_style_artifacts_with_arch_any_are_selected(make_updater, sim, v1, runtime):
+    """server/compile writes platform "onnx", format "onnx", target arch "any" for the portable
+    artifact; a device reporting platform "onnx" and a real arch must still get it."""
+    from client_sdk import DeviceProfile
+
+    art = sim.artifact(v1, platform="onnx", target={"arch": "any", "runtime": "onnxruntime"})
+    sim.publish("clf", [sim.release("1.0", [art])])
+    up = make_updater(runtime=runtime, device=DeviceProfile("edge-1", "onnx", arch="x86_64"))
+    assert up.check_once().outcome is Outcome.UPDATED
+    assert runtime.predict("clf", {"x": X}).version == "1.0"
+
+
+def test_epcontext_primary_gets_a_cpu_onnx_fallback_member(make_updater, sim, v1, v2):
+    qnn = sim.artifact(v2, platform="android", fmt="onnx-epcontext", target={"soc": "SM8650"})
+    cpu = sim.artifact(v1, platform="android", fmt="onnx")
+    sim.publish("clf", [sim.release("1.0", [qnn, cpu])])
+    from client_sdk import DeviceProfile
+
+    up = make_updater(device=DeviceProfile("phone", "android", soc="SM8650"),
+                      formats=["onnx", "onnx-epcontext"])
+    assert up.check_once().outcome is Outcome.UPDATED
+    members = up.store.active("clf").members
+    assert [(m.role, m.format) for m in members] == [("primary", "onnx-epcontext"),
+                                                     ("fallback", "onnx")]
