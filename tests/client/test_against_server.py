@@ -1,0 +1,134 @@
+"""The SDK against the real server app (issue 5's serving and rollout API), in process.
+
+The device talks to the FastAPI app through a Transport over Starlette's TestClient — the SDK's
+one network seam — so the real routes, signing keys, ETags, Range and rollout changes are
+exercised. Checks the contract end to end: install, patch update, halt → rollback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+
+import bsdiff4
+import numpy as np
+import pytest
+
+from client_sdk import DeviceProfile, ModelRuntime, Outcome, Response, Updater, UpdaterConfig
+from tests.client.onnx_models import check_whole, scaled_model
+
+pytest.importorskip("fastapi")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from server.app import create_app  # noqa: E402
+from server.auth import create_token  # noqa: E402
+from server.blobstore import LocalBlobStore  # noqa: E402
+from server.db import models as db  # noqa: E402
+from server.db.migrate import upgrade  # noqa: E402
+from server.publish.keys import KeyPaths, init_keys  # noqa: E402
+from server.settings import Settings  # noqa: E402
+
+X = np.ones((1, 4), dtype=np.float32)
+
+
+class AppTransport:
+    """A Transport over the in-process app (what UrllibTransport does over a socket)."""
+
+    def __init__(self, client: TestClient) -> None:
+        self.client = client
+        self.paths: list[str] = []
+
+    def fetch(self, url: str, headers: Mapping[str, str], timeout: float) -> Response:
+        r = self.client.get(url, headers=dict(headers), follow_redirects=True)
+        self.paths.append(r.url.path)
+        return Response(r.status_code, {k.lower(): v for k, v in r.headers.items()},
+                        iter([r.content]), str(r.url))
+
+
+@pytest.fixture
+def server(tmp_path):
+    url = f"sqlite:///{tmp_path / 'server.db'}"
+    upgrade(url)
+    data = tmp_path / "data"
+    init_keys(KeyPaths.for_data_dir(data), now=int(time.time()), root_keys=2, threshold=1)
+    settings = Settings(env="development", data_dir=data, database_url=url,
+                        manifest_lifetime_seconds=86_400)
+    with TestClient(create_app(settings), base_url="http://testserver") as client:
+        with client.app.state.session_factory() as s:
+            _, secret = create_token(s, ["rollout"], name="ops")
+            s.commit()
+        client.headers["Authorization"] = f"Bearer {secret}"
+        yield client, LocalBlobStore(settings.resolved_blob_dir)
+
+
+def add_version(client: TestClient, blobs: LocalBlobStore, model: str, version: str,
+                data: bytes, patch_from: bytes | None = None) -> None:
+    """A ready version with one portable ONNX artifact, as server/compile records it."""
+    sha = hashlib.sha256(data).hexdigest()
+    blobs.put(f"artifacts/{sha}", [data])
+    with client.app.state.session_factory() as s:
+        m = s.query(db.Model).filter_by(name=model).first()
+        if m is None:
+            m = db.Model(name=model)
+            s.add(m)
+            s.flush()
+        v = db.ModelVersion(model_id=m.id, version=version, state=db.VersionState("ready"),
+                            metadata_json={}, source_format="onnx")
+        s.add(v)
+        s.flush()
+        art = db.Artifact(version_id=v.id, platform="onnx", variant="", format="onnx",
+                          sha256=sha, length=len(data), blob_key=f"artifacts/{sha}",
+                          target={"arch": "any", "runtime": "onnxruntime"}, compile_settings={})
+        s.add(art)
+        s.flush()
+        if patch_from is not None:
+            base_sha = hashlib.sha256(patch_from).hexdigest()
+            base = s.query(db.Artifact).filter_by(sha256=base_sha).first()
+            body = bsdiff4.diff(patch_from, data)
+            psha = hashlib.sha256(body).hexdigest()
+            blobs.put(f"patches/{psha}", [body])
+            s.add(db.Patch(from_artifact_id=base.id, to_artifact_id=art.id, algorithm="bsdiff4",
+                           sha256=psha, length=len(body), blob_key=f"patches/{psha}"))
+        s.commit()
+
+
+def test_device_installs_patches_and_rolls_back_against_the_real_server(server, tmp_path):
+    client, blobs = server
+    v1 = scaled_model(1.0, padding=20_000)
+    v2 = scaled_model(2.0, padding=20_000, tweak=50)
+    assert client.post("/v1/channels", json={"name": "prod"}).status_code == 201
+    add_version(client, blobs, "clf", "1.0", v1)
+    r = client.post("/v1/channels/prod/rollouts",
+                    json={"model": "clf", "version": "1.0", "percentage": 100})
+    assert r.status_code == 201, r.text
+
+    transport = AppTransport(client)
+    runtime = ModelRuntime(tmp_path / "device")
+    up = Updater(UpdaterConfig(
+        base_url="http://testserver", channel="prod",
+        pinned_root=client.get("/v1/root/1.json").content,
+        device=DeviceProfile("edge-1", "onnx", arch="x86_64"), data_dir=tmp_path / "device",
+        transport=transport, runtime=runtime, formats=["onnx"]))
+    first = up.check_once()
+    assert first.outcome is Outcome.UPDATED, first
+    assert check_whole(runtime.predict("clf", {"x": X}).outputs, X) == 1.0
+    assert up.check_once().outcome is Outcome.UP_TO_DATE
+
+    add_version(client, blobs, "clf", "2.0", v2, patch_from=v1)
+    r = client.post("/v1/channels/prod/rollouts",
+                    json={"model": "clf", "version": "2.0", "percentage": 100})
+    assert r.status_code == 201, r.text
+    rollout_id = r.json()["id"]
+    transport.paths.clear()
+    second = up.check_once()
+    assert second.outcome is Outcome.UPDATED and second.models[0].version == "2.0", second
+    assert any(p.startswith("/v1/patches/") for p in transport.paths)
+    assert not any(p.startswith("/v1/artifacts/") for p in transport.paths)
+    assert runtime.predict("clf", {"x": X}).version == "2.0"
+
+    assert client.post(f"/v1/rollouts/{rollout_id}/halt").status_code == 200
+    third = up.check_once()
+    assert third.outcome is Outcome.ROLLED_BACK and third.models[0].version == "1.0", third
+    assert runtime.predict("clf", {"x": X}).version == "1.0"
