@@ -14,21 +14,17 @@ from collections.abc import Mapping
 import bsdiff4
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 
 from client_sdk import DeviceProfile, ModelRuntime, Outcome, Response, Updater, UpdaterConfig
+from server.app import create_app
+from server.auth import create_token
+from server.blobstore import LocalBlobStore
+from server.db import models as db
+from server.db.migrate import upgrade
+from server.publish.keys import KeyPaths, init_keys
+from server.settings import Settings
 from tests.client.onnx_models import check_whole, scaled_model
-
-pytest.importorskip("fastapi")
-
-from fastapi.testclient import TestClient  # noqa: E402
-
-from server.app import create_app  # noqa: E402
-from server.auth import create_token  # noqa: E402
-from server.blobstore import LocalBlobStore  # noqa: E402
-from server.db import models as db  # noqa: E402
-from server.db.migrate import upgrade  # noqa: E402
-from server.publish.keys import KeyPaths, init_keys  # noqa: E402
-from server.settings import Settings  # noqa: E402
 
 X = np.ones((1, 4), dtype=np.float32)
 
