@@ -84,7 +84,9 @@ def test_mfdelta1_codes_int8_requantization_with_context_sorted_bit_planes(
     assert summary["add_bits_sorted"][1] > 0.9 * new.stat().st_size
 
 
-def test_choose_best_returns_the_smallest_verified_patch(model_pairs: Pairs, tmp_path: Path) -> None:
+def test_choose_best_returns_the_smallest_verified_patch(
+    model_pairs: Pairs, tmp_path: Path
+) -> None:
     base, new = model_pairs["int8_requant"]
     result = choose_best(new, sha256(base), base, tmp_path / "work")
     assert result is not None
