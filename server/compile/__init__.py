@@ -6,6 +6,7 @@ in `server.compile.compilers` (onnx, coreml, qnn, qnn-hub), gates in `server.com
 deterministic packing in `server.compile.packing`. The job layer is `server.jobs`.
 """
 
+from server.compile.compilers.base import Compiler
 from server.compile.errors import (
     CalibrationError,
     CompileError,
@@ -32,6 +33,7 @@ __all__ = [
     "CompileError",
     "CompileRequest",
     "CompiledArtifact",
+    "Compiler",
     "CompilerUnavailableError",
     "ConversionError",
     "InputSpec",

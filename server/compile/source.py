@@ -152,6 +152,15 @@ def export_onnx(path: Path, fmt: SourceFormat, specs: tuple[InputSpec, ...], out
                 f"the ONNX graph's inputs are {names} but the input specs name "
                 f"{[s.name for s in specs]}; declare the specs in the graph's order"
             )
+        for vi, spec in zip([i for i in model.graph.input if i.name in names], specs, strict=True):
+            dims = [d.dim_value if d.HasField("dim_value") else None
+                    for d in vi.type.tensor_type.shape.dim]
+            static = all(d for d in dims)
+            if static and tuple(dims) != spec.shape:
+                raise InvalidSourceError(
+                    f"the ONNX graph's input {spec.name!r} is fixed at {tuple(dims)} but this "
+                    f"shape variant declares {spec.shape}; an ONNX upload compiles only at the "
+                    "shapes written in its graph (upload one file per shape, or a torch model)")
         onnx.save(model, str(out))
         return out
     import torch

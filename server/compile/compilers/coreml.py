@@ -118,6 +118,7 @@ class CoreMLCompiler:
                 "exclude the coreml platform for this model.", ops) from e
         out = workdir / "model.mlpackage"
         mlmodel.save(str(out))
+        stabilize_manifest(out)
         variant = precision.value if compression == "none" else f"{precision.value}-{compression}"
         if request.shape_variant != "default":
             variant = f"{request.shape_variant}-{variant}"
@@ -147,6 +148,28 @@ class CoreMLCompiler:
             pred = model.predict({k: np.asarray(v) for k, v in f.items()})
             outs.append([np.asarray(pred[n]) for n in names])
         return outs
+
+
+def stabilize_manifest(package: Path) -> None:
+    """Replaces the random item UUIDs coremltools writes into Manifest.json with ones derived
+    from each item's path, so converting the same model twice gives identical bytes (and the
+    packed archive an identical sha256). Core ML only uses them to look items up."""
+    import json
+    import uuid
+
+    manifest = package / "Manifest.json"
+    data = json.loads(manifest.read_text(encoding="utf-8"))
+    entries = data.get("itemInfoEntries", {})
+    mapping = {old: str(uuid.uuid5(uuid.NAMESPACE_URL, f"modelfleet:{info.get('path', old)}"))
+               .upper() for old, info in entries.items()}
+    data["itemInfoEntries"] = {mapping[k]: v for k, v in sorted(
+        entries.items(), key=lambda kv: mapping[kv[0]])}
+    root = data.get("rootModelIdentifier")
+    if root in mapping:
+        data["rootModelIdentifier"] = mapping[root]
+    tmp = manifest.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=4, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(manifest)
 
 
 def _compress(mlmodel: Any, compression: str) -> Any:

@@ -52,6 +52,7 @@ class OperatorGateReport:
     passed: bool
     findings: list[Finding] = field(default_factory=list)
     operators_seen: dict[str, int] = field(default_factory=dict)
+    advice: str = ""
 
     def summary(self) -> str:
         if self.passed:
@@ -62,7 +63,8 @@ class OperatorGateReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"gate": "operators", "graph": self.graph, "passed": self.passed,
-                "summary": self.summary(), "findings": [f.to_dict() for f in self.findings],
+                "summary": self.summary(), "advice": self.advice,
+                "findings": [f.to_dict() for f in self.findings],
                 "operators": dict(sorted(self.operators_seen.items()))}
 
 
@@ -119,6 +121,9 @@ def check_onnx(model_or_path: Any, platform: str, deny: Iterable[str]) -> Operat
         for dim in _dims_dynamic(vi.type):
             report.findings.append(Finding("dynamic_shape", vi.name, "graph input",
                                            f"dimension {dim!r} is not static"))
+            report.advice = ("fix every input dimension before upload (e.g. python -m "
+                             "onnxruntime.tools.make_dynamic_shape_fixed), or upload a torch "
+                             "model and declare one shape variant per size")
     producers: dict[str, tuple[str, str]] = {}
     for node, where in _walk_onnx(model.graph, "graph"):
         op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op_type}"
@@ -127,6 +132,10 @@ def check_onnx(model_or_path: Any, platform: str, deny: Iterable[str]) -> Operat
             report.findings.append(Finding("operator", op, where))
         for out in node.output:
             producers[out] = (op, where)
+    if any(f.kind == "operator" for f in report.findings):
+        report.advice = (f"{platform} cannot run these operators on its accelerator (they would "
+                         "silently fall back to CPU); move them out of the model (e.g. do NMS "
+                         "or control flow in app code) or allow them per version")
     if not any(f.kind == "dynamic_shape" for f in report.findings):
         # Static inputs can still yield data-dependent shapes (e.g. NonZero); infer and look.
         try:
@@ -184,5 +193,8 @@ def check_mil_spec(spec: Any, platform: str, deny: Iterable[str]) -> OperatorGat
                 report.operators_seen[op.type] = report.operators_seen.get(op.type, 0) + 1
                 if op.type in denied:
                     report.findings.append(Finding("operator", op.type, where))
+    if report.findings:
+        report.advice = ("the Neural Engine cannot run these; remove them from the exported "
+                         "graph (e.g. run NMS or control flow in app code) and re-upload")
     report.passed = not report.findings
     return report

@@ -1,0 +1,44 @@
+"""The ONNX → torch → Core ML path: the torchvision stand-in and operator-named failures."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from compile_models import onnx_model
+from onnx import TensorProto, helper
+
+from server.compile import CompileRequest, ConversionError, InputSpec, SourceFormat
+from server.compile.compilers.coreml import CoreMLCompiler
+from server.compile.onnx_to_torch import load_onnx2torch, onnx_to_torch
+from server.compile.source import load_samples, run_onnx_cpu
+
+
+def test_onnx2torch_imports_without_torchvision_and_leaves_no_stand_in_behind():
+    load_onnx2torch()
+    assert "onnx2torch" in sys.modules
+    tv = sys.modules.get("torchvision")
+    assert tv is None or not getattr(tv, "__modelfleet_stand_in__", False)
+
+
+def test_exporter_opset_graph_converts_and_matches_onnxruntime(transformer):
+    import torch
+
+    module = onnx_to_torch(transformer.onnx)
+    feeds = load_samples(transformer.reference, transformer.inputs)
+    expected = run_onnx_cpu(transformer.onnx, feeds)
+    with torch.no_grad():
+        got = module(torch.from_numpy(feeds[0]["tokens"]))
+    np.testing.assert_allclose(got.numpy(), expected[0][0], rtol=1e-4, atol=1e-5)
+
+
+def test_unconvertible_operator_is_named_with_the_export_advice(tmp_path):
+    path = onnx_model(tmp_path / "hardmax.onnx", [helper.make_node("Hardmax", ["x"], ["y"])],
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    with pytest.raises(ConversionError) as err:
+        CoreMLCompiler().compile(CompileRequest(path, SourceFormat.ONNX,
+                                                (InputSpec("x", (1, 4)),)), tmp_path)
+    assert err.value.operators == ["Hardmax"]
+    assert "Hardmax" in str(err.value) and "ExportedProgram" in str(err.value)
