@@ -13,13 +13,15 @@ A failure never touches the active bundle or the trusted state unless verificati
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import fcntl
 import os
 import shutil
 import sys
 import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from client_sdk.errors import (
     ClientSDKError,
     DeadlineExceededError,
     FetchError,
+    InstallError,
     IntegrityError,
     OversizeError,
     PatchFailedError,
@@ -401,6 +404,10 @@ class Updater:
         """Run one full cycle. Raises for channel-level failures (FetchError, TrustError, …);
         per-model failures are reported in the result and as FAILED events."""
         deadline = self._deadline()
+        with _exclusive(self.config.data_dir / ".updater.lock"):
+            return self._cycle(deadline)
+
+    def _cycle(self, deadline: Deadline) -> UpdateResult:
         try:
             manifest = self.refresh(deadline)
             plans, results = self.plan(manifest)
@@ -487,6 +494,23 @@ def _older(a: str, b: str) -> bool:
         return manifests.compare_versions(a, b) < 0
     except ValueError:
         return False
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an advisory lock so two updaters never install into one data dir at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            raise InstallError(
+                f"another updater is running on {path.parent}; run one agent per data dir"
+            ) from e
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _copy(src: Path, dst: Path) -> None:

@@ -139,3 +139,21 @@ def test_epcontext_primary_gets_a_cpu_onnx_fallback_member(make_updater, sim, v1
     members = up.store.active("clf").members
     assert [(m.role, m.format) for m in members] == [("primary", "onnx-epcontext"),
                                                      ("fallback", "onnx")]
+
+
+def test_two_updaters_on_one_data_dir_do_not_install_concurrently(make_updater, sim, v1):
+    import fcntl
+
+    import pytest
+
+    from client_sdk import InstallError
+
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(v1)])])
+    up = make_updater()
+    lock = up.config.data_dir / ".updater.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+b") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(InstallError, match="another updater"):
+            up.check_once()
+    assert up.check_once().outcome is Outcome.UPDATED

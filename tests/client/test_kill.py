@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,13 +43,23 @@ def repo(tmp_path_factory):
         yield sim, base, root, v1, v2, a1
 
 
-@pytest.mark.parametrize("step", UPDATER_STEPS + STEPS)
-def test_sigkill_at_every_install_step_leaves_exactly_old_or_new(repo, tmp_path, step):
-    sim, base, root, v1, v2, a1 = repo
+@pytest.fixture(scope="module")
+def installed_v1(repo, tmp_path_factory):
+    """A device data dir that trusts the repo and runs clf 1.0 (copied by each test)."""
+    sim, base, root, _v1, _v2, a1 = repo
     sim.publish("clf", [sim.release("1.0", [a1])])
-    data = tmp_path / "device"
+    data = tmp_path_factory.mktemp("baseline") / "device"
     first = run_driver(base, data, root)
     assert first.returncode == 0, first.stderr
+    return data
+
+
+@pytest.mark.parametrize("step", UPDATER_STEPS + STEPS)
+def test_sigkill_at_every_install_step_leaves_exactly_old_or_new(repo, installed_v1, tmp_path,
+                                                                 step):
+    sim, base, root, v1, v2, a1 = repo
+    data = tmp_path / "device"
+    shutil.copytree(installed_v1, data)
     old_sha, new_sha = hashlib.sha256(v1).hexdigest(), hashlib.sha256(v2).hexdigest()
 
     sim.publish("clf", [sim.release("2.0", [sim.artifact(v2, patches=[sim.patch(v1, v2)])]),
