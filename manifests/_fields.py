@@ -139,6 +139,12 @@ def string_item(value: JSONValue, path: str) -> str:
     return value
 
 
+def nonempty_string_item(value: JSONValue, path: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise MalformedError(f"{path} must be a non-empty string")
+    return value
+
+
 def merge_extra(known: JSONObject, extra: JSONObject) -> JSONObject:
     """Known fields win over preserved unknown ones (they cannot collide after parsing)."""
     return {**extra, **known}

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal, cast
 
 from . import strictjson
-from ._fields import Fields, is_name, merge_extra, string_item
+from ._fields import Fields, is_name, merge_extra, nonempty_string_item, string_item
 from .errors import MalformedError, WrongTypeError
 from .strictjson import JSONObject, JSONValue
 from .versions import VersionRange
@@ -131,7 +131,7 @@ class ShadowThresholds:
 
 
 def _range_item(value: JSONValue, path: str) -> str:
-    text = string_item(value, path)
+    text = nonempty_string_item(value, path)
     try:
         VersionRange.parse(text)
     except MalformedError as e:
@@ -160,8 +160,8 @@ class Filters:
     def from_dict(cls, value: JSONValue, path: str = "filters") -> Filters:
         f = Fields(value, path)
         lists = {
-            name: f.array(name, _range_item if name.endswith("_versions") else string_item,
-                          required=False)
+            name: f.array(name, _range_item if name.endswith("_versions")
+                          else nonempty_string_item, required=False)
             for name in cls.LISTS
         }
         return cls(**lists, extra=f.extra())

@@ -42,7 +42,7 @@ NAME = {"type": "string", "pattern": f"^{NAME_PATTERN}$"}
 SHA256 = {"type": "string", "pattern": f"^{SHA256_PATTERN}$"}
 COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_SAFE_INTEGER}
 URL = {"type": "string", "pattern": "^[!-~]{1,4096}$"}
-STRINGS = {"type": "array", "items": {"type": "string"}}
+STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1}}
 
 
 def _obj(required: list[str], properties: dict[str, Any], **more: Any) -> dict[str, Any]:

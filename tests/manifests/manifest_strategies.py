@@ -21,6 +21,7 @@ from manifests import (
 
 names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,12}", fullmatch=True)
 texts = st.text(max_size=20)
+words = st.text(min_size=1, max_size=20)
 safe_ints = st.integers(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER)
 counts = st.integers(0, MAX_SAFE_INTEGER)
 sha256s = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
@@ -47,10 +48,10 @@ artifacts = st.builds(
     extra=extras,
 )
 filters = st.builds(
-    Filters, platforms=st.lists(names, max_size=2), socs=st.lists(texts, max_size=2),
-    archs=st.lists(texts, max_size=2), os_versions=st.lists(ranges, max_size=2),
-    app_versions=st.lists(ranges, max_size=2), device_allow=st.lists(texts, max_size=2),
-    device_deny=st.lists(texts, max_size=2), extra=extras,
+    Filters, platforms=st.lists(names, max_size=2), socs=st.lists(words, max_size=2),
+    archs=st.lists(words, max_size=2), os_versions=st.lists(ranges, max_size=2),
+    app_versions=st.lists(ranges, max_size=2), device_allow=st.lists(words, max_size=2),
+    device_deny=st.lists(words, max_size=2), extra=extras,
 )
 shadows = st.builds(ShadowThresholds, counts, counts, counts, extra=extras)
 rollouts = st.one_of(
