@@ -12,6 +12,7 @@ from manifest_builders import key, make_manifest, make_root
 from manifest_strategies import json_values, manifests_st, texts
 
 from manifests import (
+    ROOT_PAYLOAD_TYPE,
     DeviceProfile,
     Envelope,
     JSONValue,
@@ -26,6 +27,7 @@ from manifests import (
     sign_envelope,
     verify_envelope,
     verify_manifest,
+    verify_root_update,
 )
 from manifests.strictjson import dumps, loads
 
@@ -190,3 +192,34 @@ def test_verify_manifest_on_arbitrary_bytes_raises_only_manifest_errors(data: by
     except ManifestError:
         return
     raise AssertionError("arbitrary bytes verified")
+
+
+# --- root rotation: accepted exactly when both thresholds are met ------------------------------
+
+OLD_KEYS = [key(40 + i) for i in range(4)]
+NEW_KEYS = [key(50 + i) for i in range(4)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(old_threshold=st.integers(1, 4), new_threshold=st.integers(1, 4),
+       old_signers=st.sets(st.integers(0, 3)), new_signers=st.sets(st.integers(0, 3)),
+       shared=st.booleans())
+def test_root_rotation_needs_both_thresholds_of_distinct_keys(
+        old_threshold: int, new_threshold: int, old_signers: set[int], new_signers: set[int],
+        shared: bool) -> None:
+    # With ``shared`` the new root keeps the old root keys, so one signature counts for both.
+    new_keys = OLD_KEYS if shared else NEW_KEYS
+    old = make_root(1, OLD_KEYS, old_threshold, [key(60)])
+    new = make_root(2, new_keys, new_threshold, [key(60)])
+    signers = [*(OLD_KEYS[i] for i in sorted(old_signers)),
+               *(new_keys[i] for i in sorted(new_signers))]
+    data = sign_envelope(new.to_bytes(), ROOT_PAYLOAD_TYPE, signers)
+    distinct = {k.keyid for k in signers}
+    old_ok = len(distinct & {k.keyid for k in OLD_KEYS}) >= old_threshold
+    new_ok = len(distinct & {k.keyid for k in new_keys}) >= new_threshold
+    try:
+        assert verify_root_update(old, data) == new
+        accepted = True
+    except SignatureError:
+        accepted = False
+    assert accepted == (old_ok and new_ok)
