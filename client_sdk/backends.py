@@ -8,7 +8,6 @@ back to the bundle's CPU ONNX member). Backends are safe to call from many threa
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -20,6 +19,7 @@ from client_sdk.compile import (
     QNN_FORMATS,
     compiled_coreml,
     compiled_onnx,
+    compiled_qnn,
 )
 from client_sdk.errors import BackendError, BackendUnavailableError
 from client_sdk.install import Bundle, Member
@@ -65,36 +65,16 @@ def _cpu(bundle: Bundle, member: Member) -> Backend:
     return OrtBackend("onnxruntime-cpu", session)
 
 
-_qnn_lock = threading.Lock()
-_qnn_registered: list[str] = []  # registration is process-wide inside onnxruntime itself
-
-
 def _qnn(bundle: Bundle, member: Member) -> Backend:
+    import onnxruntime as ort
+
+    from client_sdk import qnn
+
+    path = compiled_qnn(bundle, member)
     try:
-        import onnxruntime as ort
-        import onnxruntime_qnn
-    except ImportError as e:
-        raise BackendUnavailableError("onnxruntime-qnn is not installed") from e
-    ep = str(onnxruntime_qnn.get_ep_name())
-    with _qnn_lock:
-        if ep not in _qnn_registered:
-            try:
-                ort.register_execution_provider_library(ep, onnxruntime_qnn.get_library_path())
-            except Exception as e:
-                raise BackendUnavailableError(f"cannot register the QNN EP: {e}") from e
-            _qnn_registered.append(ep)
-    devices = [d for d in ort.get_ep_devices() if d.ep_name == ep]
-    if not devices:
-        raise BackendUnavailableError("the QNN EP found no device on this machine")
-    opts = ort.SessionOptions()
-    # The old providers=[...] form silently falls back to CPU; devices must be added explicitly,
-    # and CPU fallback inside the session is disabled so a partial offload is an error here.
-    opts.add_provider_for_devices(devices, {"backend_path": onnxruntime_qnn.get_qnn_htp_path()})
-    opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    try:
-        session = ort.InferenceSession(str(bundle.member_path(member)), opts)
+        session = ort.InferenceSession(str(path), qnn.session_options())
     except Exception as e:
-        raise BackendUnavailableError(f"QNN EP cannot load {member.file}: {e}") from e
+        raise BackendUnavailableError(f"QNN EP cannot load {path.name}: {e}") from e
     return OrtBackend("onnxruntime-qnn", session)
 
 

@@ -4,8 +4,9 @@
   onnxruntime version because optimized graphs are only valid for the runtime that wrote them.
 - ``mlpackage``/``coreml``: a deterministic tar of an ``.mlpackage`` compiled to
   ``.mlmodelc`` with coremltools — only on macOS (Core ML cannot compile or run elsewhere).
-- ``onnx-epcontext``/``qnn``: EPContext ONNX models already carry the HTP context binary;
-  nothing to compile here (the QNN EP loads them).
+- ``qnn``: a plain (e.g. QDQ) ONNX model for the QNN EP, compiled here into an EPContext model
+  with the HTP context binary embedded, keyed by the onnxruntime-qnn version;
+  ``onnx-epcontext`` models already carry the context binary (built by the server).
 
 Compiled outputs are written to a temp name and renamed, with a sha256 sidecar checked on use,
 so a crash or bit rot means "compile again", never "load a torn file".
@@ -26,7 +27,9 @@ from client_sdk.install import Bundle, Member
 # Format names as the server's compilers write them (server/compile/compilers), plus the short
 # aliases "qnn" (ONNX for the QNN EP) and "coreml".
 FORMAT_ONNX = "onnx"
-QNN_FORMATS = ("onnx-epcontext", "qnn")
+FORMAT_QNN_CONTEXT = "onnx-epcontext"
+FORMAT_QNN_SOURCE = "qnn"
+QNN_FORMATS = (FORMAT_QNN_CONTEXT, FORMAT_QNN_SOURCE)
 COREML_FORMATS = ("mlpackage", "coreml")
 KNOWN_FORMATS = (FORMAT_ONNX, *QNN_FORMATS, *COREML_FORMATS)
 
@@ -73,6 +76,38 @@ def compiled_onnx(bundle: Bundle, member: Member) -> Path:
     return out
 
 
+def compiled_qnn(bundle: Bundle, member: Member) -> Path:
+    """The EPContext model for this onnxruntime-qnn version, compiling it if missing."""
+    if member.format == FORMAT_QNN_CONTEXT:
+        return bundle.member_path(member)
+    from client_sdk import qnn
+
+    out = bundle.path / "compiled" / f"onnxruntime-qnn-{qnn.qnn_version()}" / (
+        f"{member.file}.ctx.onnx")
+    hit = _cached(out)
+    if hit is not None:
+        return hit
+    import onnxruntime as ort
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{uuid.uuid4().hex}.onnx")
+    opts = qnn.session_options(**{
+        "ep.context_enable": "1", "ep.context_embed_mode": "1",
+        "ep.context_file_path": str(tmp)})
+    try:
+        ort.InferenceSession(str(bundle.member_path(member)), opts)
+    except Exception as e:
+        tmp.unlink(missing_ok=True)
+        raise BackendUnavailableError(
+            f"the QNN EP cannot compile {member.file} of {bundle.model} {bundle.version}: {e}"
+        ) from e
+    if not tmp.is_file():
+        raise BackendUnavailableError("the QNN EP wrote no context model")
+    tmp.replace(out)
+    atomic_write_bytes(out.with_name(out.name + ".sha256"), sha256_file(out).encode())
+    return out
+
+
 def compiled_coreml(bundle: Bundle, member: Member) -> Path:
     """The ``.mlmodelc`` for this bundle's Core ML member (macOS only)."""
     if sys.platform != "darwin":
@@ -104,5 +139,10 @@ def compile_bundle(bundle: Bundle) -> None:
     for member in bundle.members:
         if member.format == FORMAT_ONNX:
             compiled_onnx(bundle, member)
+        elif member.format == FORMAT_QNN_SOURCE:
+            try:
+                compiled_qnn(bundle, member)
+            except BackendUnavailableError:
+                pass  # no HTP here: the runtime reports it and runs the CPU fallback member
         elif member.format in COREML_FORMATS and sys.platform == "darwin":
             compiled_coreml(bundle, member)

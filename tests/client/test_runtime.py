@@ -113,10 +113,31 @@ class Flaky:
         return self.inner.run(inputs)
 
 
-def test_qnn_bundle_runs_on_the_real_qnn_ep(tmp_path):
+def test_qnn_bundle_is_compiled_to_a_context_model_and_runs_on_the_real_qnn_ep(tmp_path):
+    import onnx
+    import onnxruntime_qnn
+
+    from client_sdk.compile import compile_bundle
+
+    bundle = make_bundle(tmp_path, "clf", "1.0", 4.0, ("qnn", "onnx"))
+    compile_bundle(bundle)
+    ctx_dir = bundle.path / "compiled" / f"onnxruntime-qnn-{onnxruntime_qnn.__version__}"
+    (ctx,) = ctx_dir.glob("*.ctx.onnx")
+    assert [n.op_type for n in onnx.load(str(ctx)).graph.node] == ["EPContext"]
     rt = ModelRuntime(tmp_path)
-    rt.swap(rt.prepare(make_bundle(tmp_path, "clf", "1.0", 4.0, ("qnn", "onnx"))))
+    rt.swap(rt.prepare(bundle))
     p = rt.predict("clf", {"x": X})
+    assert p.backend == "onnxruntime-qnn" and check_whole(p.outputs, X) == 4.0
+
+    # The same context model shipped by the server as an "onnx-epcontext" artifact loads as is.
+    store = BundleStore(tmp_path)
+    data = ctx.read_bytes()
+    src = tmp_path / "ctx-src"
+    src.write_bytes(data)
+    member = Member("primary", "onnx-epcontext", "android", "", "primary.onnx",
+                    hashlib.sha256(data).hexdigest(), len(data))
+    shipped = store.stage("clf", "1.1", [(member, src)])
+    p = ModelRuntime(tmp_path).prepare(shipped).run({"x": X})
     assert p.backend == "onnxruntime-qnn" and check_whole(p.outputs, X) == 4.0
 
 
