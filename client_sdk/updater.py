@@ -126,6 +126,7 @@ class Updater:
     def __init__(self, config: UpdaterConfig) -> None:
         self.config = config
         self.state = State.IDLE
+        self._stop: threading.Event | None = None
         self.transport: Transport = config.transport or UrllibTransport()
         self.trust_store = TrustStore(config.data_dir)
         self.store = BundleStore(config.data_dir, config.fault_hook)
@@ -338,8 +339,8 @@ class Updater:
             self.transport, self.url(artifact.url), part, length=artifact.length,
             sha256=artifact.sha256, deadline=deadline,
             request_timeout=self.config.request_timeout_seconds,
-            progress=lambda done, total: self._event(
-                EventKind.DOWNLOADING, plan.model, version, "artifact", done, total),
+            progress=lambda done, total: self._progress(plan.model, version, "artifact", done,
+                                                        total),
         )
         os.replace(part, target)
 
@@ -352,8 +353,8 @@ class Updater:
         download_file(
             self.transport, self.url(patch.url), part, length=patch.length, sha256=patch.sha256,
             deadline=deadline, request_timeout=self.config.request_timeout_seconds,
-            progress=lambda done, total: self._event(
-                EventKind.DOWNLOADING, plan.model, version, "patch", done, total),
+            progress=lambda done, total: self._progress(plan.model, version, "patch", done,
+                                                        total),
         )
         out = self.downloads / f"{artifact.sha256}.patched"
         try:
@@ -369,6 +370,12 @@ class Updater:
             raise PatchFailedError("patched file does not match the signed sha256")
         os.replace(out, target)
         self._step("patch_applied")
+
+    def _progress(self, model: str, version: str, what: str, done: int, total: int) -> None:
+        if self._stop is not None and self._stop.is_set():
+            # Stop between chunks: the partial file stays and the next run resumes it.
+            raise FetchError(f"stopped while downloading {model} {version}; will resume")
+        self._event(EventKind.DOWNLOADING, model, version, what, done, total)
 
     def _gc_downloads(self, plans: list[Plan]) -> None:
         """Drop partial downloads no plan wants any more: a resume is only valid while the
@@ -453,9 +460,11 @@ class Updater:
     def run(self, stop: threading.Event,
             on_result: Callable[[UpdateResult | ClientSDKError], None] | None = None) -> None:
         """Poll until ``stop`` is set: jittered interval after success, capped exponential
-        backoff after errors. A cycle in progress when ``stop`` is set finishes first.
-        ``on_result`` receives each cycle's result or error."""
+        backoff after errors.
+        ``on_result`` receives each cycle's result or error. Setting ``stop`` during a
+        download aborts it between chunks (the partial file is kept for resuming)."""
         cfg = self.config
+        self._stop = stop
         schedule = PollSchedule(cfg.poll_interval_seconds, cfg.poll_jitter,
                                 cfg.backoff_base_seconds, cfg.backoff_cap_seconds, cfg.rng)
         while not stop.is_set():

@@ -157,3 +157,34 @@ def test_two_updaters_on_one_data_dir_do_not_install_concurrently(make_updater, 
         with pytest.raises(InstallError, match="another updater"):
             up.check_once()
     assert up.check_once().outcome is Outcome.UPDATED
+
+
+def test_stop_during_a_download_aborts_between_chunks_and_the_next_run_resumes(
+        make_updater, sim, v1, v2):
+    import threading
+
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(v1)])])
+    stop = threading.Event()
+    seen: list = []
+
+    def on_event(e):
+        seen.append(e)
+        if e.kind is EventKind.DOWNLOADING and e.done and e.version == "2.0":
+            stop.set()  # SIGTERM arrives mid-download
+
+    up = make_updater(on_event=on_event)
+    up.check_once()
+    art = sim.artifact(v2)
+    sim.publish("clf", [sim.release("2.0", [art])])
+    results: list = []
+    up.run(stop, results.append)  # returns after the interrupted cycle
+    (r,) = results
+    assert r.models[0].outcome is Outcome.FAILED and "stopped" in r.models[0].reason
+    assert up.store.active("clf").version == "1.0"
+    part = up.config.data_dir / "downloads" / f"{art.sha256}.part"
+    held = part.stat().st_size
+    assert 0 < held < art.length
+    sim.fetches.clear()
+    fresh = make_updater()
+    assert fresh.check_once().models[0].version == "2.0"
+    assert sim.fetched("/" + art.url)[0].headers["Range"] == f"bytes={held}-"
