@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from server.api import audit, health, models, rollouts, serving, versions
+from server.api import audit, builds, health, models, rollouts, serving, versions
 
 ROUTERS: list[APIRouter] = [
     health.router,
     audit.router,
     models.router,
     versions.router,
+    builds.router,
     serving.router,
     rollouts.router,
 ]

@@ -1,0 +1,98 @@
+"""`GET /v1/models/{name}/versions/{version}/builds`: compile builds with gates and logs.
+
+One entry per build (platform × shape variant), each with its `state`, the primary
+`artifact` (`sha256`, `length`, …), every artifact it produced (several for QNN with more
+than one SoC target), the `gates` report (operator findings naming operators / inputs,
+numeric metrics or "not run" with the reason) and the per-job `log`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel
+from sqlalchemy import select
+
+from server.api.deps import SessionDep
+from server.api.errors import NOT_FOUND
+from server.api.models import ModelName
+from server.db.models import Artifact, Build, BuildState, VersionState
+from server.services import registry
+
+router = APIRouter(prefix="/v1/models/{name}/versions/{version}/builds", tags=["builds"])
+
+
+class ArtifactPublic(BaseModel):
+    platform: str
+    variant: str
+    format: str
+    sha256: str
+    length: int
+    target: dict[str, Any]
+    compile_settings: dict[str, Any]
+
+
+class BuildEntry(BaseModel):
+    platform: str
+    variant: str  # the shape variant this build compiled
+    state: BuildState
+    attempts: int
+    artifact: ArtifactPublic | None
+    artifacts: list[ArtifactPublic]
+    gates: dict[str, Any] | None
+    error: str
+    log: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    next_attempt_at: datetime | None
+
+
+class BuildList(BaseModel):
+    model: str
+    version: str
+    state: VersionState
+    builds: list[BuildEntry]
+
+
+def _gates(build: Build) -> dict[str, Any] | None:
+    """The primary outcome's gates; every outcome's when a build produced several."""
+    report = build.gates_report
+    if not report:
+        return None
+    outcomes = report.get("outcomes", [])
+    if not outcomes:
+        return report
+    gates: dict[str, Any] = dict(outcomes[0].get("gates", {}))
+    if len(outcomes) > 1:
+        gates["by_artifact"] = {o["variant"]: o.get("gates", {}) for o in outcomes}
+    return gates
+
+
+@router.get("", responses={**NOT_FOUND})
+def list_builds(
+    name: ModelName,
+    version: Annotated[str, Path(min_length=1, max_length=64)],
+    session: SessionDep,
+    logs: Annotated[bool, Query(description="include each build's log")] = True,
+) -> BuildList:
+    """Every build of a version with its artifact(s), gate report and log."""
+    v = registry.get_version(session, name, version)
+    builds = list(session.scalars(select(Build).where(Build.version_id == v.id)
+                                  .order_by(Build.platform, Build.variant)))
+    arts = list(session.scalars(select(Artifact).where(Artifact.version_id == v.id)
+                                .order_by(Artifact.platform, Artifact.variant)))
+    entries = []
+    for b in builds:
+        mine = [ArtifactPublic(platform=a.platform, variant=a.variant, format=a.format,
+                               sha256=a.sha256, length=a.length, target=a.target,
+                               compile_settings=a.compile_settings)
+                for a in arts if a.build_id == b.id]
+        entries.append(BuildEntry(
+            platform=b.platform, variant=b.variant, state=b.state, attempts=b.attempts,
+            artifact=mine[0] if mine and b.state == BuildState.succeeded else None,
+            artifacts=mine, gates=_gates(b), error=b.error, log=b.log if logs else None,
+            started_at=b.started_at, finished_at=b.finished_at,
+            next_attempt_at=b.next_attempt_at))
+    return BuildList(model=name, version=v.version, state=v.state, builds=entries)

@@ -1,0 +1,67 @@
+"""Maps a version's flat per-platform compile settings (strings, ints, bools, as uploaded in
+`metadata.platforms`) to the pipeline's settings. Pure.
+
+Recognised keys, per platform block:
+- all: `min_cosine`, `min_snr_db`, `max_abs_diff`, `min_topk_agreement`, `topk` (numeric gate
+  overrides for whatever precision the platform builds); `deny_ops` / `allow_ops`
+  (comma-separated operator names added to / removed from the operator gate's list).
+- coreml: `precision`, `minimum_deployment_target`, `weight_compression`.
+- qnn: `precision`, `activation_bits`, and either `soc_model` + `htp_arch` (+ optional
+  `soc`, a name such as "SM8650") or `targets` = "SM8550:43:73,SM8650:57:75".
+- qnn-hub: `device`, `chipset`, `target_runtime`, `options`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.compile.errors import InvalidSourceError
+
+NUMERIC_KEYS = ("min_cosine", "min_snr_db", "max_abs_diff", "min_topk_agreement", "topk")
+PRECISIONS = ("fp32", "fp16", "int8")
+
+
+def _ops(value: Any) -> list[str]:
+    return [v.strip() for v in str(value).split(",") if v.strip()]
+
+
+def _qnn_targets(flat: dict[str, Any]) -> list[dict[str, str]] | None:
+    if "targets" in flat:
+        out = []
+        for item in str(flat["targets"]).split(","):
+            parts = item.strip().split(":")
+            if len(parts) != 3 or not all(parts):
+                raise InvalidSourceError(
+                    f"qnn targets entry {item!r} must be NAME:SOC_MODEL:HTP_ARCH, "
+                    "e.g. SM8650:57:75")
+            out.append({"name": parts[0], "soc_model": parts[1], "htp_arch": parts[2]})
+        return out
+    if "soc_model" in flat or "htp_arch" in flat:
+        if "soc_model" not in flat or "htp_arch" not in flat:
+            raise InvalidSourceError("qnn needs both soc_model and htp_arch (e.g. 57 and 75)")
+        soc = str(flat["soc_model"])
+        return [{"name": str(flat.get("soc", f"soc{soc}")), "soc_model": soc,
+                 "htp_arch": str(flat["htp_arch"])}]
+    return None
+
+
+def pipeline_settings(platform: str, flat: dict[str, Any]) -> dict[str, Any]:
+    block = {k: v for k, v in flat.items()
+             if k not in NUMERIC_KEYS and k not in ("deny_ops", "allow_ops", "targets",
+                                                   "soc_model", "htp_arch", "soc")}
+    if platform == "qnn":
+        targets = _qnn_targets(flat)
+        if targets:
+            block["targets"] = targets
+    settings: dict[str, Any] = {platform: block}
+    overrides = {k: flat[k] for k in NUMERIC_KEYS if k in flat}
+    if overrides:
+        settings["numeric"] = {p: dict(overrides) for p in PRECISIONS}
+    gate = {}
+    if "deny_ops" in flat:
+        gate["deny"] = _ops(flat["deny_ops"])
+    if "allow_ops" in flat:
+        gate["allow"] = _ops(flat["allow_ops"])
+    if gate:
+        settings["operator_gate"] = gate
+    return settings

@@ -1,0 +1,342 @@
+"""Runs one compile build durably: claim it in the database, compile, store, record.
+
+Every queue backend (in-process thread, procrastinate workers) drives builds through
+`BuildRunner`, so both share the same durability rules:
+
+- State lives in the `builds` row. A build is claimed with one conditional UPDATE (queued, or
+  running with a heartbeat older than `stale_after_s` — its worker died), so two workers can
+  never both own it. While compiling, the owner refreshes `heartbeat_at`.
+- Transient failures (`TransientCompileError`, blob backend errors) put the build back to
+  queued with exponential backoff (`next_attempt_at`) until `max_attempts`; anything else
+  fails the build with its reason. Gate failures are normal outcomes, not errors.
+- Artifacts go to the blob store first, rows after; a final write happens only if this worker
+  still owns the build, so a worker that lost its claim cannot overwrite the new owner.
+- After each build the version's state is recomputed under a row lock:
+  uploaded → compiling → ready (every build succeeded) | failed (any build failed).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.blobstore.interface import BlobBackendError, BlobStore
+from server.compile.errors import CompileError, TransientCompileError
+from server.compile.pipeline import BuildOutcome, BuildSpec, Pipeline
+from server.compile.settings_map import pipeline_settings
+from server.compile.types import InputSpec, SourceFormat
+from server.db.models import (
+    Artifact,
+    Build,
+    BuildState,
+    Model,
+    ModelVersion,
+    SourceUpload,
+    UploadKind,
+    VersionState,
+)
+from server.db.types import utcnow
+
+log = logging.getLogger(__name__)
+MAX_LOG_CHARS = 64 * 1024
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 4
+    base_delay_s: float = 5.0
+    max_delay_s: float = 300.0
+
+    def delay(self, attempts: int) -> float:
+        return min(self.base_delay_s * 2 ** max(attempts - 1, 0), self.max_delay_s)
+
+
+class _JobLog:
+    """Timestamped lines for `builds.log`, capped so a chatty compile cannot bloat the row."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._size = 0
+
+    def __call__(self, msg: str) -> None:
+        line = f"{utcnow().strftime('%H:%M:%S')} {msg}"
+        if self._size + len(line) > MAX_LOG_CHARS:
+            if not self.lines or not self.lines[-1].endswith("[log truncated]"):
+                self.lines.append("[log truncated]")
+            return
+        self._size += len(line) + 1
+        self.lines.append(line)
+
+    def text(self, previous: str = "") -> str:
+        return (previous + "\n".join(self.lines) + "\n")[-MAX_LOG_CHARS:]
+
+
+class BuildRunner:
+    def __init__(self, session_factory: sessionmaker[Session], store: BlobStore, *,
+                 worker_id: str, work_root: Path | None = None,
+                 pipeline_factory: Callable[[Callable[[str], None]], Pipeline] | None = None,
+                 retry: RetryPolicy | None = None, heartbeat_s: float = 5.0,
+                 stale_after_s: float = 120.0) -> None:
+        self._sf = session_factory
+        self._store = store
+        self.worker_id = worker_id
+        self._work_root = work_root
+        self._pipeline_factory = pipeline_factory or (lambda log_fn: Pipeline(log=log_fn))
+        self.retry = retry or RetryPolicy()
+        self._heartbeat_s = heartbeat_s
+        self.stale_after_s = stale_after_s
+
+    # ---- claiming ------------------------------------------------------------------------
+
+    def _claimable(self, now: datetime) -> Any:
+        stale = now - timedelta(seconds=self.stale_after_s)
+        return or_(
+            (Build.state == BuildState.queued)
+            & or_(Build.next_attempt_at.is_(None), Build.next_attempt_at <= now),
+            (Build.state == BuildState.running)
+            & or_(Build.heartbeat_at.is_(None), Build.heartbeat_at < stale),
+        )
+
+    def claim(self, build_id: int) -> bool:
+        """Takes ownership of a queued (or abandoned running) build; False if not claimable."""
+        now = utcnow()
+        with self._sf() as s:
+            res = s.execute(
+                update(Build).where(Build.id == build_id, self._claimable(now)).values(
+                    state=BuildState.running, locked_by=self.worker_id, heartbeat_at=now,
+                    started_at=now, finished_at=None, next_attempt_at=None,
+                    attempts=Build.attempts + 1, updated_at=now)
+                .execution_options(synchronize_session=False))
+            if res.rowcount != 1:  # type: ignore[attr-defined]
+                s.rollback()
+                return False
+            version_id = s.scalar(select(Build.version_id).where(Build.id == build_id))
+            version = s.execute(select(ModelVersion).where(ModelVersion.id == version_id)
+                                .with_for_update()).scalar_one()
+            if version.state in (VersionState.uploaded, VersionState.failed):
+                version.transition(VersionState.compiling)
+                version.error = ""
+            s.commit()
+            return True
+
+    def claimable_ids(self, limit: int = 10) -> list[int]:
+        with self._sf() as s:
+            return list(s.scalars(select(Build.id).where(self._claimable(utcnow()))
+                                  .order_by(Build.id).limit(limit)))
+
+    def next_wakeup(self) -> float | None:
+        """Seconds until the earliest delayed retry is due (None if nothing is waiting)."""
+        with self._sf() as s:
+            at = s.scalar(select(Build.next_attempt_at).where(
+                Build.state == BuildState.queued, Build.next_attempt_at.is_not(None))
+                .order_by(Build.next_attempt_at).limit(1))
+        if at is None:
+            return None
+        return max((at - utcnow()).total_seconds(), 0.0)
+
+    def process(self, build_id: int) -> bool:
+        """Claims and runs one build; False if someone else owns it or it is not due."""
+        if not self.claim(build_id):
+            return False
+        self.run_claimed(build_id)
+        return True
+
+    # ---- running -------------------------------------------------------------------------
+
+    def _heartbeat(self, build_id: int, stop: threading.Event) -> None:
+        while not stop.wait(self._heartbeat_s):
+            try:
+                with self._sf() as s:
+                    s.execute(update(Build).where(Build.id == build_id,
+                                                  Build.locked_by == self.worker_id,
+                                                  Build.state == BuildState.running)
+                              .values(heartbeat_at=utcnow())
+                              .execution_options(synchronize_session=False))
+                    s.commit()
+            except Exception:  # a missed beat only risks a takeover, which is safe
+                log.warning("heartbeat for build %s failed", build_id, exc_info=True)
+
+    def run_claimed(self, build_id: int) -> None:
+        job_log = _JobLog()
+        job_log(f"attempt started on worker {self.worker_id}")
+        stop = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(build_id, stop), daemon=True,
+                                name=f"heartbeat-{build_id}")
+        beat.start()
+        work = Path(tempfile.mkdtemp(prefix=f"build-{build_id}-", dir=self._work_root))
+        try:
+            try:
+                spec, names = self._prepare(build_id, work)
+                outcomes = self._pipeline_factory(job_log).build(spec, work / "out")
+                self._finish(build_id, names, outcomes, job_log)
+            except (TransientCompileError, BlobBackendError) as e:
+                job_log(f"transient failure: {e}")
+                self._retry_or_fail(build_id, str(e), job_log)
+            except CompileError as e:
+                job_log(f"failed: {e}")
+                self._fail(build_id, str(e), job_log)
+            except Exception as e:
+                job_log(f"internal error: {type(e).__name__}: {e}")
+                log.error("build %s crashed:\n%s", build_id, traceback.format_exc())
+                self._fail(build_id, f"internal error: {type(e).__name__}: {e}", job_log)
+        finally:
+            stop.set()
+            beat.join(timeout=5)
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _prepare(self, build_id: int, work: Path) -> tuple[BuildSpec, tuple[str, str]]:
+        with self._sf() as s:
+            build = s.get(Build, build_id)
+            assert build is not None
+            version = s.get(ModelVersion, build.version_id)
+            assert version is not None
+            model_name = s.scalar(select(Model.name).where(Model.id == version.model_id))
+            uploads = {u.kind: u for u in s.scalars(
+                select(SourceUpload).where(SourceUpload.version_id == version.id))}
+            meta = version.metadata_json
+            inputs = tuple(InputSpec(name=i["name"], shape=tuple(i["shapes"][build.variant]),
+                                     dtype=i.get("dtype", "float32")) for i in meta["inputs"])
+            fmt = SourceFormat.parse(version.source_format)
+            platform, settings = build.platform, dict(build.compile_settings or {})
+            variant, ver = build.variant, version.version
+        paths: dict[UploadKind, Path] = {}
+        suffix = {UploadKind.model: {"onnx": ".onnx", "pt2": ".pt2"}.get(
+            version.source_format, ".pt"), UploadKind.calibration: ".npz",
+            UploadKind.reference: ".npz"}
+        for kind, up in uploads.items():
+            dest = work / f"{kind.value}{suffix[kind]}"
+            with self._store.open(up.blob_key) as src, dest.open("wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+            paths[kind] = dest
+        spec = BuildSpec(
+            source_path=paths[UploadKind.model], source_format=fmt,
+            variants={variant: inputs}, platforms=(platform,),
+            settings=pipeline_settings(platform, settings),
+            calibration_path=paths.get(UploadKind.calibration),
+            reference_path=paths.get(UploadKind.reference))
+        return spec, (str(model_name), ver)
+
+    def _owned(self, s: Session, build_id: int) -> Build | None:
+        build = s.execute(select(Build).where(Build.id == build_id).with_for_update()
+                          ).scalar_one_or_none()
+        if build is None or build.locked_by != self.worker_id or \
+                build.state != BuildState.running:
+            return None
+        return build
+
+    def _finish(self, build_id: int, names: tuple[str, str], outcomes: list[BuildOutcome],
+                job_log: _JobLog) -> None:
+        model_name, version = names
+        stored: list[tuple[BuildOutcome, str]] = []
+        for o in outcomes:
+            if o.artifact is None:
+                continue
+            key = f"artifacts/{model_name}/{version}/{o.platform}/{o.variant}/" \
+                  f"{o.artifact.path.name}"
+            with o.artifact.path.open("rb") as f:
+                self._store.put(key, f, expected_sha256=o.artifact.sha256)
+            stored.append((o, key))
+            job_log(f"stored {o.platform}/{o.variant} as {key}")
+        ok = bool(outcomes) and all(o.state == "ready" for o in outcomes)
+        with self._sf() as s:
+            build = self._owned(s, build_id)
+            if build is None:
+                job_log("lost the claim to another worker; results discarded")
+                return
+            for o, key in stored:
+                row = s.scalar(select(Artifact).where(
+                    Artifact.version_id == build.version_id, Artifact.platform == o.platform,
+                    Artifact.variant == o.variant))
+                if row is None:
+                    row = Artifact(version_id=build.version_id, platform=o.platform,
+                                   variant=o.variant)
+                    s.add(row)
+                assert o.artifact is not None
+                row.build_id, row.format, row.blob_key = build.id, o.format, key
+                row.sha256, row.length = o.artifact.sha256, o.artifact.length
+                row.target, row.compile_settings = o.target, o.compile_settings
+            build.gates_report = {"outcomes": [o.to_dict() for o in outcomes]}
+            build.error = "" if ok else "; ".join(
+                f"{o.variant}: {o.error}" for o in outcomes if o.state != "ready")[:4000]
+            job_log("build succeeded" if ok else f"build failed: {build.error}")
+            build.log = job_log.text(build.log or "")
+            build.transition(BuildState.succeeded if ok else BuildState.failed)
+            build.finished_at, build.locked_by = utcnow(), None
+            self._settle_version(s, build.version_id)
+            s.commit()
+
+    def _fail(self, build_id: int, error: str, job_log: _JobLog) -> None:
+        with self._sf() as s:
+            build = self._owned(s, build_id)
+            if build is None:
+                return
+            build.error = error[:4000]
+            build.log = job_log.text(build.log or "")
+            build.transition(BuildState.failed)
+            build.finished_at, build.locked_by = utcnow(), None
+            self._settle_version(s, build.version_id)
+            s.commit()
+
+    def _retry_or_fail(self, build_id: int, error: str, job_log: _JobLog) -> None:
+        with self._sf() as s:
+            build = self._owned(s, build_id)
+            if build is None:
+                return
+            if build.attempts >= self.retry.max_attempts:
+                job_log(f"giving up after {build.attempts} attempts")
+                s.rollback()
+                self._fail(build_id, f"{error} (gave up after {build.attempts} attempts)",
+                           job_log)
+                return
+            delay = self.retry.delay(build.attempts)
+            job_log(f"retrying in {delay:.0f}s")
+            build.error = error[:4000]
+            build.log = job_log.text(build.log or "")
+            build.transition(BuildState.queued)
+            build.next_attempt_at = utcnow() + timedelta(seconds=delay)
+            build.locked_by = None
+            s.commit()
+
+    @staticmethod
+    def _settle_version(s: Session, version_id: int) -> None:
+        """ready when every build succeeded, failed when all finished and any failed."""
+        s.flush()
+        version = s.execute(select(ModelVersion).where(ModelVersion.id == version_id)
+                            .with_for_update()).scalar_one()
+        states = [b.state for b in s.scalars(select(Build).where(
+            Build.version_id == version_id))]
+        if any(st in (BuildState.queued, BuildState.running) for st in states):
+            return
+        target = VersionState.ready if all(st == BuildState.succeeded for st in states) \
+            else VersionState.failed
+        if version.state == VersionState.uploaded:
+            version.transition(VersionState.compiling)
+        if version.state != target:
+            version.transition(target)
+        if target is VersionState.failed:
+            failed = s.scalars(select(Build).where(Build.version_id == version_id,
+                                                   Build.state == BuildState.failed))
+            version.error = "; ".join(f"{b.platform}/{b.variant}: {b.error}"
+                                      for b in failed)[:4000]
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:
+    """Polls `predicate` until true or the deadline (for CLIs and tests)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()

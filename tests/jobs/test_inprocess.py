@@ -1,0 +1,179 @@
+"""The embedded default: uploads compile on the in-process worker; builds are durable rows."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import make_settings, publish_token, uploader
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+
+from server.app import create_app
+from server.compile import Pipeline
+from server.compile.errors import TransientCompileError
+from server.db.models import Build, BuildState, ModelVersion, VersionState
+from server.db.session import make_engine, make_session_factory
+from server.db.types import utcnow
+from server.jobs.inprocess import InProcessJobQueue
+from server.jobs.interface import NullJobQueue
+from server.jobs.runner import BuildRunner, RetryPolicy, _JobLog, wait_for
+
+CONV_INPUTS = [{"name": "image", "dtype": "float32", "shape": [1, 3, 16, 16]}]
+
+
+def wait_state(client: TestClient, model: str, version: str, timeout: float = 180) -> str:
+    states = ("ready", "failed")
+    assert wait_for(lambda: client.get(f"/v1/models/{model}/versions/{version}")
+                    .json()["state"] in states, timeout, 0.5)
+    return str(client.get(f"/v1/models/{model}/versions/{version}").json()["state"])
+
+
+def test_upload_reaches_ready_with_one_build_per_platform_and_gates(convnet_files, tmp_path):
+    settings = make_settings(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path / "data")
+    app = create_app(settings)  # job_backend=inprocess: the factory starts the worker
+    assert isinstance(app.state.job_queue, InProcessJobQueue)
+    with TestClient(app) as client:
+        upload = uploader(client, publish_token(settings))
+        v = upload("conv", "1.0.0", convnet_files.onnx, CONV_INPUTS,
+                   ["onnx", "coreml", "qnn"], reference=convnet_files.reference)
+        assert v["state"] in ("uploaded", "compiling")
+        assert wait_state(client, "conv", "1.0.0") == "ready"
+        body = client.get("/v1/models/conv/versions/1.0.0/builds").json()
+    app.state.job_queue.close()
+
+    assert body["state"] == "ready"
+    builds = {b["platform"]: b for b in body["builds"]}
+    assert sorted(builds) == ["coreml", "onnx", "qnn"]
+    store = app.state.blob_store
+    for b in builds.values():
+        assert b["state"] == "succeeded" and b["variant"] == "default" and b["attempts"] == 1
+        art = b["artifact"]
+        assert len(art["sha256"]) == 64 and art["length"] > 0
+        assert "attempt started" in b["log"] and "numeric gate" in b["log"]
+        # The stored blob is exactly what the build reports.
+        key = f"artifacts/conv/1.0.0/{b['platform']}/{art['variant']}/"
+        (blob,) = [k for k in store.list_keys(key)]
+        with store.open(blob) as f:
+            data = f.read()
+        assert hashlib.sha256(data).hexdigest() == art["sha256"] and len(data) == art["length"]
+    assert builds["onnx"]["gates"]["numeric"]["status"] == "passed"
+    assert builds["qnn"]["gates"]["numeric"]["status"] == "passed"
+    assert builds["qnn"]["artifact"]["target"]["soc"] == "SM8650"
+    assert builds["coreml"]["gates"]["numeric"]["status"] == "not_run"
+    assert "needs macOS" in builds["coreml"]["gates"]["numeric"]["reason"]
+    assert builds["coreml"]["artifact"]["format"] == "mlpackage"
+
+
+def test_nms_upload_fails_and_the_builds_name_the_operator(nms_file, tmp_path):
+    settings = make_settings(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path / "data")
+    app = create_app(settings)
+    with TestClient(app) as client:
+        upload = uploader(client, publish_token(settings))
+        upload("det", "1.0.0", nms_file, [
+            {"name": "boxes", "dtype": "float32", "shape": [1, 8, 4]},
+            {"name": "scores", "dtype": "float32", "shape": [1, 1, 8]}], ["onnx", "qnn"])
+        assert wait_state(client, "det", "1.0.0") == "failed"
+        version = client.get("/v1/models/det/versions/1.0.0").json()
+        body = client.get("/v1/models/det/versions/1.0.0/builds").json()
+    app.state.job_queue.close()
+    assert "NonMaxSuppression" in version["error"]
+    for b in body["builds"]:
+        assert b["state"] == "failed" and b["artifact"] is None
+        finding = b["gates"]["operators"][0]["findings"][0]
+        assert finding["name"] == "NonMaxSuppression" and "nms_tail" in finding["where"]
+
+
+@pytest.fixture
+def registry_with_upload(convnet_files, database_url, tmp_path):  # type: ignore[no-untyped-def]
+    """A version uploaded through the API with a NullJobQueue: builds queued, nothing run."""
+    settings = make_settings(database_url, tmp_path / "data")
+    app = create_app(settings, job_queue=NullJobQueue())
+    with TestClient(app) as client:
+        uploader(client, publish_token(settings))(
+            "conv", "1.0.0", convnet_files.onnx, CONV_INPUTS, ["onnx"],
+            reference=convnet_files.reference)
+    engine = make_engine(settings.resolved_database_url)
+    yield make_session_factory(engine), app.state.blob_store
+    engine.dispose()
+
+
+class FlakyPipeline(Pipeline):
+    """The real pipeline behind a remote service that is down for the first `failures` calls."""
+
+    calls = 0
+
+    def __init__(self, log: Any, failures: int) -> None:
+        super().__init__(log=log)
+        self._failures = failures
+
+    def build(self, spec: Any, workdir: Path) -> Any:
+        FlakyPipeline.calls += 1
+        if FlakyPipeline.calls <= self._failures:
+            raise TransientCompileError("AI Hub unavailable (RateLimitedError); will retry")
+        return super().build(spec, workdir)
+
+
+def _build(sf: Any) -> Build:
+    with sf() as s:
+        return s.scalars(select(Build)).one()
+
+
+def _version_state(sf: Any) -> VersionState:
+    with sf() as s:
+        return s.scalars(select(ModelVersion.state)).one()
+
+
+def test_transient_failure_retries_with_backoff_then_succeeds(registry_with_upload):
+    sf, store = registry_with_upload
+    FlakyPipeline.calls = 0
+    runner = BuildRunner(sf, store, worker_id="w1", retry=RetryPolicy(base_delay_s=0.3),
+                         pipeline_factory=lambda log: FlakyPipeline(log, failures=1))
+    queue = InProcessJobQueue(runner)
+
+    assert queue.drain() == 1
+    b = _build(sf)
+    assert b.state == BuildState.queued and b.attempts == 1 and b.next_attempt_at is not None
+    assert "retrying in" in b.log and _version_state(sf) == VersionState.compiling
+    assert queue.drain() == 0  # not due yet: backoff is honoured
+    time.sleep(0.4)
+    assert queue.drain() == 1
+    b = _build(sf)
+    assert b.state == BuildState.succeeded and b.attempts == 2
+    assert _version_state(sf) == VersionState.ready
+
+
+def test_transient_failures_give_up_after_max_attempts(registry_with_upload):
+    sf, store = registry_with_upload
+    FlakyPipeline.calls = 0
+    runner = BuildRunner(sf, store, worker_id="w1",
+                         retry=RetryPolicy(max_attempts=2, base_delay_s=0.0),
+                         pipeline_factory=lambda log: FlakyPipeline(log, failures=99))
+    InProcessJobQueue(runner).drain()
+    b = _build(sf)
+    assert b.state == BuildState.failed and b.attempts == 2
+    assert "gave up after 2 attempts" in b.error
+    assert _version_state(sf) == VersionState.failed
+
+
+def test_build_abandoned_by_a_dead_worker_is_taken_over_and_the_dead_one_cannot_write(
+        registry_with_upload):
+    sf, store = registry_with_upload
+    dead = BuildRunner(sf, store, worker_id="dead", stale_after_s=5)
+    alive = BuildRunner(sf, store, worker_id="alive", stale_after_s=5)
+    build_id = _build(sf).id
+    assert dead.claim(build_id)
+    assert not alive.claim(build_id)  # fresh heartbeat: still owned
+    with sf() as s:  # the dead worker's heartbeat stopped a while ago
+        s.execute(update(Build).values(heartbeat_at=utcnow() - timedelta(seconds=60)))
+        s.commit()
+    assert alive.process(build_id)
+    b = _build(sf)
+    assert b.state == BuildState.succeeded and b.attempts == 2 and b.locked_by is None
+    # The dead worker wakes up and tries to record a result: it no longer owns the build.
+    dead._fail(build_id, "zombie", _JobLog())
+    assert _build(sf).state == BuildState.succeeded
