@@ -8,11 +8,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from server.api.deps import SessionDep, TokenPrincipal
+from server.api.deps import SessionDep, StrictQuery, TokenPrincipal
 from server.api.errors import AUTH_ERRORS
 from server.services import audit
 
-router = APIRouter(prefix="/v1", tags=["audit"])
+router = APIRouter(prefix="/v1", tags=["audit"], dependencies=[StrictQuery])
 
 
 class AuditEventPublic(BaseModel):

@@ -51,6 +51,33 @@ JobQueueDep = Annotated[JobQueue, Depends(get_job_queue)]
 CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
+def reject_unknown_query_params(request: Request) -> None:
+    """Router dependency: a query parameter the route does not declare is a 422 naming it,
+    so a typo (`?limt=5`) is reported instead of silently ignored."""
+    from fastapi.routing import APIRoute
+
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    allowed: set[str] = set()
+    stack = [route.dependant]
+    while stack:
+        dependant = stack.pop()
+        allowed.update(p.alias for p in dependant.query_params)
+        stack.extend(dependant.dependencies)
+    for name in request.query_params:
+        if name not in allowed:
+            from server.errors import InvalidInputError
+
+            raise InvalidInputError(
+                f"unknown query parameter {name!r}", field=name,
+                fix=f"remove it; this endpoint takes: {', '.join(sorted(allowed)) or 'none'}",
+            )
+
+
+StrictQuery = Depends(reject_unknown_query_params)
+
+
 def _header(credentials: HTTPAuthorizationCredentials | None, request: Request) -> str | None:
     if credentials is not None:
         return f"{credentials.scheme} {credentials.credentials}"

@@ -11,8 +11,11 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.api.limits import FIX as BODY_FIX
 from server.api.limits import BodyTooLargeError
@@ -34,6 +37,8 @@ class ErrorBody(BaseModel):
     code: str
     field: str | None = None
     fix: str | None = None
+    # Request-shape validation (FastAPI/pydantic) lists every problem here.
+    errors: list[dict[str, Any]] | None = None
 
 
 def _doc(description: str) -> dict[str, Any]:
@@ -63,9 +68,65 @@ _BLOB_STATUS: list[tuple[type[BlobStoreError], int, str]] = [
 
 
 def error_response(status: int, code: str, detail: str, field: str | None = None,
-                   fix: str | None = None) -> JSONResponse:
-    body = ErrorBody(detail=detail, code=code, field=field, fix=fix)
-    return JSONResponse(status_code=status, content=body.model_dump())
+                   fix: str | None = None,
+                   errors: list[dict[str, Any]] | None = None) -> JSONResponse:
+    body = ErrorBody(detail=detail, code=code, field=field, fix=fix, errors=errors)
+    return JSONResponse(status_code=status, content=jsonable_encoder(body.model_dump()))
+
+
+def _field_path(loc: tuple[Any, ...] | list[Any]) -> str:
+    # ("body", "inputs", 0, "shape") -> "inputs[0].shape"; the location kind is noise.
+    parts = list(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "body"
+
+
+async def _request_validation(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {"field": _field_path(e.get("loc", ())), "message": e.get("msg", ""),
+         "type": e.get("type", "")}
+        for e in exc.errors()
+    ]
+    first = errors[0] if errors else {"field": "body", "message": "invalid request"}
+    return error_response(
+        422, "invalid_request", f"{first['field']}: {first['message']}", field=first["field"],
+        fix="correct the named field; the request schema is at /docs", errors=errors,
+    )
+
+
+async def _http_exception(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400:
+        # FastAPI's "error parsing the body" (undecodable JSON / multipart): it is a malformed
+        # request like any other validation failure, so answer it the same way.
+        return error_response(422, "invalid_request", f"request body: {exc.detail}",
+                              field="body", fix="send well-formed JSON (UTF-8) or multipart")
+    response = error_response(exc.status_code, f"http_{exc.status_code}", str(exc.detail))
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+def use_error_body_for_validation_errors(app: FastAPI) -> None:
+    """FastAPI documents 422 as its own HTTPValidationError; this app answers every 422 with
+    ErrorBody instead, so make the spec say so (one error shape for clients)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = build()
+            schemas = spec.get("components", {}).get("schemas", {})
+            if "HTTPValidationError" in schemas:
+                schemas["HTTPValidationError"] = ErrorBody.model_json_schema()
+                schemas["HTTPValidationError"]["title"] = "HTTPValidationError"
+                schemas.pop("ValidationError", None)
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 async def _service_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -93,6 +154,9 @@ async def _body_too_large(_request: Request, exc: Exception) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(BodyTooLargeError, _body_too_large)
+    app.add_exception_handler(RequestValidationError, _request_validation)
+    app.add_exception_handler(StarletteHTTPException, _http_exception)
+    use_error_body_for_validation_errors(app)
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(InvalidTransitionError, _transition_error)
     app.add_exception_handler(BlobStoreError, _blob_error)

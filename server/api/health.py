@@ -6,10 +6,10 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 from sqlalchemy import text
 
-from server.api.deps import SessionDep
+from server.api.deps import SessionDep, StrictQuery
 from server.api.errors import UNAVAILABLE
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], dependencies=[StrictQuery])
 
 
 class Health(BaseModel):

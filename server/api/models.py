@@ -8,12 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, Field
 
-from server.api.deps import PublishPrincipal, SessionDep
+from server.api.deps import PublishPrincipal, SessionDep, StrictQuery
 from server.api.errors import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
 from server.db.models import Model, TaskType
 from server.services import registry
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[StrictQuery])
 
 ModelName = Annotated[
     str, Path(min_length=1, max_length=64, pattern=registry.MODEL_NAME_RE.pattern)

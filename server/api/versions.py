@@ -8,7 +8,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Path, Response, UploadFile
 from pydantic import BaseModel
 
-from server.api.deps import BlobStoreDep, JobQueueDep, PublishPrincipal, SessionDep, SettingsDep
+from server.api.deps import (
+    BlobStoreDep,
+    JobQueueDep,
+    PublishPrincipal,
+    SessionDep,
+    SettingsDep,
+    StrictQuery,
+)
 from server.api.errors import (
     AUTH_ERRORS,
     CONFLICT,
@@ -23,7 +30,9 @@ from server.db.models import BuildState, ModelVersion, VersionState
 from server.services import registry
 from server.services.registry import Limits, UploadedFile
 
-router = APIRouter(prefix="/v1/models/{name}/versions", tags=["versions"])
+router = APIRouter(
+    prefix="/v1/models/{name}/versions", tags=["versions"], dependencies=[StrictQuery]
+)
 
 VersionStr = Annotated[str, Path(min_length=1, max_length=64)]
 
@@ -100,7 +109,7 @@ def to_public(model_name: str, v: ModelVersion) -> VersionPublic:
 def upload_version(
     name: ModelName,
     model: Annotated[UploadFile, File(description="ONNX, .pt2 or TorchScript file")],
-    metadata: Annotated[str, Form(description=METADATA_HELP)],
+    metadata: Annotated[str, Form(min_length=2, description=METADATA_HELP)],
     session: SessionDep,
     store: BlobStoreDep,
     queue: JobQueueDep,
