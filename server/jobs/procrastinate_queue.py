@@ -30,12 +30,10 @@ log = logging.getLogger(__name__)
 TASK_NAME = "modelfleet.compile_build"
 QUEUE = "compile"
 
-blueprint = procrastinate.Blueprint()
 # Set by the worker process before it starts taking jobs (one runner per process).
 _RUNNER: BuildRunner | None = None
 
 
-@blueprint.task(name=TASK_NAME, queue=QUEUE, pass_context=False)
 def compile_build(build_id: int) -> None:
     if _RUNNER is None:
         raise RuntimeError("compile worker not initialised (use `modelfleet worker`)")
@@ -64,11 +62,15 @@ def ensure_schema(app: procrastinate.App, dsn: str) -> None:
         app.schema_manager.apply_schema()
 
 
-def make_sync_app(database_url: str) -> procrastinate.App:
-    app = procrastinate.App(connector=procrastinate.SyncPsycopgConnector(
-        conninfo=conninfo(database_url)))
-    app.add_tasks_from(blueprint, namespace="mf")
+def _register(app: procrastinate.App) -> procrastinate.App:
+    # Registered per app (not via a shared Blueprint, which binds to the first app only).
+    app.task(name=TASK_NAME, queue=QUEUE, pass_context=False)(compile_build)
     return app
+
+
+def make_sync_app(database_url: str) -> procrastinate.App:
+    return _register(procrastinate.App(connector=procrastinate.SyncPsycopgConnector(
+        conninfo=conninfo(database_url))))
 
 
 class ProcrastinateJobQueue:
@@ -89,7 +91,7 @@ class ProcrastinateJobQueue:
 
     def enqueue_compile(self, version_id: int) -> None:
         app = self._open()
-        task = app.tasks[f"mf:{TASK_NAME}"]
+        task = app.tasks[TASK_NAME]
         for build_id in self._ids(version_id):
             with contextlib.suppress(pexc.AlreadyEnqueued):
                 task.configure(queueing_lock=f"build-{build_id}").defer(build_id=build_id)
@@ -116,7 +118,7 @@ def queued_build_ids(session_factory: Any) -> Callable[[int], list[int]]:
 async def _rescue_loop(app: procrastinate.App, runner: BuildRunner, every_s: float,
                        stalled_after_s: float) -> None:
     """Retries jobs of dead workers and re-defers queued builds nobody has a job for."""
-    task = app.tasks[f"mf:{TASK_NAME}"]
+    task = app.tasks[TASK_NAME]
     while True:
         try:
             for job in await app.job_manager.get_stalled_jobs(
@@ -148,8 +150,8 @@ def run_worker(settings: Any, *, concurrency: int = 1, heartbeat_s: float = 10.0
             worker_id=f"worker:{socket.gethostname()}:{os.getpid()}",
             heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s)
     _RUNNER = runner
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=conninfo(url)))
-    app.add_tasks_from(blueprint, namespace="mf")
+    app = _register(procrastinate.App(connector=procrastinate.PsycopgConnector(
+        conninfo=conninfo(url))))
 
     async def main() -> None:
         async with app.open_async():
