@@ -5,7 +5,7 @@ Layout under ``<data_dir>/models/<model>/``::
     bundles/<bundle_id>/bundle.json    what the bundle holds (members with sha256 and length)
     bundles/<bundle_id>/<member files> the verified artifacts; compiled/ holds on-device builds
     tmp/                               bundles being written (deleted on recovery)
-    pointer.json                       {"active": id, "previous": id}; replaced atomically
+    pointer.json                       {"active", "previous", "candidate"}; replaced atomically
     journal.json                       the activation in progress, if any
 
 A bundle is written under ``tmp/``, fsynced, then renamed into ``bundles/`` (atomic). Activation
@@ -109,8 +109,15 @@ class Bundle:
 
 @dataclass(frozen=True)
 class Pointer:
+    """Which bundles of one model are active, kept for rollback, and staged as a candidate
+    (a shadow-mode release running beside the active one)."""
+
     active: str | None = None
     previous: str | None = None
+    candidate: str | None = None
+
+    def kept(self) -> set[str]:
+        return {b for b in (self.active, self.previous, self.candidate) if b}
 
 
 def bundle_id_for(model: str, version: str, members: Sequence[Member]) -> str:
@@ -145,7 +152,8 @@ class BundleStore:
             return Pointer()
         try:
             obj = json.loads(path.read_bytes())
-            return Pointer(active=obj.get("active"), previous=obj.get("previous"))
+            return Pointer(active=obj.get("active"), previous=obj.get("previous"),
+                           candidate=obj.get("candidate"))
         except (ValueError, AttributeError) as e:
             raise InstallError(f"{path} is unreadable ({e}); delete the model dir to reset") from e
 
@@ -174,7 +182,7 @@ class BundleStore:
         """sha256 → path of the artifact files this device holds for ``model`` (patch bases)."""
         held: dict[str, Path] = {}
         p = self.pointer(model)
-        for bid in (p.previous, p.active):
+        for bid in (p.candidate, p.previous, p.active):
             if bid is None:
                 continue
             try:
@@ -246,7 +254,8 @@ class BundleStore:
     def _write_pointer(self, model: str, pointer: Pointer) -> None:
         atomic_write_json(
             self.model_dir(model) / "pointer.json",
-            {"active": pointer.active, "previous": pointer.previous},
+            {"active": pointer.active, "previous": pointer.previous,
+             "candidate": pointer.candidate},
         )
 
     def activate(self, model: str, bundle_id: str) -> Pointer:
@@ -254,7 +263,8 @@ class BundleStore:
         old = self.pointer(model)
         if old.active == bundle_id:
             return old
-        new = Pointer(active=bundle_id, previous=old.active or old.previous)
+        new = Pointer(active=bundle_id, previous=old.active or old.previous,
+                      candidate=None if old.candidate == bundle_id else old.candidate)
         journal = self.model_dir(model) / "journal.json"
         atomic_write_json(journal, {"op": "activate", "target": bundle_id})
         self._step("journal_written")
@@ -267,9 +277,19 @@ class BundleStore:
         self._step("gc_done")
         return new
 
+    def set_candidate(self, model: str, bundle_id: str | None) -> Pointer:
+        """Record (or clear) the candidate bundle; one atomic pointer write, then GC."""
+        old = self.pointer(model)
+        if old.candidate == bundle_id:
+            return old
+        new = Pointer(active=old.active, previous=old.previous, candidate=bundle_id)
+        self._write_pointer(model, new)
+        self.gc(model)
+        return new
+
     def gc(self, model: str) -> None:
-        """Delete bundles that are neither active nor previous, and leftovers in tmp/."""
-        keep = {b for b in (self.pointer(model).active, self.pointer(model).previous) if b}
+        """Delete bundles that are not active, previous or candidate, and leftovers in tmp/."""
+        keep = self.pointer(model).kept()
         bundles = self.model_dir(model) / "bundles"
         if bundles.exists():
             for d in bundles.iterdir():
@@ -295,17 +315,23 @@ class BundleStore:
             if target and p.active != target and check_name("bundle", target) and self.find(
                 model, target
             ):
-                self._write_pointer(model, Pointer(active=target, previous=p.active or p.previous))
+                self._write_pointer(model, Pointer(
+                    active=target, previous=p.active or p.previous,
+                    candidate=None if p.candidate == target else p.candidate))
                 notes.append(f"finished interrupted activation of {target}")
             journal.unlink()
             fsync_dir(mdir)
         p = self.pointer(model)
+        if p.candidate and self.find(model, p.candidate) is None:
+            p = Pointer(active=p.active, previous=p.previous)
+            self._write_pointer(model, p)
+            notes.append("candidate bundle failed verification; dropped")
         if p.active and self.find(model, p.active) is None:
             if p.previous and self.find(model, p.previous) is not None:
-                self._write_pointer(model, Pointer(active=p.previous, previous=None))
+                self._write_pointer(model, Pointer(active=p.previous, candidate=p.candidate))
                 notes.append(f"active bundle {p.active} failed verification; rolled back")
             else:
-                self._write_pointer(model, Pointer())
+                self._write_pointer(model, Pointer(candidate=p.candidate))
                 notes.append(f"active bundle {p.active} failed verification; none active")
         if (mdir / "pointer.json").exists():
             self.gc(model)

@@ -43,6 +43,7 @@ from client_sdk.fetcher import Deadline, download_file, fetch_bytes
 from client_sdk.fsutil import check_name, sha256_file
 from client_sdk.http_transport import UrllibTransport
 from client_sdk.install import Bundle, BundleStore, Member, bundle_id_for
+from client_sdk.runtime import ACTIVE, CANDIDATE
 from client_sdk.schedule import PollSchedule
 from client_sdk.transport import Transport
 from client_sdk.trust import ChannelState, TrustedMetadata, TrustStore
@@ -82,6 +83,7 @@ class Plan:
     release: Release
     artifacts: tuple[tuple[Member, Artifact], ...]
     bundle_id: str
+    slot: str = ACTIVE  # or CANDIDATE: a shadow-mode release staged beside the active one
 
 
 @dataclass(frozen=True)
@@ -99,10 +101,12 @@ class UpdateResult:
     outcome: Outcome
     serial: int
     models: tuple[ModelResult, ...] = field(default_factory=tuple)
+    candidates: tuple[ModelResult, ...] = field(default_factory=tuple)
 
     @property
     def verification_failed(self) -> bool:
-        return any(m.error and m.outcome is Outcome.REFUSED for m in self.models)
+        return any(m.error and m.outcome is Outcome.REFUSED
+                   for m in self.models + self.candidates)
 
 
 def default_formats() -> list[str]:
@@ -260,7 +264,26 @@ class Updater:
             members = tuple(m for m, _ in chosen)
             plans.append(Plan(model, release, tuple(chosen),
                               bundle_id_for(model, release.version, members)))
+            candidate = self._candidate(manifest, model, release)
+            if candidate is not None:
+                plans.append(candidate)
         return plans, refused
+
+    def _candidate(self, manifest: Manifest, model: str, active: Release) -> Plan | None:
+        """The shadow-mode release this device should run beside ``active``, if any: the
+        first release that includes the device, when that one is in shadow mode."""
+        entry = manifest.models[model]
+        view = replace(manifest, models={model: replace(
+            entry, releases=[_selectable(r) for r in entry.releases])})
+        first = manifests.select_release(view, model, self.config.device)
+        if first is None or first.rollout.mode != "shadow" or first.version == active.version:
+            return None
+        chosen = self._members(model, first)
+        if not chosen:
+            return None
+        members = tuple(m for m, _ in chosen)
+        return Plan(model, first, tuple(chosen), bundle_id_for(model, first.version, members),
+                    slot=CANDIDATE)
 
     def _members(self, model: str, release: Release) -> list[tuple[Member, Artifact]]:
         device = self.config.device
@@ -421,8 +444,13 @@ class Updater:
             for r in results:
                 self._event(EventKind.REFUSED, r.model, reason=r.reason)
             self._gc_downloads(plans)
+            candidates: list[ModelResult] = []
             for plan in plans:
-                results.append(self._apply(plan, deadline))
+                if plan.slot == CANDIDATE:
+                    candidates.append(self._apply_candidate(plan, deadline))
+                else:
+                    results.append(self._apply(plan, deadline))
+            self._drop_stale_candidates(plans, [p.model for p in plans if p.slot == ACTIVE])
         finally:
             self.state = State.IDLE
         order = [Outcome.FAILED, Outcome.ROLLED_BACK, Outcome.UPDATED, Outcome.REFUSED]
@@ -430,7 +458,43 @@ class Updater:
                        Outcome.UP_TO_DATE)
         if any(r.error and r.outcome is Outcome.REFUSED for r in results):
             overall = Outcome.REFUSED
-        return UpdateResult(overall, manifest.serial, tuple(results))
+        return UpdateResult(overall, manifest.serial, tuple(results), tuple(candidates))
+
+    def _apply_candidate(self, plan: Plan, deadline: Deadline) -> ModelResult:
+        """Stage a shadow-mode release and load it in the runtime's candidate slot."""
+        model, version = plan.model, plan.release.version
+        sha = plan.artifacts[0][1].sha256
+        if self.store.pointer(model).candidate == plan.bundle_id:
+            return ModelResult(model, Outcome.UP_TO_DATE, version=version, sha256=sha)
+        try:
+            bundle = self.store.find(model, plan.bundle_id)
+            if bundle is None:
+                files = self.fetch(plan, deadline)
+                self.state = State.INSTALLING
+                bundle = self.store.stage(model, version, files, compile_bundle)
+            runtime = self.config.runtime
+            loaded = runtime.prepare(bundle) if runtime is not None else None
+            self.store.set_candidate(model, bundle.bundle_id)
+            if runtime is not None and loaded is not None:
+                runtime.swap(loaded, CANDIDATE)
+        except ClientSDKError as e:
+            self._event(EventKind.FAILED, model, version, f"candidate: {e}")
+            verification = isinstance(e, VERIFICATION_ERRORS)
+            return ModelResult(model, Outcome.REFUSED if verification else Outcome.FAILED,
+                               str(e), type(e).__name__, version)
+        self._event(EventKind.STAGED, model, version, "candidate (shadow mode)")
+        return ModelResult(model, Outcome.UPDATED, version=version, sha256=sha)
+
+    def _drop_stale_candidates(self, plans: list[Plan], models: list[str]) -> None:
+        """Models whose channel no longer offers a shadow release to this device lose their
+        candidate (on disk and in the runtime); a promoted candidate was already cleared."""
+        wanted = {p.model for p in plans if p.slot == CANDIDATE}
+        runtime = self.config.runtime
+        for model in models:
+            if model not in wanted and self.store.pointer(model).candidate is not None:
+                self.store.set_candidate(model, None)
+            if runtime is not None and self.store.pointer(model).candidate is None:
+                runtime.clear(model, CANDIDATE)
 
     def _apply(self, plan: Plan, deadline: Deadline) -> ModelResult:
         model, version = plan.model, plan.release.version

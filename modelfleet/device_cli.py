@@ -94,10 +94,15 @@ def _report(
                "error": m.error, "version": m.version, "sha256": m.sha256}
               for m in result.models]
     reasons = [f"{m.model}: {m.reason}" for m in result.models if m.reason]
+    candidates = [{"model": m.model, "outcome": m.outcome.value, "reason": m.reason,
+                   "error": m.error, "version": m.version, "sha256": m.sha256}
+                  for m in result.candidates]
     payload: dict[str, Any] = {"outcome": result.outcome.value, "serial": result.serial,
-               "reason": "; ".join(reasons), "active": _active(store), "models": models}
+               "reason": "; ".join(reasons), "active": _active(store), "models": models,
+               "candidates": candidates}
     if result.verification_failed:
-        bad = next(m for m in result.models if m.error and m.outcome is Outcome.REFUSED)
+        bad = next(m for m in result.models + result.candidates
+                   if m.error and m.outcome is Outcome.REFUSED)
         return payload, EXIT_VERIFICATION, f"{bad.model}: {bad.reason}"
     failed = [m for m in result.models if m.outcome is Outcome.FAILED]
     if failed:
