@@ -18,6 +18,7 @@ from server_testdata import make_onnx_bytes
 from server.app import create_app
 from server.auth import create_token
 from server.db.migrate import upgrade
+from server.jobs.interface import NullJobQueue
 from server.settings import Settings
 
 FUZZED_TAGS = {"health", "audit", "models", "versions"}
@@ -35,8 +36,10 @@ FUZZ_CONFIG = schemathesis.Config.from_dict({
 def seeded_app(tmp_path: Path) -> tuple[FastAPI, dict[str, str]]:
     url = f"sqlite:///{tmp_path / 'fuzz.db'}"
     upgrade(url)
+    # NullJobQueue: fuzz the API alone, without compile workers running in the background.
     app = create_app(Settings(data_dir=tmp_path / "data", database_url=url,
-                              max_model_bytes=1024 * 1024, max_npz_bytes=256 * 1024))
+                              max_model_bytes=1024 * 1024, max_npz_bytes=256 * 1024),
+                     job_queue=NullJobQueue())
     with app.state.session_factory() as s:
         _row, secret = create_token(s, ["admin"], name="fuzz")
         s.commit()

@@ -41,3 +41,21 @@ def test_upgrade_is_idempotent(migrated_db_url: str) -> None:
     from server.db.migrate import upgrade
 
     upgrade(migrated_db_url)  # second run: already at head, must not fail
+
+
+def test_the_agreement_check_does_notice_a_column_missing_from_migrations(
+    migrated_db_url: str,
+) -> None:
+    from sqlalchemy import Column, Integer, MetaData
+
+    drifted = MetaData()
+    for table in Base.metadata.tables.values():
+        table.to_metadata(drifted)
+    drifted.tables["models"].append_column(Column("added_without_migration", Integer))
+    engine = make_engine(migrated_db_url)
+    try:
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), drifted)
+    finally:
+        engine.dispose()
+    assert [d[0] for d in diff] == ["add_column"]

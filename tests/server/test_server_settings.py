@@ -1,0 +1,55 @@
+"""Settings: the embedded default needs nothing; production refuses placeholder secrets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from server.settings import Settings
+
+
+def test_embedded_default_is_sqlite_and_local_blobs_under_data_dir(tmp_path: Path) -> None:
+    s = Settings(data_dir=tmp_path)
+    assert s.resolved_database_url == f"sqlite:///{(tmp_path / 'modelfleet.db').resolve()}"
+    assert s.resolved_blob_dir == tmp_path / "blobs"
+    assert (s.env, s.blob_store, s.job_backend) == ("development", "local", "inprocess")
+
+
+def test_settings_come_from_prefixed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODELFLEET_ENV", "production")
+    monkeypatch.setenv("MODELFLEET_DATABASE_URL", "postgresql://mf:s3cr3t-value@db/mf")
+    monkeypatch.setenv("MODELFLEET_MANIFEST_LIFETIME_SECONDS", "3600")
+    s = Settings()
+    assert (s.env, s.manifest_lifetime_seconds) == ("production", 3600)
+    assert s.resolved_database_url == "postgresql://mf:s3cr3t-value@db/mf"
+
+
+@pytest.mark.parametrize("secret", ["", "changethis", "minioadmin", "CHANGEME"])
+def test_production_refuses_placeholder_s3_secret(secret: str) -> None:
+    with pytest.raises(ValidationError, match="MODELFLEET_S3_SECRET_KEY"):
+        Settings(env="production", blob_store="s3", s3_bucket="b", s3_access_key="AKIA",
+                 s3_secret_key=secret)
+
+
+def test_production_refuses_placeholder_database_password() -> None:
+    with pytest.raises(ValidationError, match="MODELFLEET_DATABASE_URL"):
+        Settings(env="production", database_url="postgresql://mf:changethis@db/mf")
+
+
+def test_development_tolerates_placeholders() -> None:
+    s = Settings(env="development", blob_store="s3", s3_bucket="b", s3_access_key="x",
+                 s3_secret_key="changethis", database_url="postgresql://u:changethis@h/d")
+    assert s.s3_secret_key == "changethis"
+
+
+def test_production_with_real_secrets_is_accepted() -> None:
+    s = Settings(env="production", blob_store="s3", s3_bucket="b", s3_access_key="AKIA",
+                 s3_secret_key="wJalrXUtnFEMI-real", database_url="postgresql://u:Xy7-real@h/d")
+    assert s.blob_store == "s3"
+
+
+def test_s3_store_needs_a_bucket() -> None:
+    with pytest.raises(ValidationError, match="MODELFLEET_S3_BUCKET"):
+        Settings(blob_store="s3")
