@@ -32,7 +32,12 @@ from server.db.models import (
 from server.errors import ConflictError, InvalidInputError, NotFoundError
 from server.jobs.interface import JobQueue
 from server.services import audit
-from server.services.sourcefiles import check_npz, detect_model_format, digest_file
+from server.services.sourcefiles import (
+    check_npz,
+    check_onnx_self_contained,
+    detect_model_format,
+    digest_file,
+)
 from server.services.version_metadata import parse_metadata, semver_key
 
 log = logging.getLogger("modelfleet.registry")
@@ -181,6 +186,8 @@ def upload_version(
         d = digest_file(f.file, field=f.field, max_bytes=cap)
         if f.field == UploadKind.model.value:
             formats[f.field] = detect_model_format(f.file)
+            if formats[f.field] == "onnx":
+                check_onnx_self_contained(f.file, d.length)
         else:
             check_npz(f.file, field=f.field)
             formats[f.field] = "npz"

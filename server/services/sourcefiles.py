@@ -19,6 +19,8 @@ MODEL_FORMATS = ("onnx", "pt2", "torchscript")
 _ONNX_FIELDS = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2}
 _ONNX_GRAPH_FIELD = 7
 _MAX_TOP_LEVEL_FIELDS = 100_000
+# Above this size the external-data check is skipped: it parses the whole protobuf in memory.
+MAX_ONNX_DEEP_CHECK_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,39 @@ def detect_model_format(f: BinaryIO) -> str:
             "or a TorchScript file (torch.jit.save)",
         )
     return fmt
+
+
+def check_onnx_self_contained(f: BinaryIO, length: int) -> None:
+    """Refuses an ONNX file whose weights live in a side file (`model.onnx.data`): only the
+    .onnx would have been uploaded, and every compile would fail later with a worse message."""
+    if length > MAX_ONNX_DEEP_CHECK_BYTES:
+        return
+    try:
+        import onnx
+        from onnx.external_data_helper import uses_external_data
+    except ImportError:  # the compile extra is not installed; compile will find out
+        return
+    f.seek(0)
+    try:
+        model = onnx.load_model_from_string(f.read())  # never follows external data
+    except Exception:
+        f.seek(0)
+        raise UnsupportedFileError(
+            "file field 'model' looks like ONNX but does not parse as an ONNX model",
+            field="model", fix="re-export the model and check it with onnx.checker.check_model",
+        ) from None
+    f.seek(0)
+    tensors = list(model.graph.initializer)
+    for node in model.graph.node:
+        tensors.extend(a.t for a in node.attribute if a.HasField("t"))
+    if any(uses_external_data(t) for t in tensors):
+        raise UnsupportedFileError(
+            "file field 'model' is an ONNX model whose weights are in a separate external-data "
+            "file, which was not uploaded",
+            field="model",
+            fix="export a single file: torch.onnx.export(..., external_data=False), or "
+            "onnx.save(model, path, save_as_external_data=False)",
+        )
 
 
 def check_npz(f: BinaryIO, *, field: str) -> None:

@@ -261,6 +261,22 @@ def test_wrong_model_file_type_is_415_naming_the_model_field(
 
 
 @sqlite_only
+def test_onnx_with_external_weights_is_415_with_the_export_fix(
+    client: TestClient, publish_headers, tmp_path
+) -> None:
+    import onnx
+
+    model = onnx.load_model_from_string(make_onnx_bytes())
+    onnx.save_model(model, tmp_path / "m.onnx", save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="m.onnx.data", size_threshold=0)
+    create_model(client, publish_headers)
+    r = upload(client, publish_headers, (tmp_path / "m.onnx").read_bytes(), meta())
+    assert r.status_code == 415, r.text
+    assert "external-data" in r.json()["detail"] and "external_data=False" in r.json()["fix"]
+    assert blob_keys(client) == []
+
+
+@sqlite_only
 def test_non_npz_calibration_is_415_naming_the_field(client: TestClient, publish_headers,
                                                      onnx_bytes: bytes) -> None:
     create_model(client, publish_headers)
