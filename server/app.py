@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from server.api import ROUTERS
 from server.api.errors import install_error_handlers
 from server.api.limits import BodySizeLimit
+from server.api.serving import ServingFastAPI
 from server.blobstore import BlobStore, make_blob_store
 from server.db.session import make_engine, make_session_factory
 from server.jobs.interface import JobQueue, NullJobQueue
@@ -50,7 +51,8 @@ def create_app(
         yield
         engine.dispose()
 
-    app = FastAPI(
+    # FastAPI, plus manifest polls answered from a process cache first (server/api/serving.py).
+    app = ServingFastAPI(
         title="ModelFleet",
         version=API_VERSION,
         description="Model releases and over-the-air updates. Write endpoints need a bearer "

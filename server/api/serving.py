@@ -4,7 +4,8 @@ presigned URL on S3).
 
 Manifest bytes are served exactly as signed and stored. Each process keeps the current bytes
 of a channel for MANIFEST_CACHE_SECONDS so a poll (and above all a 304) costs no database or
-storage round trip; changes made through this process invalidate its entry at once.
+storage round trip; changes made through this process invalidate its entry at once. Hits are
+answered by `ServingFastAPI` (the app class) before the framework's per-request work.
 
 The router's lifespan imports signed roots from DATA_DIR/roots and runs the re-sign loop.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -23,6 +25,7 @@ from fastapi import APIRouter, FastAPI, Path, Request, Response
 from fastapi.responses import RedirectResponse, StreamingResponse
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from server.api.errors import NOT_FOUND
 from server.db import models as db
@@ -38,9 +41,11 @@ from server.publish.service import key_paths, make_publisher
 log = logging.getLogger("modelfleet.serving")
 
 MANIFEST_CACHE_SECONDS = 1.0
+MANIFEST_MAX_STALE_SECONDS = 10.0
 # Devices and CDNs revalidate at most a minute later: a halt reaches the fleet within a
 # minute plus the poll interval, and a revalidation is a cheap 304.
 MANIFEST_CACHE_CONTROL = "public, max-age=60, must-revalidate"
+CACHE_CONTROL_BYTES = MANIFEST_CACHE_CONTROL.encode()
 IMMUTABLE = "public, max-age=31536000, immutable"
 SHA256_PATTERN = "^[0-9a-f]{64}$"
 
@@ -51,19 +56,46 @@ class CachedManifest:
     etag: str
     loaded_at: float
 
+    @property
+    def etag_bytes(self) -> bytes:
+        return self.etag.encode()
+
 
 class ManifestCache:
     """The current signed bytes per channel, per process, for a short time."""
 
-    def __init__(self, ttl: float = MANIFEST_CACHE_SECONDS) -> None:
+    def __init__(self, ttl: float = MANIFEST_CACHE_SECONDS,
+                 max_stale: float = MANIFEST_MAX_STALE_SECONDS) -> None:
         self.ttl = ttl
+        self.max_stale = max_stale
         self._entries: dict[str, CachedManifest] = {}
+        self._reloading: set[str] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
 
     def fresh(self, channel: str) -> CachedManifest | None:
         entry = self._entries.get(channel)
-        if entry is None or time.monotonic() - entry.loaded_at > self.ttl:
+        if entry is None or self.needs_reload(entry):
             return None
         return entry
+
+    def usable(self, channel: str) -> CachedManifest | None:
+        """Fresh, or stale by less than max_stale (served while a reload runs)."""
+        entry = self._entries.get(channel)
+        if entry is None or time.monotonic() - entry.loaded_at > self.max_stale:
+            return None
+        return entry
+
+    def needs_reload(self, entry: CachedManifest) -> bool:
+        return time.monotonic() - entry.loaded_at > self.ttl
+
+    def claim_reload(self, channel: str) -> bool:
+        if channel in self._reloading:
+            return False
+        self._reloading.add(channel)
+        return True
+
+    def release_reload(self, channel: str) -> None:
+        self._reloading.discard(channel)
 
     def put(self, channel: str, data: bytes, sha256: str) -> CachedManifest:
         entry = CachedManifest(data, etag_for(sha256), time.monotonic())
@@ -72,6 +104,61 @@ class ManifestCache:
 
     def invalidate(self, channel: str) -> None:
         self._entries.pop(channel, None)
+
+
+class ServingFastAPI(FastAPI):
+    """FastAPI that answers a manifest poll from the process cache before any per-request
+    framework work (telemetry checks, middleware, routing, dependencies) — that is what keeps
+    a 304 cheap. A miss, any other path or method goes through FastAPI as usual, and the
+    route fills the cache. An entry older than the cache time is still served (for at most
+    MANIFEST_MAX_STALE_SECONDS) while one background reload runs, so polls never queue up
+    behind the database."""
+
+    PREFIX = "/v1/channels/"
+    SUFFIX = "/manifest"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if (scope["type"] == "http" and scope["method"] == "GET"
+                and path.startswith(self.PREFIX) and path.endswith(self.SUFFIX)
+                and await self._serve_cached(path[len(self.PREFIX):-len(self.SUFFIX)],
+                                             scope, send)):
+            return
+        await super().__call__(scope, receive, send)
+
+    async def _serve_cached(self, channel: str, scope: Scope, send: Send) -> bool:
+        cache: ManifestCache | None = getattr(self.state, "manifest_cache", None)
+        entry = cache.usable(channel) if cache is not None else None
+        if entry is None:
+            return False
+        assert cache is not None
+        if cache.needs_reload(entry) and cache.claim_reload(channel):
+            task = asyncio.get_running_loop().create_task(self._reload(channel))
+            cache.tasks.add(task)
+            task.add_done_callback(cache.tasks.discard)
+        inm = None
+        for name, value in scope["headers"]:
+            if name == b"if-none-match":
+                inm = value.decode("latin-1")
+                break
+        headers = [(b"etag", entry.etag_bytes), (b"cache-control", CACHE_CONTROL_BYTES)]
+        if inm == entry.etag or if_none_match(inm, entry.etag):
+            await send({"type": "http.response.start", "status": 304, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+            return True
+        headers += [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(entry.data)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": entry.data})
+        return True
+
+    async def _reload(self, channel: str) -> None:
+        try:
+            await run_in_threadpool(_load_manifest, self, channel)
+        except Exception:  # the next poll after the stale limit goes the slow way and reports
+            log.exception("reloading the manifest of %s failed", channel)
+        finally:
+            manifest_cache(self).release_reload(channel)
 
 
 def manifest_cache(app: FastAPI) -> ManifestCache:
@@ -96,6 +183,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     except PublishError as e:  # serve anyway: manifests and artifacts do not need the roots
         log.error("signed roots not imported: %s", e.message)
     task = asyncio.create_task(resign_loop(app.state.session_factory, publisher(app)))
+    # Everything loaded at start lives as long as the process: moving it out of the cyclic
+    # GC's generations stops full collections from rescanning it under load (p99 spikes).
+    gc.freeze()
     try:
         yield
     finally:
@@ -207,8 +297,8 @@ BLOB_RESPONSES: dict[int | str, dict[str, object]] = {
 }
 
 
-@router.api_route("/artifacts/{sha256}", methods=["GET", "HEAD"], response_class=Response,
-                  responses=BLOB_RESPONSES)
+@router.head("/artifacts/{sha256}", include_in_schema=False)
+@router.get("/artifacts/{sha256}", response_class=Response, responses=BLOB_RESPONSES)
 def get_artifact(sha256: Annotated[str, Path(pattern=SHA256_PATTERN)],
                  request: Request) -> Response:
     """An artifact by its sha256 (as named in the manifest). Supports Range."""
@@ -220,8 +310,8 @@ def get_artifact(sha256: Annotated[str, Path(pattern=SHA256_PATTERN)],
     return _serve_blob(request, row.blob_key, sha256, row.length)
 
 
-@router.api_route("/patches/{sha256}", methods=["GET", "HEAD"], response_class=Response,
-                  responses=BLOB_RESPONSES)
+@router.head("/patches/{sha256}", include_in_schema=False)
+@router.get("/patches/{sha256}", response_class=Response, responses=BLOB_RESPONSES)
 def get_patch(sha256: Annotated[str, Path(pattern=SHA256_PATTERN)], request: Request) -> Response:
     """A delta patch by its sha256 (as named in the manifest). Supports Range."""
     with request.app.state.session_factory() as session:

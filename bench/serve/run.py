@@ -1,0 +1,259 @@
+"""Manifest polls per second, 200 and 304, ModelFleet's API vs nginx serving the same bytes.
+
+One run on this machine, on loopback: builds a real signed manifest (keys, SQLite, a channel
+with a two-platform release at 10%), writes the exact bytes under an nginx root, starts
+uvicorn (--workers N, httptools, no access log) and nginx (worker_processes N, no access log),
+and drives each with wrk (--latency) for a fixed duration: API 200, API 304 (If-None-Match with
+the API's ETag), nginx 200, nginx 304 (with nginx's own ETag). Prints a markdown table and,
+with --write-docs, replaces the "## Serving" section of docs/benchmarks.md.
+
+    python bench/serve/run.py [--workers 2] [--duration 5] [--rounds 3] [--connections 64]
+                              [--no-proxy-headers] [--write-docs]
+
+Needs Debian's nginx and wrk (apt-get install -y nginx wrk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                r.read()
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up within {timeout} s")
+
+
+def prepare(data: Path) -> None:
+    """Keys, database, a channel with one rollout: a realistic signed manifest."""
+    import time as _t
+
+    from server.blobstore import LocalBlobStore
+    from server.db import models as db
+    from server.db.migrate import upgrade
+    from server.db.session import make_engine, make_session_factory
+    from server.publish import rollouts as ro
+    from server.publish.keys import KeyPaths, init_keys
+    from server.publish.service import make_publisher
+    from server.settings import Settings
+
+    init_keys(KeyPaths.for_data_dir(data), now=int(_t.time()), root_keys=1, threshold=1)
+    settings = Settings(data_dir=data)
+    upgrade(settings.resolved_database_url)
+    factory = make_session_factory(make_engine(settings.resolved_database_url))
+    store = LocalBlobStore(settings.resolved_blob_dir)
+    pub = make_publisher(settings, store)
+    ro.create_channel(factory, pub, "prod", actor="bench")
+    with factory() as s:
+        m = db.Model(name="classifier")
+        s.add(m)
+        s.flush()
+        v = db.ModelVersion(model_id=m.id, version="1.0.0", state=db.VersionState.ready,
+                            metadata_json={}, source_format="onnx")
+        s.add(v)
+        s.flush()
+        for platform, fmt in (("android", "qnn_context"), ("ios", "mlpackage")):
+            data_bytes = os.urandom(4096)
+            import hashlib
+
+            sha = hashlib.sha256(data_bytes).hexdigest()
+            store.put(f"artifacts/{sha}", [data_bytes])
+            s.add(db.Artifact(version_id=v.id, platform=platform, variant="224", format=fmt,
+                              sha256=sha, length=len(data_bytes), blob_key=f"artifacts/{sha}",
+                              target={"soc": "sm8650"} if platform == "android" else {},
+                              compile_settings={"fp16": True}))
+        s.commit()
+    ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("classifier", "1.0.0", 10),
+                     actor="bench")
+
+
+NGINX_CONF = """
+worker_processes {workers};
+pid {dir}/nginx.pid;
+error_log {dir}/error.log;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/tmp; proxy_temp_path {dir}/tmp; fastcgi_temp_path {dir}/tmp;
+    uwsgi_temp_path {dir}/tmp; scgi_temp_path {dir}/tmp;
+    default_type application/json;
+    server {{
+        listen 127.0.0.1:{port};
+        root {dir}/www;
+        location / {{ add_header Cache-Control "public, max-age=60, must-revalidate"; }}
+    }}
+}}
+"""
+
+
+def run_wrk(url: str, duration: int, connections: int, threads: int,
+            headers: dict[str, str]) -> dict[str, float]:
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency"]
+    for k, v in headers.items():
+        cmd += ["-H", f"{k}: {v}"]
+    proc = subprocess.run([*cmd, url], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"wrk failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
+    out = proc.stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
+    assert p99 is not None, out
+    scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[p99.group(2)]
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    errors = (int(non2xx.group(1)) if non2xx else 0) + (
+        sum(int(g) for g in sock.groups()) if sock else 0)
+    if errors:
+        print(f"warning: {url}: {errors} errors\n{out}", file=sys.stderr)
+    return {"rps": rps, "p99_ms": float(p99.group(1)) * scale, "errors": float(errors)}
+
+
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def status_and_etag(url: str, etag: str | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers={"If-None-Match": etag} if etag else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.headers.get("ETag", "")
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("ETag", "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (median)")
+    ap.add_argument("--connections", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--no-proxy-headers", action="store_true",
+                    help="uvicorn without X-Forwarded-* handling (direct exposure only)")
+    args = ap.parse_args()
+    for tool in ("nginx", "wrk"):
+        if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
+            sys.exit(f"{tool} not found: apt-get install -y nginx wrk")
+
+    work = Path(tempfile.mkdtemp(prefix="mf-bench-serve-"))
+    work.chmod(0o755)  # nginx workers run as www-data and must read the served file
+    data = work / "data"
+    prepare(data)
+    api_port, nginx_port = free_port(), free_port()
+    env = {**os.environ, "MODELFLEET_DATA_DIR": str(data),
+           "MODELFLEET_PUBLIC_BASE_URL": f"http://127.0.0.1:{api_port}"}
+    api = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "bench.serve.app:make_app", "--factory",
+         "--host", "127.0.0.1", "--port", str(api_port), "--workers", str(args.workers),
+         "--http", "httptools", "--no-access-log", "--log-level", "warning",
+         *(["--no-proxy-headers"] if args.no_proxy_headers else [])],
+        cwd=ROOT, env=env, start_new_session=True)
+    nginx_dir = work / "nginx"
+    (nginx_dir / "tmp").mkdir(parents=True)
+    conf = nginx_dir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(workers=args.workers, dir=nginx_dir, port=nginx_port))
+    nginx = None
+    try:
+        api_url = f"http://127.0.0.1:{api_port}/v1/channels/prod/manifest"
+        wait_http(api_url)
+        with urllib.request.urlopen(api_url) as r:
+            body, api_etag = r.read(), r.headers["ETag"]
+        target = nginx_dir / "www" / "v1" / "channels" / "prod" / "manifest"
+        target.parent.mkdir(parents=True)
+        target.write_bytes(body)  # the same signed bytes
+        nginx = subprocess.Popen(["nginx", "-c", str(conf), "-g", "daemon off;"],
+                                 start_new_session=True)
+        nginx_url = f"http://127.0.0.1:{nginx_port}/v1/channels/prod/manifest"
+        wait_http(nginx_url)
+        _, nginx_etag = status_and_etag(nginx_url)
+        assert status_and_etag(api_url, api_etag)[0] == 304
+        assert status_and_etag(nginx_url, nginx_etag)[0] == 304
+        w = dict(duration=args.duration, connections=args.connections, threads=args.threads)
+        cases = {
+            ("api", 200): (api_url, {}), ("nginx", 200): (nginx_url, {}),
+            ("api", 304): (api_url, {"If-None-Match": api_etag}),
+            ("nginx", 304): (nginx_url, {"If-None-Match": nginx_etag}),
+        }
+        # Short alternating rounds, median per case: the machine is shared, and background
+        # load then hits both servers alike instead of whichever ran during a burst.
+        rounds: dict[tuple[str, int], list[dict[str, float]]] = {k: [] for k in cases}
+        for _ in range(args.rounds):
+            for key, (url, hdrs) in cases.items():
+                rounds[key].append(run_wrk(url, headers=hdrs, **w))
+        results = {k: median_of(v) for k, v in rounds.items()}
+    finally:
+        for proc in (api, nginx):
+            if proc is not None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+
+    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"Run {date} on this machine ({os.cpu_count()} cores, shared with other work; load "
+        f"average {os.getloadavg()[0]:.1f} at the end), loopback, wrk -t{args.threads} "
+        f"-c{args.connections} -d{args.duration}s --latency, {args.rounds} alternating rounds, "
+        f"median of each; uvicorn --workers {args.workers} (httptools, uvloop"
+        f"{', --no-proxy-headers' if args.no_proxy_headers else ''}), nginx worker_processes "
+        f"{args.workers}, both without access logs; the same {len(body)}-byte signed manifest. "
+        f"`python bench/serve/run.py --write-docs` reproduces it.",
+        "",
+        "| response | ModelFleet API req/s | p99 | nginx req/s | p99 | API / nginx |",
+        "|---|---|---|---|---|---|",
+    ]
+    for status in (200, 304):
+        a, n = results[("api", status)], results[("nginx", status)]
+        lines.append(f"| {status} | {a['rps']:,.0f} | {a['p99_ms']:.2f} ms | {n['rps']:,.0f} | "
+                     f"{n['p99_ms']:.2f} ms | {a['rps'] / n['rps']:.0%} |")
+    ratio = results[("api", 304)]["rps"] / results[("nginx", 304)]["rps"]
+    lines += ["", f"Goal: the 304 path at ≥ 50% of nginx's rate — "
+              f"{'met' if ratio >= 0.5 else 'NOT met'} ({ratio:.0%})."]
+    table = "\n".join(lines)
+    print(table)
+    print(json.dumps({f"{k[0]}_{k[1]}": v for k, v in results.items()}))
+    if args.write_docs:
+        write_section(ROOT / "docs" / "benchmarks.md", "Serving", table)
+
+
+def write_section(path: Path, heading: str, body: str) -> None:
+    """Replace (or append) the `## heading` section, leaving every other section as it is."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(rf"^## {re.escape(heading)}\n.*?(?=^## |\Z)", re.M | re.S)
+    section = f"## {heading}\n\n{body}\n\n"
+    text = pattern.sub(lambda _m: section, text) if pattern.search(text) else (
+        text.rstrip("\n") + "\n\n" + section)
+    path.write_text(text.rstrip("\n") + "\n")
+
+
+if __name__ == "__main__":
+    main()
