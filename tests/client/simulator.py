@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import manifests
+from client_sdk.errors import FetchError
+from client_sdk.transport import Response
 from manifests import (
     MANIFEST_PAYLOAD_TYPE,
     ROOT_PAYLOAD_TYPE,
@@ -29,9 +31,6 @@ from manifests import (
     Root,
     SigningKey,
 )
-
-from client_sdk.errors import FetchError
-from client_sdk.transport import Response
 
 BASE = "https://updates.example.test"
 DAY = 86400
