@@ -4,6 +4,7 @@ One entry per build (platform × shape variant), each with its `state`, the prim
 `artifact` (`sha256`, `length`, …), every artifact it produced (several for QNN with more
 than one SoC target), the `gates` report (operator findings naming operators / inputs,
 numeric metrics or "not run" with the reason) and the per-job `log`.
+`POST …/builds/retry` re-queues the failed builds of a version (e.g. after a worker fix).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel
 from sqlalchemy import select
 
-from server.api.deps import SessionDep
-from server.api.errors import NOT_FOUND
+from server.api.deps import JobQueueDep, PublishPrincipal, SessionDep, StrictQuery
+from server.api.errors import AUTH_ERRORS, NOT_FOUND
 from server.api.models import ModelName
 from server.db.models import Artifact, Build, BuildState, VersionState
-from server.services import registry
+from server.services import audit, registry
 
-router = APIRouter(prefix="/v1/models/{name}/versions/{version}/builds", tags=["builds"])
+router = APIRouter(prefix="/v1/models/{name}/versions/{version}/builds", tags=["builds"],
+                   dependencies=[StrictQuery])
 
 
 class ArtifactPublic(BaseModel):
@@ -70,14 +72,7 @@ def _gates(build: Build) -> dict[str, Any] | None:
     return gates
 
 
-@router.get("", responses={**NOT_FOUND})
-def list_builds(
-    name: ModelName,
-    version: Annotated[str, Path(min_length=1, max_length=64)],
-    session: SessionDep,
-    logs: Annotated[bool, Query(description="include each build's log")] = True,
-) -> BuildList:
-    """Every build of a version with its artifact(s), gate report and log."""
+def _list(session: SessionDep, name: str, version: str, logs: bool) -> BuildList:
     v = registry.get_version(session, name, version)
     builds = list(session.scalars(select(Build).where(Build.version_id == v.id)
                                   .order_by(Build.platform, Build.variant)))
@@ -96,3 +91,43 @@ def list_builds(
             started_at=b.started_at, finished_at=b.finished_at,
             next_attempt_at=b.next_attempt_at))
     return BuildList(model=name, version=v.version, state=v.state, builds=entries)
+
+
+@router.get("", responses={**NOT_FOUND})
+def list_builds(
+    name: ModelName,
+    version: Annotated[str, Path(min_length=1, max_length=64)],
+    session: SessionDep,
+    logs: Annotated[bool, Query(description="include each build's log")] = True,
+) -> BuildList:
+    """Every build of a version with its artifact(s), gate report and log."""
+    return _list(session, name, version, logs)
+
+
+@router.post("/retry", responses={**AUTH_ERRORS, **NOT_FOUND})
+def retry_failed_builds(
+    name: ModelName,
+    version: Annotated[str, Path(min_length=1, max_length=64)],
+    session: SessionDep,
+    queue: JobQueueDep,
+    principal: PublishPrincipal,
+) -> BuildList:
+    """Re-queues every failed build of the version (scope `publish`); idempotent: with no
+    failed build nothing changes. The version returns to `compiling` when a worker starts."""
+    v = registry.get_version(session, name, version)
+    failed = list(session.scalars(select(Build).where(Build.version_id == v.id,
+                                                      Build.state == BuildState.failed)))
+    for b in failed:
+        b.transition(BuildState.queued)
+        b.next_attempt_at, b.locked_by = None, None
+        b.log = (b.log or "") + "--- re-queued by " + principal.actor + "\n"
+    if failed and v.state == VersionState.failed:
+        v.transition(VersionState.compiling)  # clients polling see it is being rebuilt
+        v.error = ""
+    if failed:
+        audit.record(session, principal.actor, "builds.retry", f"{name}/{v.version}",
+                     builds=[f"{b.platform}/{b.variant}" for b in failed])
+    session.commit()
+    if failed:
+        queue.enqueue_compile(v.id)
+    return _list(session, name, version, logs=False)

@@ -177,3 +177,31 @@ def test_build_abandoned_by_a_dead_worker_is_taken_over_and_the_dead_one_cannot_
     # The dead worker wakes up and tries to record a result: it no longer owns the build.
     dead._fail(build_id, "zombie", _JobLog())
     assert _build(sf).state == BuildState.succeeded
+
+
+def test_failed_builds_can_be_retried_through_the_api(convnet_files, tmp_path):
+    settings = make_settings(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path / "data")
+    app = create_app(settings, job_queue=NullJobQueue())
+    with TestClient(app) as client:
+        token = publish_token(settings)
+        uploader(client, token)("conv", "1.0.0", convnet_files.onnx, CONV_INPUTS, ["onnx"])
+        sf = app.state.session_factory
+        # A first attempt failed for a reason since fixed (e.g. a worker bug).
+        runner = BuildRunner(sf, app.state.blob_store, worker_id="w",
+                             pipeline_factory=lambda log: FlakyPipeline(log, failures=99),
+                             retry=RetryPolicy(max_attempts=1))
+        FlakyPipeline.calls = 0
+        InProcessJobQueue(runner).drain()
+        assert client.get("/v1/models/conv/versions/1.0.0").json()["state"] == "failed"
+
+        headers = {"Authorization": f"Bearer {token}"}
+        r = client.post("/v1/models/conv/versions/1.0.0/builds/retry", headers=headers)
+        assert r.status_code == 200 and r.json()["state"] == "compiling"
+        assert [b["state"] for b in r.json()["builds"]] == ["queued"]
+        assert client.post("/v1/models/conv/versions/1.0.0/builds/retry").status_code == 401
+
+        InProcessJobQueue(BuildRunner(sf, app.state.blob_store, worker_id="w2")).drain()
+        body = client.get("/v1/models/conv/versions/1.0.0/builds?logs=true").json()
+        assert body["state"] == "ready" and body["builds"][0]["attempts"] == 2
+        assert "re-queued by" in body["builds"][0]["log"]
+        assert client.get("/v1/models/conv/versions/1.0.0/builds?lgos=1").status_code == 422
