@@ -7,7 +7,8 @@
     │   └── UnsupportedFileError 415  an uploaded file is not of an accepted type
     ├── PayloadTooLargeError     413  an upload or field passed its size cap
     ├── AuthenticationError      401  no / unknown / revoked token
-    └── PermissionDeniedError    403  the token lacks the scope
+    ├── PermissionDeniedError    403  the token lacks the scope
+    └── ServiceUnavailableError  503  a backend (database, storage) is down; retry later
 Other areas subclass these (e.g. `class ChannelNotFound(NotFoundError)`) and get the mapping.
 """
 
@@ -58,3 +59,8 @@ class AuthenticationError(ServiceError):
 class PermissionDeniedError(ServiceError):
     status_code = 403
     code = "forbidden"
+
+
+class ServiceUnavailableError(ServiceError):
+    status_code = 503
+    code = "unavailable"

@@ -427,3 +427,43 @@ def test_every_write_is_audited_with_the_actor(client: TestClient, publish_heade
 
 def test_audit_needs_a_token(client: TestClient) -> None:
     assert client.get("/v1/audit").status_code == 401
+
+
+class CompetingUploadOnFirstPut(LocalBlobStore):
+    """A real local store; on its first write, another client's upload of the same version
+    commits first (the race the unique constraint settles)."""
+
+    def __init__(self, root, compete) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(root)
+        self.compete = compete
+
+    def put(self, key, source, **kw):  # type: ignore[no-untyped-def,override]
+        compete, self.compete = self.compete, None
+        if compete is not None:
+            compete()
+        return super().put(key, source, **kw)
+
+
+@pytest.mark.parametrize("same_file", [True, False])
+def test_losing_a_concurrent_upload_race_leaves_no_trace(
+    client: TestClient, publish_headers, onnx_bytes: bytes, tmp_path, session_factory,
+    same_file: bool,
+) -> None:
+    create_model(client, publish_headers)
+    winner_store = LocalBlobStore(tmp_path / "winner")
+
+    def competing_upload() -> None:
+        with TestClient(client.app) as other:  # type: ignore[arg-type]
+            other.app.state.blob_store = winner_store  # type: ignore[attr-defined]
+            r = upload(other, publish_headers, onnx_bytes, meta())
+            assert r.status_code == 201
+
+    loser_store = CompetingUploadOnFirstPut(tmp_path / "loser", competing_upload)
+    client.app.state.blob_store = loser_store  # type: ignore[attr-defined]
+    data = onnx_bytes if same_file else make_onnx_bytes(7.0)
+    r = upload(client, publish_headers, data, meta())
+    assert r.status_code == (200 if same_file else 409), r.text
+    assert list(loser_store.list_keys()) == []  # the loser's blob was removed again
+    assert len(list(winner_store.list_keys())) == 1
+    assert count(session_factory, ModelVersion) == 1
+    assert count(session_factory, SourceUpload) == 1
