@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Path, Request, Response
 from fastapi.responses import RedirectResponse, StreamingResponse
@@ -55,10 +55,16 @@ class CachedManifest:
     data: bytes
     etag: str
     loaded_at: float
+    # Response headers built once per load, not once per poll.
+    headers_304: tuple[tuple[bytes, bytes], ...] = ()
+    headers_200: tuple[tuple[bytes, bytes], ...] = ()
 
-    @property
-    def etag_bytes(self) -> bytes:
-        return self.etag.encode()
+    @classmethod
+    def of(cls, data: bytes, etag: str) -> CachedManifest:
+        common = ((b"etag", etag.encode()), (b"cache-control", CACHE_CONTROL_BYTES))
+        return cls(data, etag, time.monotonic(), common, (
+            *common, (b"content-type", b"application/json"),
+            (b"content-length", str(len(data)).encode())))
 
 
 class ManifestCache:
@@ -78,12 +84,16 @@ class ManifestCache:
             return None
         return entry
 
-    def usable(self, channel: str) -> CachedManifest | None:
-        """Fresh, or stale by less than max_stale (served while a reload runs)."""
+    def usable(self, channel: str) -> tuple[CachedManifest | None, bool]:
+        """(entry, needs a reload): fresh, or stale by less than max_stale (served while a
+        reload runs), else (None, True)."""
         entry = self._entries.get(channel)
-        if entry is None or time.monotonic() - entry.loaded_at > self.max_stale:
-            return None
-        return entry
+        if entry is None:
+            return None, True
+        age = time.monotonic() - entry.loaded_at
+        if age > self.max_stale:
+            return None, True
+        return entry, age > self.ttl
 
     def needs_reload(self, entry: CachedManifest) -> bool:
         return time.monotonic() - entry.loaded_at > self.ttl
@@ -98,7 +108,7 @@ class ManifestCache:
         self._reloading.discard(channel)
 
     def put(self, channel: str, data: bytes, sha256: str) -> CachedManifest:
-        entry = CachedManifest(data, etag_for(sha256), time.monotonic())
+        entry = CachedManifest.of(data, etag_for(sha256))
         self._entries[channel] = entry
         return entry
 
@@ -117,6 +127,10 @@ class ServingFastAPI(FastAPI):
     PREFIX = "/v1/channels/"
     SUFFIX = "/manifest"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.manifest_cache = ManifestCache()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
         if (scope["type"] == "http" and scope["method"] == "GET"
@@ -127,12 +141,11 @@ class ServingFastAPI(FastAPI):
         await super().__call__(scope, receive, send)
 
     async def _serve_cached(self, channel: str, scope: Scope, send: Send) -> bool:
-        cache: ManifestCache | None = getattr(self.state, "manifest_cache", None)
-        entry = cache.usable(channel) if cache is not None else None
+        cache = self.manifest_cache
+        entry, stale = cache.usable(channel)
         if entry is None:
             return False
-        assert cache is not None
-        if cache.needs_reload(entry) and cache.claim_reload(channel):
+        if stale and cache.claim_reload(channel):
             task = asyncio.get_running_loop().create_task(self._reload(channel))
             cache.tasks.add(task)
             task.add_done_callback(cache.tasks.discard)
@@ -141,14 +154,12 @@ class ServingFastAPI(FastAPI):
             if name == b"if-none-match":
                 inm = value.decode("latin-1")
                 break
-        headers = [(b"etag", entry.etag_bytes), (b"cache-control", CACHE_CONTROL_BYTES)]
         if inm == entry.etag or if_none_match(inm, entry.etag):
-            await send({"type": "http.response.start", "status": 304, "headers": headers})
+            await send({"type": "http.response.start", "status": 304,
+                        "headers": entry.headers_304})
             await send({"type": "http.response.body", "body": b""})
             return True
-        headers += [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(entry.data)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.start", "status": 200, "headers": entry.headers_200})
         await send({"type": "http.response.body", "body": entry.data})
         return True
 
@@ -162,9 +173,12 @@ class ServingFastAPI(FastAPI):
 
 
 def manifest_cache(app: FastAPI) -> ManifestCache:
-    cache: ManifestCache | None = getattr(app.state, "manifest_cache", None)
+    """The app's manifest cache (a plain FastAPI app gets one on its state)."""
+    cache: ManifestCache | None = getattr(app, "manifest_cache", None)
     if cache is None:
-        cache = app.state.manifest_cache = ManifestCache()
+        cache = getattr(app.state, "manifest_cache", None)
+        if cache is None:
+            cache = app.state.manifest_cache = ManifestCache()
     return cache
 
 
