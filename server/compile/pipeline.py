@@ -107,7 +107,8 @@ class Pipeline:
             request = CompileRequest(
                 source_path=spec.source_path, source_format=spec.source_format, inputs=inputs,
                 shape_variant=variant, settings=spec.settings,
-                calibration_path=spec.calibration_path, onnx_path=onnx_path)
+                calibration_path=spec.calibration_path, onnx_path=onnx_path,
+                reference_path=spec.reference_path or spec.calibration_path)
             outcomes.extend(self._build_platform(platform, request, vdir / platform,
                                                  feeds, reference, ref_reason))
         return outcomes
@@ -171,6 +172,8 @@ class Pipeline:
                            compile_settings=dict(art.compile_settings), notes=list(art.notes),
                            compile_seconds=seconds)
         ok = True
+        if "conversion_check" in art.extra:
+            gates["conversion"] = art.extra["conversion_check"]
         if art.path.is_dir() and art.path.suffix == ".mlpackage":
             mil = check_mlpackage(art.path, t.platform, deny_list(t.platform, "mil"))
             gates["operators"] = [*gates["operators"], mil.to_dict()]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from server.compile.errors import CalibrationError, InvalidSourceError
 from server.compile.types import InputSpec, SourceFormat
@@ -39,12 +40,12 @@ def numpy_dtype(spec: InputSpec) -> Any:
         ) from None
 
 
-def example_inputs(specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
+def example_inputs(specs: tuple[InputSpec, ...]) -> dict[str, NDArray[Any]]:
     """Zeros of the declared shapes: only used to trace shapes, never as calibration data."""
     return {s.name: np.zeros(s.shape, dtype=numpy_dtype(s)) for s in specs}
 
 
-def load_samples(path: Path, specs: tuple[InputSpec, ...]) -> list[dict[str, np.ndarray]]:
+def load_samples(path: Path, specs: tuple[InputSpec, ...]) -> list[dict[str, NDArray[Any]]]:
     """Reads an .npz of inputs into per-sample feeds, checking names, shapes and dtypes."""
     try:
         npz = np.load(path, allow_pickle=False)
@@ -57,7 +58,7 @@ def load_samples(path: Path, specs: tuple[InputSpec, ...]) -> list[dict[str, np.
                 f"{path.name} lacks arrays for inputs {missing}; it has {sorted(npz.files)}. "
                 "Save one array per input name, shaped (N, *input_shape)."
             )
-        batches: dict[str, np.ndarray] = {}
+        batches: dict[str, NDArray[Any]] = {}
         counts = set()
         for s in specs:
             arr = npz[s.name]
@@ -106,7 +107,8 @@ def load_exported_program(path: Path, fmt: SourceFormat, specs: tuple[InputSpec,
             # TorchScript is the legacy format; convert once to an ExportedProgram.
             from torch._export.converter import TS2EPConverter
 
-            ep = TS2EPConverter(torch.jit.load(str(path), map_location="cpu"), args).convert()
+            scripted = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
+            ep = TS2EPConverter(scripted, args).convert()
         else:
             raise InvalidSourceError(f"{fmt} is not a torch format")
     except InvalidSourceError:
@@ -176,7 +178,8 @@ def export_onnx(path: Path, fmt: SourceFormat, specs: tuple[InputSpec, ...], out
     return out
 
 
-def run_onnx_cpu(model_path: Path, feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+def run_onnx_cpu(model_path: Path, feeds: list[dict[str, NDArray[Any]]]
+                 ) -> list[list[NDArray[Any]]]:
     """Runs an ONNX model on the onnxruntime CPU provider, one output list per sample."""
     import onnxruntime as ort
 
@@ -188,14 +191,14 @@ def run_onnx_cpu(model_path: Path, feeds: list[dict[str, np.ndarray]]) -> list[l
 
 
 def reference_outputs(path: Path, fmt: SourceFormat, specs: tuple[InputSpec, ...],
-                      feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+                      feeds: list[dict[str, NDArray[Any]]]) -> list[list[NDArray[Any]]]:
     """FP32 outputs of the unconverted source on each reference sample."""
     if fmt is SourceFormat.ONNX:
         return run_onnx_cpu(path, feeds)
     import torch
 
     module = load_exported_program(path, fmt, specs).module()
-    outs: list[list[np.ndarray]] = []
+    outs: list[list[NDArray[Any]]] = []
     with torch.no_grad():
         for f in feeds:
             res = module(*(torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in specs))

@@ -73,6 +73,8 @@ class CompileRequest:
     calibration_path: Path | None = None
     # FP32 ONNX of the source, made once by the pipeline and shared by compilers that need ONNX.
     onnx_path: Path | None = None
+    # Real inputs (.npz like calibration) a compiler may use to check an intermediate step.
+    reference_path: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ class RetryPolicy:
     max_delay_s: float = 300.0
 
     def delay(self, attempts: int) -> float:
-        return min(self.base_delay_s * 2 ** max(attempts - 1, 0), self.max_delay_s)
+        return float(min(self.base_delay_s * 2 ** max(attempts - 1, 0), self.max_delay_s))
 
 
 class _JobLog:

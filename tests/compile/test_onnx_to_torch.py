@@ -42,3 +42,28 @@ def test_unconvertible_operator_is_named_with_the_export_advice(tmp_path):
                                                 (InputSpec("x", (1, 4)),)), tmp_path)
     assert err.value.operators == ["Hardmax"]
     assert "Hardmax" in str(err.value) and "ExportedProgram" in str(err.value)
+
+
+def test_onnx2torch_drift_fails_the_core_ml_build_before_conversion(convnet, tmp_path,
+                                                                     monkeypatch):
+    """If the intermediate torch graph disagrees with onnxruntime, Core ML is not built."""
+    import torch
+
+    import server.compile.onnx_to_torch as o2t
+
+    real = o2t.onnx_to_torch
+
+    class Drift(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x) * 1.05
+
+    monkeypatch.setattr(o2t, "onnx_to_torch", lambda path: Drift(real(path)))
+    req = CompileRequest(convnet.onnx, SourceFormat.ONNX, convnet.inputs,
+                         reference_path=convnet.reference)
+    with pytest.raises(ConversionError, match="changed the outputs"):
+        CoreMLCompiler().compile(req, tmp_path)
+    assert not (tmp_path / "model.mlpackage").exists()

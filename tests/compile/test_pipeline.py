@@ -64,10 +64,15 @@ def test_transformer_block_builds_int8_qnn_from_calibration_data(transformer, tm
 
 def test_transformer_block_from_onnx_reaches_core_ml_through_onnx2torch(transformer, tmp_path):
     spec = BuildSpec(transformer.onnx, SourceFormat.ONNX, {"default": transformer.inputs},
-                     platforms=("coreml",))
+                     platforms=("coreml",), reference_path=transformer.reference)
     (coreml,) = Pipeline().build(spec, tmp_path)
     assert coreml.state == "ready", coreml.error
     assert coreml.gates["operators"][1]["operators"].get("softmax") == 1
+    # Core ML itself did not run here, but the ONNX → torch step was checked at FP32.
+    conversion = coreml.gates["conversion"]
+    assert conversion["passed"] and conversion["runner"] == "onnx2torch vs onnxruntime"
+    assert conversion["outputs"][0]["snr_db"] == "inf" or conversion["outputs"][0]["snr_db"] > 80
+    assert coreml.gates["numeric"]["status"] == "not_run"
 
 
 def test_nms_model_is_rejected_naming_the_operator(nms_onnx, tmp_path):

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
+from numpy.typing import NDArray
 
 from server.compile.types import CompiledArtifact, CompileRequest
 
-Feeds = list[dict[str, np.ndarray]]
-Outputs = list[list[np.ndarray]]
+Feeds = list[dict[str, NDArray[Any]]]
+Outputs = list[list[NDArray[Any]]]
 
 
 @runtime_checkable

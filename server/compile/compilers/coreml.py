@@ -34,7 +34,37 @@ NOT_ON_MACOS = ("not run (needs macOS): Core ML can compile a .mlpackage to .mlm
 _COMPRESSIONS = ("none", "int8", "palettize4", "palettize6", "palettize8")
 
 
-def _program_from_onnx(request: CompileRequest) -> Any:
+def _check_conversion(module: Any, request: CompileRequest) -> dict[str, Any] | None:
+    """Core ML cannot run on Linux, so at least prove the ONNX → torch step kept the numbers:
+    the torch module against onnxruntime on up to 4 real samples, at FP32 thresholds."""
+    import torch
+
+    from server.compile.gates import numeric
+    from server.compile.source import load_samples, run_onnx_cpu
+
+    if request.reference_path is None:
+        return None
+    feeds = load_samples(request.reference_path, request.inputs)[:4]
+    expected = run_onnx_cpu(request.onnx_path or request.source_path, feeds)
+    got = []
+    with torch.no_grad():
+        for f in feeds:
+            res = module(*(torch.from_numpy(np.ascontiguousarray(f[s.name]))
+                           for s in request.inputs))
+            flat = res if isinstance(res, (tuple, list)) else (res,)
+            got.append([t.detach().numpy() for t in flat])
+    t = numeric.thresholds_for(Precision.FP32)
+    report = numeric.evaluate(numeric.compare(expected, got, t.topk), Precision.FP32, t,
+                              len(feeds), runner="onnx2torch vs onnxruntime").to_dict()
+    report["gate"] = "conversion"
+    if not report["passed"]:
+        raise ConversionError(
+            f"ONNX → torch conversion (for Core ML) changed the outputs: {report['reason']}. "
+            "Upload the model as a torch ExportedProgram to compile it for Core ML.")
+    return report
+
+
+def _program_from_onnx(request: CompileRequest) -> tuple[Any, dict[str, Any] | None]:
     """ONNX → torch module → ExportedProgram, or a traced TorchScript module when export
     trips on onnx2torch's value-dependent shape ops (tracing bakes those in as constants,
     which is exact for the static shapes we compile for)."""
@@ -44,14 +74,17 @@ def _program_from_onnx(request: CompileRequest) -> Any:
     from server.compile.source import example_inputs
 
     module = onnx_to_torch(request.onnx_path or request.source_path)
+    check = _check_conversion(module, request)
     args = tuple(torch.from_numpy(a) for a in example_inputs(request.inputs).values())
     try:
         with quiet():
-            return torch.export.export(module, args)
+            return torch.export.export(module, args), check
     except Exception as export_error:
         try:
             with quiet(), torch.no_grad():
-                return torch.jit.trace(module, args, check_trace=False)
+                traced = torch.jit.trace(  # type: ignore[no-untyped-call]
+                    module, args, check_trace=False)
+                return traced, check
         except Exception as e:
             raise ConversionError(
                 f"the onnx2torch module can be neither exported ({export_error}) nor traced "
@@ -91,8 +124,9 @@ class CoreMLCompiler:
         if compression not in _COMPRESSIONS:
             raise InvalidSourceError(f"weight_compression must be one of {_COMPRESSIONS}")
 
+        check = None
         if request.source_format is SourceFormat.ONNX:
-            program = _program_from_onnx(request)
+            program, check = _program_from_onnx(request)
         else:
             program = load_exported_program(request.source_path, request.source_format,
                                             request.inputs)
@@ -134,6 +168,7 @@ class CoreMLCompiler:
             notes=[] if on_mac else [NOT_ON_MACOS],
             runnable_here=on_mac,
             not_runnable_reason="" if on_mac else NOT_ON_MACOS,
+            extra={"conversion_check": check} if check else {},
         )]
 
     def run(self, artifact: CompiledArtifact, feeds: Feeds) -> Outputs:

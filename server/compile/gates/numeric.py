@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from server.compile.types import Precision
 
@@ -53,7 +54,7 @@ class OutputMetrics:
     topk_agreement: float | None
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
+def cosine(a: NDArray[Any], b: NDArray[Any]) -> float:
     a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     na, nb = float(np.linalg.norm(a64)), float(np.linalg.norm(b64))
     if na == 0.0 and nb == 0.0:
@@ -63,7 +64,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a64, b64) / (na * nb))
 
 
-def snr_db(reference: np.ndarray, candidate: np.ndarray) -> float:
+def snr_db(reference: NDArray[Any], candidate: NDArray[Any]) -> float:
     ref = reference.astype(np.float64).ravel()
     noise = float(np.sum((ref - candidate.astype(np.float64).ravel()) ** 2))
     signal = float(np.sum(ref**2))
@@ -74,7 +75,7 @@ def snr_db(reference: np.ndarray, candidate: np.ndarray) -> float:
     return 10.0 * math.log10(signal / noise)
 
 
-def topk_agreement(reference: np.ndarray, candidate: np.ndarray, k: int) -> float | None:
+def topk_agreement(reference: NDArray[Any], candidate: NDArray[Any], k: int) -> float | None:
     """Mean overlap of the top-k class sets per row (1.0 = same k classes); None when the
     output is not classifier-shaped."""
     if reference.ndim != 2 or reference.shape[1] < 2:
@@ -86,7 +87,7 @@ def topk_agreement(reference: np.ndarray, candidate: np.ndarray, k: int) -> floa
     return float(np.mean(overlap))
 
 
-def compare(reference: list[list[np.ndarray]], candidate: list[list[np.ndarray]],
+def compare(reference: list[list[NDArray[Any]]], candidate: list[list[NDArray[Any]]],
             k: int = 5) -> list[OutputMetrics]:
     """Metrics per output, pooled over all samples (each sample is a list of outputs)."""
     if len(reference) != len(candidate) or not reference:
