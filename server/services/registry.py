@@ -187,7 +187,7 @@ def upload_version(
         if f.field == UploadKind.model.value:
             formats[f.field] = detect_model_format(f.file)
             if formats[f.field] == "onnx":
-                check_onnx_self_contained(f.file, d.length)
+                check_onnx_self_contained(f.file)
         else:
             check_npz(f.file, field=f.field)
             formats[f.field] = "npz"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -19,8 +20,6 @@ MODEL_FORMATS = ("onnx", "pt2", "torchscript")
 _ONNX_FIELDS = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2}
 _ONNX_GRAPH_FIELD = 7
 _MAX_TOP_LEVEL_FIELDS = 100_000
-# Above this size the external-data check is skipped: it parses the whole protobuf in memory.
-MAX_ONNX_DEEP_CHECK_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -73,30 +72,17 @@ def detect_model_format(f: BinaryIO) -> str:
     return fmt
 
 
-def check_onnx_self_contained(f: BinaryIO, length: int) -> None:
+def check_onnx_self_contained(f: BinaryIO) -> None:
     """Refuses an ONNX file whose weights live in a side file (`model.onnx.data`): only the
-    .onnx would have been uploaded, and every compile would fail later with a worse message."""
-    if length > MAX_ONNX_DEEP_CHECK_BYTES:
-        return
+    .onnx would have been uploaded, and every compile would fail later with a worse message.
+
+    Streams: walks ModelProto.graph -> GraphProto.initializer -> TensorProto fields, seeking
+    over tensor bytes, so a multi-GB model is checked in constant memory."""
     try:
-        import onnx
-        from onnx.external_data_helper import uses_external_data
-    except ImportError:  # the compile extra is not installed; compile will find out
-        return
-    f.seek(0)
-    try:
-        model = onnx.load_model_from_string(f.read())  # never follows external data
-    except Exception:
+        external = _onnx_uses_external_data(f)
+    finally:
         f.seek(0)
-        raise UnsupportedFileError(
-            "file field 'model' looks like ONNX but does not parse as an ONNX model",
-            field="model", fix="re-export the model and check it with onnx.checker.check_model",
-        ) from None
-    f.seek(0)
-    tensors = list(model.graph.initializer)
-    for node in model.graph.node:
-        tensors.extend(a.t for a in node.attribute if a.HasField("t"))
-    if any(uses_external_data(t) for t in tensors):
+    if external:
         raise UnsupportedFileError(
             "file field 'model' is an ONNX model whose weights are in a separate external-data "
             "file, which was not uploaded",
@@ -104,6 +90,59 @@ def check_onnx_self_contained(f: BinaryIO, length: int) -> None:
             fix="export a single file: torch.onnx.export(..., external_data=False), or "
             "onnx.save(model, path, save_as_external_data=False)",
         )
+
+
+def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, value or payload offset, payload size) for each protobuf
+    field from the current position to `end`; payloads are skipped, not read."""
+    while f.tell() < end:
+        tag = _read_varint(f)
+        if tag is None:
+            return
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value = _read_varint(f)
+            if value is None:
+                return
+            yield number, wire, value, 0
+        elif wire == 2:
+            size = _read_varint(f)
+            if size is None or f.tell() + size > end:
+                return
+            offset = f.tell()
+            yield number, wire, offset, size
+            f.seek(offset + size)
+        elif wire in (1, 5):
+            f.seek(8 if wire == 1 else 4, 1)
+        else:
+            return
+
+
+_GRAPH_INITIALIZER = 5
+_TENSOR_EXTERNAL_DATA = 13
+_TENSOR_DATA_LOCATION = 14
+_DATA_LOCATION_EXTERNAL = 1
+
+
+def _onnx_uses_external_data(f: BinaryIO) -> bool:
+    end = f.seek(0, 2)
+    f.seek(0)
+    for number, wire, offset, size in _fields(f, end):
+        if number != _ONNX_GRAPH_FIELD or wire != 2:
+            continue
+        f.seek(offset)
+        for g_number, g_wire, g_offset, g_size in _fields(f, offset + size):
+            if g_number != _GRAPH_INITIALIZER or g_wire != 2:
+                continue
+            f.seek(g_offset)
+            for t_number, t_wire, t_value, _ in _fields(f, g_offset + g_size):
+                if t_number == _TENSOR_EXTERNAL_DATA and t_wire == 2:
+                    return True
+                if (t_number, t_wire, t_value) == (_TENSOR_DATA_LOCATION, 0,
+                                                   _DATA_LOCATION_EXTERNAL):
+                    return True
+        f.seek(offset + size)
+    return False
 
 
 def check_npz(f: BinaryIO, *, field: str) -> None:

@@ -1,0 +1,76 @@
+"""Recognising uploads by content, in constant memory: ONNX (and its external-data trap),
+.pt2, TorchScript, .npz."""
+
+from __future__ import annotations
+
+import io
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from server_testdata import make_onnx_bytes, npz_bytes
+
+from server.errors import UnsupportedFileError
+from server.services.sourcefiles import (
+    check_npz,
+    check_onnx_self_contained,
+    detect_model_format,
+)
+
+
+def big_onnx(path: Path, mib: int) -> None:
+    weights = np.zeros((mib, 256, 1024), dtype=np.float32)  # mib * 1 MiB
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y],
+                              [numpy_helper.from_array(weights, name="w")])
+    onnx.save_model(helper.make_model(graph), path)
+
+
+def test_large_onnx_is_checked_in_constant_memory(tmp_path: Path) -> None:
+    big_onnx(tmp_path / "big.onnx", 48)
+    with (tmp_path / "big.onnx").open("rb") as f:
+        tracemalloc.start()
+        try:
+            assert detect_model_format(f) == "onnx"
+            check_onnx_self_contained(f)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 1024 * 1024, f"peak {peak} bytes for a 48 MiB model"
+
+
+def test_external_data_onnx_is_refused(tmp_path: Path) -> None:
+    model = onnx.load_model_from_string(make_onnx_bytes())
+    onnx.save_model(model, tmp_path / "m.onnx", save_as_external_data=True,
+                    location="m.onnx.data", size_threshold=0)
+    with (tmp_path / "m.onnx").open("rb") as f:
+        assert detect_model_format(f) == "onnx"
+        with pytest.raises(UnsupportedFileError, match="external-data"):
+            check_onnx_self_contained(f)
+
+
+def test_self_contained_onnx_passes() -> None:
+    check_onnx_self_contained(io.BytesIO(make_onnx_bytes()))
+
+
+@pytest.mark.parametrize("data", [b"", b"\x08", b"\x08\x07\x3a\xff\xff", b"PK\x03\x04junk",
+                                  b"GIF89a", b'{"not": "a model"}'])
+def test_garbage_is_not_a_model(data: bytes) -> None:
+    with pytest.raises(UnsupportedFileError) as e:
+        detect_model_format(io.BytesIO(data))
+    assert e.value.field == "model"
+
+
+def test_npz_accepted_and_other_zip_refused(tmp_path: Path) -> None:
+    check_npz(io.BytesIO(npz_bytes(a=np.zeros(2))), field="calibration")
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("notes.txt", "hi")
+    with pytest.raises(UnsupportedFileError, match="'reference'"):
+        check_npz(buf, field="reference")
