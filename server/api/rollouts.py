@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from server.api.deps import RolloutPrincipal, SessionDep, TokenPrincipal
 from server.api.errors import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
-from server.api.serving import manifest_cache, publisher
+from server.api.serving import manifest_cache, patch_scheduler, publisher
 from server.db import models as db
 from server.publish import rollouts as ro
 from server.publish.errors import ChannelNotFoundError, InvalidRolloutError
@@ -210,8 +210,15 @@ def start_rollout(channel: str, body: RolloutCreate, request: Request,
                   principal: RolloutPrincipal) -> RolloutPublic:
     """Start offering a ready model version on the channel to `percentage` of the devices
     that match `filters` (409 if the version is not ready or already on the channel)."""
-    view = ro.start_rollout(request.app.state.session_factory, publisher(request.app), channel,
-                            body.spec(), actor=principal.actor)
+    factory = request.app.state.session_factory
+    view = ro.start_rollout(factory, publisher(request.app), channel, body.spec(),
+                            actor=principal.actor)
+    with factory() as session:
+        release = session.get(db.Release, view.record.id)
+        assert release is not None
+        # Delta patches from the versions devices may hold; the manifest is re-signed with
+        # them once made (off the request path).
+        patch_scheduler(request.app).schedule(release.version_id)
     return _changed(request, view)
 
 

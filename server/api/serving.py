@@ -33,6 +33,7 @@ from server.errors import NotFoundError
 from server.publish import rootstore
 from server.publish.errors import ChannelNotFoundError, PublishError
 from server.publish.httpcache import RangeNotSatisfiable, etag_for, if_none_match, parse_range
+from server.publish.patches import PatchScheduler
 from server.publish.publisher import MANIFEST_MAX_BYTES, Publisher
 from server.publish.resign import resign_loop
 from server.publish.rollouts import CHANNEL_NAME
@@ -182,6 +183,17 @@ def manifest_cache(app: FastAPI) -> ManifestCache:
     return cache
 
 
+def patch_scheduler(app: FastAPI) -> PatchScheduler:
+    """Makes delta patches for newly published versions off the request path."""
+    scheduler: PatchScheduler | None = getattr(app.state, "patch_scheduler", None)
+    if scheduler is None:
+        cache = manifest_cache(app)
+        scheduler = app.state.patch_scheduler = PatchScheduler(
+            app.state.session_factory, publisher(app), app.state.job_queue,
+            on_published=cache.invalidate)
+    return scheduler
+
+
 def publisher(app: FastAPI) -> Publisher:
     """The app's publisher, made on first use from its settings and blob store."""
     pub: Publisher | None = getattr(app.state, "publisher", None)
@@ -206,6 +218,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        scheduler: PatchScheduler | None = getattr(app.state, "patch_scheduler", None)
+        if scheduler is not None:
+            await run_in_threadpool(scheduler.shutdown)
 
 
 def import_roots(app: FastAPI) -> list[int]:

@@ -1,0 +1,160 @@
+"""Delta patches for published releases: for each artifact of a version being published, the
+patches from the last K published artifacts of the same model, platform and variant (newest
+first), made by server/delta (which verifies each one by applying it), stored in the blob
+store and recorded in the database; then every channel offering the version is re-published
+so its manifest lists them.
+
+Runs off the request path: `PatchScheduler` hands the work to the job queue when it offers
+`enqueue_patches(version_id)` (the durable queue), else to one background thread in the API
+process (the embedded default). `generate_patches` is idempotent: pairs that already have a
+patch are skipped, so a retried or duplicated job costs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.blobstore import BlobStore
+from server.db import models as db
+from server.delta import DeltaPolicy, make_patches
+from server.publish.publisher import PublishedManifest, Publisher, publish_channel
+from server.services import audit
+
+log = logging.getLogger("modelfleet.publish.patches")
+
+
+def patch_bases(session: Session, artifact: db.Artifact, k: int) -> list[db.Artifact]:
+    """The last `k` published artifacts of the same model, platform and variant, newest
+    first (published = its version was offered on some channel), excluding this version."""
+    version = session.get(db.ModelVersion, artifact.version_id)
+    assert version is not None
+    last_release = (
+        select(db.Release.version_id, func.max(db.Release.id).label("last"))
+        .group_by(db.Release.version_id).subquery()
+    )
+    rows = session.execute(
+        select(db.Artifact)
+        .join(db.ModelVersion, db.ModelVersion.id == db.Artifact.version_id)
+        .join(last_release, last_release.c.version_id == db.Artifact.version_id)
+        .where(db.ModelVersion.model_id == version.model_id,
+               db.Artifact.version_id != artifact.version_id,
+               db.Artifact.platform == artifact.platform,
+               db.Artifact.variant == artifact.variant,
+               db.Artifact.sha256 != artifact.sha256)
+        .order_by(last_release.c.last.desc()).limit(k)
+    ).scalars().all()
+    return list(rows)
+
+
+def _download(store: BlobStore, key: str, path: Path) -> Path:
+    with open(path, "wb") as f:
+        for chunk in store.iter_range(key):
+            f.write(chunk)
+    return path
+
+
+def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_id: int, *,
+                     policy: DeltaPolicy | None = None, workdir: Path | None = None) -> int:
+    """Make and store the missing patches to every artifact of `version_id`; returns how many
+    were added."""
+    policy = policy or DeltaPolicy()
+    tmp = Path(tempfile.mkdtemp(prefix="mf-patches-", dir=workdir))
+    added = 0
+    try:
+        with factory() as session:
+            artifacts = session.scalars(
+                select(db.Artifact).where(db.Artifact.version_id == version_id)).all()
+            for art in artifacts:
+                done = set(session.scalars(select(db.Patch.from_artifact_id)
+                                           .where(db.Patch.to_artifact_id == art.id)))
+                bases = [b for b in patch_bases(session, art, policy.k) if b.id not in done]
+                if not bases:
+                    continue
+                new_path = _download(store, art.blob_key, tmp / f"new-{art.id}")
+                base_paths = [(b.sha256, _download(store, b.blob_key, tmp / f"base-{b.id}"))
+                              for b in bases]
+                by_sha = {b.sha256: b for b in bases}
+                for result in make_patches(new_path, base_paths, tmp / "work", policy):
+                    key = f"patches/{result.sha256}"
+                    with open(result.path, "rb") as f:
+                        store.put(key, f, expected_sha256=result.sha256)
+                    session.add(db.Patch(
+                        from_artifact_id=by_sha[result.from_sha256].id, to_artifact_id=art.id,
+                        algorithm=result.algorithm, sha256=result.sha256,
+                        length=result.length, blob_key=key))
+                    added += 1
+                for path in (new_path, *(p for _, p in base_paths)):
+                    path.unlink(missing_ok=True)
+            session.commit()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return added
+
+
+def channels_offering(session: Session, version_id: int) -> list[str]:
+    return list(session.scalars(
+        select(db.Channel.name).join(db.Release, db.Release.channel_id == db.Channel.id)
+        .where(db.Release.version_id == version_id,
+               db.Release.state != db.ReleaseState.halted)
+        .order_by(db.Channel.name)))
+
+
+def patch_and_republish(factory: sessionmaker[Session], pub: Publisher, version_id: int, *,
+                        policy: DeltaPolicy | None = None) -> list[PublishedManifest]:
+    """The whole job: generate the patches, then re-publish the channels that offer them."""
+    added = generate_patches(factory, pub.blob_store, version_id, policy=policy)
+    if not added:
+        return []
+    with factory() as session:
+        names = channels_offering(session, version_id)
+        audit.record(session, "system", "patches.create", f"version:{version_id}", count=added)
+        session.commit()
+    return [publish_channel(factory, pub, name, actor="system", action="manifest.patches")
+            for name in names]
+
+
+class PatchScheduler:
+    """Runs `patch_and_republish` off the request path: via the durable job queue when it
+    has `enqueue_patches`, else on one background thread of this process."""
+
+    def __init__(self, factory: sessionmaker[Session], pub: Publisher, job_queue: object,
+                 on_published: Callable[[str], None] | None = None) -> None:
+        self.factory = factory
+        self.pub = pub
+        self.job_queue = job_queue
+        self.on_published = on_published
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def schedule(self, version_id: int) -> None:
+        enqueue = getattr(self.job_queue, "enqueue_patches", None)
+        if callable(enqueue):
+            enqueue(version_id)
+            return
+        with self._lock:
+            if self._executor is None:
+                # One thread: patch creation is CPU- and memory-heavy; never run two at once.
+                self._executor = ThreadPoolExecutor(max_workers=1,
+                                                    thread_name_prefix="mf-patches")
+        self._executor.submit(self._run, version_id)
+
+    def _run(self, version_id: int) -> None:
+        try:
+            for published in patch_and_republish(self.factory, self.pub, version_id):
+                if self.on_published is not None:
+                    self.on_published(published.channel)
+        except Exception:  # logged; the artifacts are still served in full without patches
+            log.exception("making patches for version %d failed", version_id)
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)

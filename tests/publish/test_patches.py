@@ -1,0 +1,111 @@
+"""Delta patches for published versions: made by server/delta from the last K published
+artifacts, stored, listed in the re-signed manifest, and applying to the exact new bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+from sqlalchemy import select
+
+import manifests
+from client_sdk.patching import apply_patch
+from server.db import models as db
+from server.delta import DeltaPolicy
+from server.publish import rollouts as ro
+from server.publish.patches import PatchScheduler, generate_patches, patch_and_republish
+from tests.publish.conftest import NOW
+
+
+def add_version(factory, store, version, data, platform="android"):
+    sha = hashlib.sha256(data).hexdigest()
+    store.put(f"artifacts/{sha}", [data])
+    with factory() as s:
+        m = s.scalars(select(db.Model).where(db.Model.name == "clf")).first()
+        if m is None:
+            m = db.Model(name="clf")
+            s.add(m)
+            s.flush()
+        v = db.ModelVersion(model_id=m.id, version=version, state=db.VersionState.ready,
+                            metadata_json={}, source_format="onnx")
+        s.add(v)
+        s.flush()
+        s.add(db.Artifact(version_id=v.id, platform=platform, variant="", format="onnx",
+                          sha256=sha, length=len(data), blob_key=f"artifacts/{sha}"))
+        s.commit()
+        return v.id
+
+
+@pytest.fixture
+def versions(factory, blob_store, pub):
+    """Three published versions, each a small edit of the previous one."""
+    ro.create_channel(factory, pub, "prod", actor="t")
+    base = os.urandom(64 * 1024)
+    datas, ids = [], []
+    for i in range(3):
+        data = bytearray(base)
+        data[1000 * (i + 1): 1000 * (i + 1) + 50] = os.urandom(50)
+        datas.append(bytes(data))
+        ids.append(add_version(factory, blob_store, f"1.{i}", bytes(data)))
+        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", f"1.{i}", 100), actor="t")
+    return datas, ids
+
+
+def test_patches_come_from_the_last_k_published_and_apply_to_the_new_bytes(
+        factory, blob_store, pub, root, versions, tmp_path):
+    datas, ids = versions
+    published = patch_and_republish(factory, pub, ids[2], policy=DeltaPolicy(k=2))
+    assert [p.channel for p in published] == ["prod"]
+    with factory() as s:
+        latest = s.scalars(select(db.SignedManifest).order_by(
+            db.SignedManifest.serial.desc())).first()
+    with blob_store.open(latest.blob_key) as f:
+        m = manifests.verify_manifest(root, f.read(), now=NOW, channel="prod", trusted=None)
+    art = m.models["clf"].releases[0].artifacts[0]
+    assert {p.from_sha256 for p in art.patches} == {
+        hashlib.sha256(d).hexdigest() for d in datas[:2]}
+    for patch in art.patches:
+        assert patch.length < 0.6 * art.length
+        assert patch.url.endswith(f"/v1/patches/{patch.sha256}")
+        base_data = next(d for d in datas if hashlib.sha256(d).hexdigest() == patch.from_sha256)
+        (tmp_path / "base").write_bytes(base_data)
+        with blob_store.open(f"patches/{patch.sha256}") as f:
+            (tmp_path / "patch").write_bytes(f.read())
+        apply_patch(patch.algorithm, tmp_path / "base", tmp_path / "patch", tmp_path / "out",
+                    max_output=art.length)
+        assert (tmp_path / "out").read_bytes() == datas[2]
+    # idempotent: a repeated job adds nothing and publishes nothing
+    assert generate_patches(factory, blob_store, ids[2], policy=DeltaPolicy(k=2)) == 0
+    assert patch_and_republish(factory, pub, ids[2], policy=DeltaPolicy(k=2)) == []
+
+
+def test_unrelated_bytes_get_no_patch(factory, blob_store, pub):
+    ro.create_channel(factory, pub, "prod", actor="t")
+    add_version(factory, blob_store, "1.0", os.urandom(32 * 1024))
+    ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor="t")
+    new = add_version(factory, blob_store, "2.0", os.urandom(32 * 1024))
+    assert generate_patches(factory, blob_store, new) == 0
+
+
+def test_scheduler_runs_off_the_calling_thread_and_reports_the_channel(
+        factory, pub, versions):
+    _, ids = versions
+    seen: list[str] = []
+    scheduler = PatchScheduler(factory, pub, job_queue=object(), on_published=seen.append)
+    scheduler.schedule(ids[1])
+    scheduler.shutdown()  # waits for the queued job
+    assert seen == ["prod"]
+
+
+def test_scheduler_hands_the_job_to_a_durable_queue_when_it_has_one(factory, pub):
+    class Queue:
+        def __init__(self):
+            self.patches = []
+
+        def enqueue_patches(self, version_id):
+            self.patches.append(version_id)
+
+    queue = Queue()
+    PatchScheduler(factory, pub, job_queue=queue).schedule(42)
+    assert queue.patches == [42]
