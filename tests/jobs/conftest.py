@@ -28,6 +28,13 @@ def convnet_files(tmp_path_factory: pytest.TempPathFactory) -> ModelFiles:
 
 
 @pytest.fixture(scope="session")
+def transformer_files(tmp_path_factory: pytest.TempPathFactory) -> ModelFiles:
+    _, block = torch_models()
+    return build_model(tmp_path_factory.mktemp("jobmodels"), "block", block,
+                       InputSpec("tokens", (1, 16, 32)), 2)
+
+
+@pytest.fixture(scope="session")
 def nms_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from onnx import TensorProto, helper
 

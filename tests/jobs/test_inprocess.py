@@ -69,6 +69,30 @@ def test_upload_reaches_ready_with_one_build_per_platform_and_gates(convnet_file
     assert builds["coreml"]["artifact"]["format"] == "mlpackage"
 
 
+def test_transformer_block_uploaded_as_exported_program_gets_int8_qnn(transformer_files,
+                                                                      tmp_path):
+    settings = make_settings(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path / "data")
+    app = create_app(settings)
+    with TestClient(app) as client:
+        upload = uploader(client, publish_token(settings))
+        upload("block", "1.0.0", transformer_files.pt2,
+               [{"name": "tokens", "dtype": "float32", "shape": [1, 16, 32]}],
+               {"onnx": {}, "coreml": {"precision": "fp16"},
+                "qnn": {"soc": "SM8550", "soc_model": "43", "htp_arch": "73"}},
+               reference=transformer_files.reference, calibration=transformer_files.calibration)
+        assert wait_state(client, "block", "1.0.0") == "ready"
+        body = client.get("/v1/models/block/versions/1.0.0/builds").json()
+    app.state.job_queue.close()
+    builds = {b["platform"]: b for b in body["builds"]}
+    assert {p: b["state"] for p, b in builds.items()} == {
+        "onnx": "succeeded", "coreml": "succeeded", "qnn": "succeeded"}
+    qnn = builds["qnn"]["artifact"]
+    assert qnn["variant"] == "w8a16-sm8550" and qnn["format"] == "onnx-epcontext"
+    assert qnn["target"]["soc"] == "SM8550" and qnn["target"]["arch"] == "v73"
+    assert builds["qnn"]["gates"]["numeric"]["precision"] == "int8"
+    assert builds["qnn"]["gates"]["numeric"]["status"] == "passed"
+
+
 def test_nms_upload_fails_and_the_builds_name_the_operator(nms_file, tmp_path):
     settings = make_settings(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path / "data")
     app = create_app(settings)
