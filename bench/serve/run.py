@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -238,6 +239,7 @@ def main() -> None:
     ratio = results[("api", 304)]["rps"] / results[("nginx", 304)]["rps"]
     lines += ["", f"Goal: the 304 path at ≥ 50% of nginx's rate — "
               f"{'met' if ratio >= 0.5 else 'NOT met'} ({ratio:.0%})."]
+    lines[0] = textwrap.fill(lines[0], width=96)
     table = "\n".join(lines)
     print(table)
     print(json.dumps({f"{k[0]}_{k[1]}": v for k, v in results.items()}))
