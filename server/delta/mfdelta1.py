@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,9 @@ from client_sdk import patching as fmt
 from server.delta.onnx_layout import Tensor, read_layout
 
 TENSOR_CHUNK = 4 * 1024 * 1024  # bytes of one tensor encoded as one op (<= fmt.MAX_OP_LENGTH)
+# Elements per tensor op: context order needs an 8-byte index per element on both sides, so
+# int8 ops are kept to 1 MiB (8 MiB of index) rather than 4 MiB (32 MiB).
+TENSOR_CHUNK_ELEMENTS = 1024 * 1024
 GAP_CHUNK = 1024 * 1024  # bytes of opaque data per OP_ZSTD
 REF_SLACK = 256 * 1024  # base bytes before the mapped position kept in the dictionary
 # zstd level 3 on large inputs has a 2 MiB window; dictionary + piece must fit in it.
@@ -84,8 +88,8 @@ def plan_regions(new: list[Tensor], base: list[Tensor], new_size: int) -> list[R
     base_by_key: dict[tuple[str, int, tuple[int, ...]], Tensor | None] = {}
     for t in base:
         base_by_key[t.key] = None if t.key in base_by_key else t
-    new_keys = [t.key for t in new]
-    duplicated = {k for k in new_keys if new_keys.count(k) > 1} if len(new) < 5000 else set()
+    new_counts = Counter(t.key for t in new)
+    duplicated = {k for k, n in new_counts.items() if n > 1}
     pairs: list[tuple[Tensor, Tensor | None]] = []
     for t in new:
         match = base_by_key.get(t.key) if t.key not in duplicated else None
@@ -157,7 +161,7 @@ class Encoder:
         return self.base.read(length)
 
     def compress(self, planes: list[UIntArray]) -> list[bytes]:
-        return [self.plain.compress(memoryview(p)) for p in planes]
+        return [self.plain.compress(p.data) for p in planes]
 
     def tensor_chunk(
         self, data: bytes, width: int, base_offset: int | None, mapped: int
@@ -237,7 +241,10 @@ class Encoder:
 
 def _chunks(region: Region) -> Iterator[tuple[int, int]]:
     """(offset within region, length) pieces; tensor pieces keep whole elements."""
-    step = TENSOR_CHUNK if region.is_tensor else GAP_CHUNK
+    if region.is_tensor:
+        step = min(TENSOR_CHUNK, TENSOR_CHUNK_ELEMENTS * region.width)
+    else:
+        step = GAP_CHUNK
     step -= step % region.width
     for start in range(0, region.length, step):
         yield start, min(step, region.length - start)
