@@ -255,3 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_docs:
         write_docs(section)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

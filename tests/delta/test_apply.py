@@ -309,3 +309,33 @@ def test_bit_planes_match_the_spec_definition_and_join_back(width: int, count: i
     assert [p.tobytes() for p in planes] == [s.tobytes() for s in spec]
     joined = patching.join_bit_planes([p.tobytes() for p in planes], count, width)
     assert np.array_equal(joined, values)
+
+
+def test_bsdiff4_block_inflating_past_the_output_size_is_refused(tmp_path: Path) -> None:
+    import bz2
+
+    from bsdiff4.core import encode_int64
+
+    base, _ = write_files(tmp_path, b"\0" * 100, b"")
+    control = bz2.compress(encode_int64(100) + encode_int64(0) + encode_int64(0))
+    bomb = bz2.compress(b"\0" * (8 * 1024 * 1024))  # 8 MiB of diff for a 100-byte output
+    header = b"BSDIFF40" + encode_int64(len(control)) + encode_int64(len(bomb)) + encode_int64(100)
+    patch = tmp_path / "patch"
+    patch.write_bytes(header + control + bomb + bz2.compress(b""))
+    with pytest.raises(CorruptPatchError, match="larger than the output"):
+        apply_patch("bsdiff4", base, patch, tmp_path / "out", max_output=10**9)
+    assert not (tmp_path / "out").exists()
+
+
+def test_mfdelta1_op_table_above_the_cap_is_refused(tmp_path: Path) -> None:
+    import hashlib
+
+    base, _ = write_files(tmp_path, b"\0" * 64, b"")
+    header = patching.HEADER.pack(
+        patching.MAGIC, 0, 64, hashlib.sha256(b"\0" * 64).digest(), 1, b"\0" * 32, 1,
+        patching.HEADER.size, 10, patching.MAX_TABLE_LENGTH + 1,
+    )
+    patch = tmp_path / "patch"
+    patch.write_bytes(header + b"\0" * 10)
+    with pytest.raises(CorruptPatchError, match="exceeds cap"):
+        apply_patch("mfdelta1", base, patch, tmp_path / "out", max_output=10**9)
