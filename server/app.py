@@ -49,6 +49,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
+        close = getattr(_app.state.job_queue, "close", None)
+        if close is not None:  # stop the in-process compile worker before the engine goes
+            close()
         engine.dispose()
 
     # FastAPI, plus manifest polls answered from a process cache first (server/api/serving.py).
