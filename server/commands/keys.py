@@ -142,7 +142,7 @@ def show(data_dir: DataDir = Path("data"), keys_dir: KeysDir = None,
         chain = load_root_chain(KeyPaths.for_data_dir(data_dir, keys_dir))
     except PublishError as e:
         raise _fail(e) from None
-    rows = [{"version": r.version, "expires": r.expires,
+    rows: list[dict[str, Any]] = [{"version": r.version, "expires": r.expires,
              "root_keyids": r.roles["root"].keyids, "root_threshold": r.roles["root"].threshold,
              "release_keyids": r.roles["release"].keyids} for r, _ in chain]
     if as_json:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 from manifests import (
     Artifact,
@@ -24,6 +25,7 @@ from manifests import (
     Rollout,
     ShadowThresholds,
 )
+from manifests.manifest import Mode
 from server.publish.records import ArtifactRecord, RolloutRecord, RolloutState
 
 
@@ -59,7 +61,7 @@ def _artifact(a: ArtifactRecord) -> Artifact:
 def _rollout(r: RolloutRecord) -> Rollout:
     f = r.filters
     return Rollout(
-        share_ppm=r.share_ppm, salt=r.salt, mode=r.mode,
+        share_ppm=r.share_ppm, salt=r.salt, mode=cast(Mode, r.mode),
         filters=Filters(
             platforms=list(f.platforms), socs=list(f.socs), archs=list(f.archs),
             os_versions=list(f.os_versions), app_versions=list(f.app_versions),

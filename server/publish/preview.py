@@ -34,7 +34,8 @@ def profile_from_dict(device_id: str, profile: Mapping[str, Any]) -> manifests.D
 
 def preview(record: RolloutRecord, devices: Iterable[manifests.DeviceProfile]) -> PreviewResult:
     release = release_of(record)
-    included, excluded = [], []
+    included: list[str] = []
+    excluded: list[str] = []
     for device in devices:
         ok = (manifests.rollout_includes(release.rollout, device)
               and manifests.select_artifact(release, device) is not None)

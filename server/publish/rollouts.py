@@ -32,7 +32,7 @@ from server.publish.publisher import (
     publish_change,
     release_record,
 )
-from server.publish.records import FilterRecord, RolloutRecord, ShadowRecord
+from server.publish.records import FilterRecord, RolloutRecord, RolloutState, ShadowRecord
 from server.services import audit
 
 CHANNEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -217,7 +217,7 @@ def ramp_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int
     share = rules.percentage_to_ppm(percentage)
 
     def apply(release: db.Release) -> bool:
-        rules.check_ramp(rules.RolloutState(release.state.value))
+        rules.check_ramp(RolloutState(release.state.value))
         release.share_ppm = share
         return True
 
@@ -228,7 +228,7 @@ def ramp_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int
 def pause_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
                   actor: str, reason: str = "") -> RolloutView:
     def apply(release: db.Release) -> bool:
-        rules.check_pause(rules.RolloutState(release.state.value))
+        rules.check_pause(RolloutState(release.state.value))
         release.transition(db.ReleaseState.paused)
         release.state_reason = reason
         return True
@@ -240,7 +240,7 @@ def pause_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: in
 def resume_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
                    actor: str) -> RolloutView:
     def apply(release: db.Release) -> bool:
-        rules.check_resume(rules.RolloutState(release.state.value))
+        rules.check_resume(RolloutState(release.state.value))
         release.transition(db.ReleaseState.active)
         release.state_reason = ""
         return True
@@ -270,7 +270,7 @@ def pin_devices(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
     rules.check_device_ids(device_ids)
 
     def apply(release: db.Release) -> bool:
-        rules.check_pin(rules.RolloutState(release.state.value))
+        rules.check_pin(RolloutState(release.state.value))
         column = "denied_devices" if deny else "pinned_devices"
         current: list[str] = list(getattr(release, column) or [])
         merged = current + [d for d in dict.fromkeys(device_ids) if d not in current]

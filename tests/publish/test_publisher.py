@@ -3,6 +3,10 @@ manifest with a higher serial, verified here with the contract's own verifier.""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+
 import pytest
 from sqlalchemy import select
 
@@ -18,7 +22,7 @@ from server.publish.errors import (
 )
 from server.publish.publisher import current_blob_key, latest_manifest
 from server.publish.records import FilterRecord
-from server.publish.resign import resign_due
+from server.publish.resign import resign_due, resign_loop
 from tests.publish.conftest import NOW
 
 ACTOR = "token:1:test"
@@ -131,3 +135,22 @@ def test_resign_refreshes_expiry_only_when_due(factory, pub, blob_store, root, c
     assert resign_due(factory, pub) == []  # just done
     m, _ = current(factory, blob_store, root)
     assert m.serial == 2
+
+
+def test_background_loop_re_signs_a_short_lived_manifest_on_its_own(factory, pub, blob_store,
+                                                                    root):
+    pub.lifetime_seconds = 2  # re-signed once ≤ 1 s is left; the loop checks every second
+    pub.clock = lambda: int(time.time())
+    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+
+    async def run_for(seconds):
+        task = asyncio.create_task(resign_loop(factory, pub))
+        await asyncio.sleep(seconds)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run_for(2.5))
+    with factory() as s:
+        serials = sorted(s.scalars(select(db.SignedManifest.serial)))
+    assert serials[0] == 1 and len(serials) >= 2
