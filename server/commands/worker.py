@@ -1,15 +1,67 @@
-"""`modelfleet worker`: compile jobs from the durable PostgreSQL queue (procrastinate).
+"""Compile-area commands.
 
-Run several, on several machines, against the same database and blob store. A worker killed
-mid-build loses nothing: its heartbeat stops and another worker retries the job.
+- `modelfleet worker`: compile jobs from the durable PostgreSQL queue (procrastinate). Run
+  several, on several machines, against the same database and blob store. A worker killed
+  mid-build loses nothing: its heartbeat stops and another worker retries the job.
+- `modelfleet builds MODEL VERSION [--wait] [--json]`: a version's builds with their gate
+  results, read from the server's database; `--wait` shows progress until ready / failed.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+
+
+def _snapshot(data_dir: Path | None, model: str, version: str) -> dict[str, Any]:
+    from server.api.builds import _list
+    from server.db.session import make_engine, make_session_factory
+    from server.errors import NotFoundError
+    from server.settings import Settings
+
+    settings = Settings() if data_dir is None else Settings(data_dir=data_dir)
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            return _list(session, model, version, logs=True).model_dump(mode="json")
+    except NotFoundError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        engine.dispose()
+
+
+def _fmt(x: Any) -> str:
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+def _print_table(snap: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{snap['model']} {snap['version']}: {snap['state']}")
+    for col in ("platform", "variant", "state", "artifact", "operators", "numeric", "error"):
+        table.add_column(col)
+    for b in snap["builds"]:
+        gates = b.get("gates") or {}
+        ops = gates.get("operators") or []
+        num = gates.get("numeric") or {}
+        art = b.get("artifact") or {}
+        metrics = (num.get("outputs") or [{}])[0]
+        numeric = num.get("status", "")
+        if metrics.get("cosine") is not None:
+            numeric += f" (cos {_fmt(metrics['cosine'])}, SNR {_fmt(metrics['snr_db'])} dB)"
+        table.add_row(
+            b["platform"], art.get("variant", b["variant"]), b["state"],
+            f"{art['sha256'][:12]}… {art['length']:,} B" if art else "",
+            "passed" if ops and all(o["passed"] for o in ops) else
+            "; ".join(o["summary"] for o in ops if not o["passed"]),
+            numeric, b["error"][:120])
+    Console().print(table)
 
 
 def register(app: typer.Typer) -> None:
@@ -44,3 +96,40 @@ def register(app: typer.Typer) -> None:
                    f"takeover after {stalled_after}s")
         run_worker(settings, concurrency=concurrency, heartbeat_s=heartbeat,
                    stalled_after_s=stalled_after)
+
+    @app.command()
+    def builds(
+        model: Annotated[str, typer.Argument(help="model name")],
+        version: Annotated[str, typer.Argument(help="version, e.g. 1.0.0")],
+        data_dir: Annotated[Path | None, typer.Option("--data-dir", help="overrides "
+                            "MODELFLEET_DATA_DIR")] = None,
+        wait: Annotated[bool, typer.Option("--wait", help="show progress until the version "
+                        "is ready or failed")] = False,
+        timeout: Annotated[float, typer.Option(help="seconds --wait gives up after")] = 3600,
+        as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")]
+        = False,
+    ) -> None:
+        """Show a version's compile builds and gate results (exit 1 if the version failed)."""
+        snap = _snapshot(data_dir, model, version)
+        if wait and snap["state"] not in ("ready", "failed"):
+            from rich.progress import Progress
+
+            deadline = time.monotonic() + timeout
+            with Progress(disable=as_json) as progress:
+                task = progress.add_task(f"compiling {model} {version}",
+                                         total=len(snap["builds"]))
+                while snap["state"] not in ("ready", "failed"):
+                    if time.monotonic() > deadline:
+                        typer.echo(f"error: still {snap['state']} after {timeout:.0f}s",
+                                   err=True)
+                        raise typer.Exit(3)
+                    time.sleep(1.0)
+                    snap = _snapshot(data_dir, model, version)
+                    done = sum(b["state"] in ("succeeded", "failed") for b in snap["builds"])
+                    progress.update(task, completed=done)
+        if as_json:
+            typer.echo(json.dumps(snap, indent=2))
+        else:
+            _print_table(snap)
+        if snap["state"] == "failed":
+            raise typer.Exit(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from modelfleet.cli import app
+from modelfleet.cli import app as app_cli
 
 
 def test_worker_on_the_sqlite_default_explains_the_embedded_mode(tmp_path, monkeypatch):
@@ -19,3 +20,38 @@ def test_worker_help_lists_its_tuning_options():
     assert result.exit_code == 0
     for option in ("--concurrency", "--heartbeat", "--stalled-after"):
         assert option in result.output
+
+
+def test_builds_command_shows_gates_and_json(convnet_files, tmp_path):
+    import json
+
+    from conftest import make_settings, publish_token, uploader
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.jobs.inprocess import InProcessJobQueue
+    from server.jobs.interface import NullJobQueue
+    from server.jobs.runner import BuildRunner
+
+    data = tmp_path / "data"
+    data.mkdir()
+    settings = make_settings(f"sqlite:///{(data / 'modelfleet.db').resolve()}", data)
+    app = create_app(settings, job_queue=NullJobQueue())
+    with TestClient(app) as client:
+        uploader(client, publish_token(settings))(
+            "conv", "1.0.0", convnet_files.onnx,
+            [{"name": "image", "dtype": "float32", "shape": [1, 3, 16, 16]}], ["onnx"],
+            reference=convnet_files.reference)
+    InProcessJobQueue(BuildRunner(app.state.session_factory, app.state.blob_store,
+                                  worker_id="w")).drain()
+
+    runner = CliRunner()
+    out = runner.invoke(app_cli, ["builds", "conv", "1.0.0", "--data-dir", str(data), "--json",
+                                  "--wait"])
+    assert out.exit_code == 0, out.output
+    snap = json.loads(out.output)
+    assert snap["state"] == "ready" and snap["builds"][0]["gates"]["numeric"]["passed"]
+    table = runner.invoke(app_cli, ["builds", "conv", "1.0.0", "--data-dir", str(data)])
+    assert table.exit_code == 0 and "passed" in table.output and "onnx" in table.output
+    missing = runner.invoke(app_cli, ["builds", "conv", "9.9.9", "--data-dir", str(data)])
+    assert missing.exit_code == 1 and "9.9.9" in missing.output
