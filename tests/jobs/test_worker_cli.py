@@ -1,11 +1,11 @@
-"""`modelfleet worker` refuses a database it cannot queue on, saying what to do instead."""
+"""The compile-area CLI: `modelfleet worker` (refuses SQLite, saying what to do instead) and
+`modelfleet builds` (gate results as a table or JSON)."""
 
 from __future__ import annotations
 
 from typer.testing import CliRunner
 
 from modelfleet.cli import app
-from modelfleet.cli import app as app_cli
 
 
 def test_worker_on_the_sqlite_default_explains_the_embedded_mode(tmp_path, monkeypatch):
@@ -46,12 +46,12 @@ def test_builds_command_shows_gates_and_json(convnet_files, tmp_path):
                                   worker_id="w")).drain()
 
     runner = CliRunner()
-    out = runner.invoke(app_cli, ["builds", "conv", "1.0.0", "--data-dir", str(data), "--json",
+    out = runner.invoke(app, ["builds", "conv", "1.0.0", "--data-dir", str(data), "--json",
                                   "--wait"])
     assert out.exit_code == 0, out.output
     snap = json.loads(out.output)
     assert snap["state"] == "ready" and snap["builds"][0]["gates"]["numeric"]["passed"]
-    table = runner.invoke(app_cli, ["builds", "conv", "1.0.0", "--data-dir", str(data)])
+    table = runner.invoke(app, ["builds", "conv", "1.0.0", "--data-dir", str(data)])
     assert table.exit_code == 0 and "passed" in table.output and "onnx" in table.output
-    missing = runner.invoke(app_cli, ["builds", "conv", "9.9.9", "--data-dir", str(data)])
+    missing = runner.invoke(app, ["builds", "conv", "9.9.9", "--data-dir", str(data)])
     assert missing.exit_code == 1 and "9.9.9" in missing.output
