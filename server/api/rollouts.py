@@ -7,7 +7,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -33,6 +33,8 @@ router = APIRouter(prefix="/v1", tags=["rollouts"])
 
 Strings = Annotated[list[Annotated[str, Field(max_length=256)]],
                     Field(max_length=MAX_DEVICE_IDS_PER_LIST)]
+RolloutId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+ChannelName = Annotated[str, Path(max_length=64)]
 Percentage = Annotated[Decimal, Field(description="0–100, at most 4 decimals (1 ppm)")]
 
 
@@ -125,7 +127,8 @@ class DeviceIn(BaseModel):
 
 
 class PreviewIn(BaseModel):
-    rollout_id: int | None = Field(default=None, description="preview an existing rollout…")
+    rollout_id: int | None = Field(default=None, ge=1, le=2**31 - 1,
+                                   description="preview an existing rollout…")
     model: str | None = Field(default=None, max_length=64, description="…or a proposed one")
     version: str | None = Field(default=None, max_length=64)
     percentage: Percentage | None = None
@@ -187,14 +190,14 @@ def list_channels(session: SessionDep, _principal: TokenPrincipal) -> list[Chann
 
 
 @router.get("/channels/{channel}/rollouts", responses={**AUTH_ERRORS, **NOT_FOUND})
-def list_channel_rollouts(channel: str, session: SessionDep,
+def list_channel_rollouts(channel: ChannelName, session: SessionDep,
                           _principal: TokenPrincipal) -> list[RolloutPublic]:
     """Every rollout on the channel, newest first."""
     return [_public(v) for v in ro.list_rollouts(session, channel)]
 
 
 @router.post("/channels/{channel}/publish", responses={**AUTH_ERRORS, **NOT_FOUND})
-def republish(channel: str, request: Request, principal: RolloutPrincipal,
+def republish(channel: ChannelName, request: Request, principal: RolloutPrincipal,
               session: SessionDep) -> ChannelPublic:
     """Sign the channel again as it stands (new serial, fresh expiry)."""
     publish_channel(request.app.state.session_factory, publisher(request.app), channel,
@@ -206,7 +209,7 @@ def republish(channel: str, request: Request, principal: RolloutPrincipal,
 
 @router.post("/channels/{channel}/rollouts", status_code=201,
              responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT, **INVALID})
-def start_rollout(channel: str, body: RolloutCreate, request: Request,
+def start_rollout(channel: ChannelName, body: RolloutCreate, request: Request,
                   principal: RolloutPrincipal) -> RolloutPublic:
     """Start offering a ready model version on the channel to `percentage` of the devices
     that match `filters` (409 if the version is not ready or already on the channel)."""
@@ -223,14 +226,14 @@ def start_rollout(channel: str, body: RolloutCreate, request: Request,
 
 
 @router.get("/rollouts/{rollout_id}", responses={**AUTH_ERRORS, **NOT_FOUND})
-def get_rollout(rollout_id: int, session: SessionDep,
+def get_rollout(rollout_id: RolloutId, session: SessionDep,
                 _principal: TokenPrincipal) -> RolloutPublic:
     return _public(ro.get_rollout(session, rollout_id))
 
 
 @router.patch("/rollouts/{rollout_id}", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT,
                                                     **INVALID})
-def ramp_rollout(rollout_id: int, body: RampIn, request: Request,
+def ramp_rollout(rollout_id: RolloutId, body: RampIn, request: Request,
                  principal: RolloutPrincipal) -> RolloutPublic:
     """Change the share (ramp up or down). 409 on a halted or paused rollout."""
     return _changed(request, ro.ramp_rollout(
@@ -239,7 +242,7 @@ def ramp_rollout(rollout_id: int, body: RampIn, request: Request,
 
 
 @router.post("/rollouts/{rollout_id}/pause", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT})
-def pause_rollout(rollout_id: int, request: Request, principal: RolloutPrincipal,
+def pause_rollout(rollout_id: RolloutId, request: Request, principal: RolloutPrincipal,
                   body: ReasonIn | None = None) -> RolloutPublic:
     """Freeze the share (still offered); resume before ramping again."""
     return _changed(request, ro.pause_rollout(
@@ -248,7 +251,7 @@ def pause_rollout(rollout_id: int, request: Request, principal: RolloutPrincipal
 
 
 @router.post("/rollouts/{rollout_id}/resume", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT})
-def resume_rollout(rollout_id: int, request: Request,
+def resume_rollout(rollout_id: RolloutId, request: Request,
                    principal: RolloutPrincipal) -> RolloutPublic:
     return _changed(request, ro.resume_rollout(
         request.app.state.session_factory, publisher(request.app), rollout_id,
@@ -256,7 +259,7 @@ def resume_rollout(rollout_id: int, request: Request,
 
 
 @router.post("/rollouts/{rollout_id}/halt", responses={**AUTH_ERRORS, **NOT_FOUND})
-def halt_rollout(rollout_id: int, request: Request, principal: RolloutPrincipal,
+def halt_rollout(rollout_id: RolloutId, request: Request, principal: RolloutPrincipal,
                  body: ReasonIn | None = None) -> RolloutPublic:
     """The rollback: share 0 and no longer offered; devices fall back to the previous fully
     rolled-out release. Final; halting again is a no-op (`serial` null)."""
@@ -267,7 +270,7 @@ def halt_rollout(rollout_id: int, request: Request, principal: RolloutPrincipal,
 
 @router.post("/rollouts/{rollout_id}/pin", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT,
                                                        **INVALID})
-def pin_devices(rollout_id: int, body: PinIn, request: Request,
+def pin_devices(rollout_id: RolloutId, body: PinIn, request: Request,
                 principal: RolloutPrincipal) -> RolloutPublic:
     """Pin devices in (regardless of share and filters) or, with `deny`, out."""
     return _changed(request, ro.pin_devices(
@@ -276,7 +279,7 @@ def pin_devices(rollout_id: int, body: PinIn, request: Request,
 
 
 @router.post("/rollouts/{rollout_id}/unpin", responses={**AUTH_ERRORS, **NOT_FOUND, **INVALID})
-def unpin_devices(rollout_id: int, body: PinIn, request: Request,
+def unpin_devices(rollout_id: RolloutId, body: PinIn, request: Request,
                   principal: RolloutPrincipal) -> RolloutPublic:
     """Remove devices from the rollout's allow- and deny-lists."""
     return _changed(request, ro.unpin_devices(
@@ -284,7 +287,7 @@ def unpin_devices(rollout_id: int, body: PinIn, request: Request,
         actor=principal.actor))
 
 
-def _proposed(session: Session, channel: str, body: PreviewIn) -> RolloutRecord:
+def _proposed(session: Session, channel: ChannelName, body: PreviewIn) -> RolloutRecord:
     if body.rollout_id is not None:
         view = ro.get_rollout(session, body.rollout_id)
         release = session.get(db.Release, body.rollout_id)
@@ -307,7 +310,7 @@ def _proposed(session: Session, channel: str, body: PreviewIn) -> RolloutRecord:
 
 
 @router.post("/channels/{channel}/preview", responses={**AUTH_ERRORS, **NOT_FOUND, **INVALID})
-def preview_rollout(channel: str, body: PreviewIn, session: SessionDep,
+def preview_rollout(channel: ChannelName, body: PreviewIn, session: SessionDep,
                     _principal: RolloutPrincipal) -> PreviewOut:
     """Dry run: which devices (given, or every device the server has seen, newest first, at
     most 100 000) a rollout would reach — by the same rule devices apply."""
