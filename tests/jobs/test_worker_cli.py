@@ -36,13 +36,13 @@ def test_builds_command_shows_gates_and_json(convnet_files, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     settings = make_settings(f"sqlite:///{(data / 'modelfleet.db').resolve()}", data)
-    app = create_app(settings, job_queue=NullJobQueue())
-    with TestClient(app) as client:
+    api = create_app(settings, job_queue=NullJobQueue())
+    with TestClient(api) as client:
         uploader(client, publish_token(settings))(
             "conv", "1.0.0", convnet_files.onnx,
             [{"name": "image", "dtype": "float32", "shape": [1, 3, 16, 16]}], ["onnx"],
             reference=convnet_files.reference)
-    InProcessJobQueue(BuildRunner(app.state.session_factory, app.state.blob_store,
+    InProcessJobQueue(BuildRunner(api.state.session_factory, api.state.blob_store,
                                   worker_id="w")).drain()
 
     runner = CliRunner()
