@@ -1,8 +1,9 @@
 """API tokens: creation, hashing, lookup, revocation and scope checks.
 
-A token is `mf_` + 32 random bytes (url-safe base64); only its sha256 is stored, so a leaked
-database does not leak usable tokens. The secret has 256 bits of entropy, so a plain fast hash
-(no salt, no KDF) is safe and lets us look tokens up by hash. `admin` implies every scope.
+A token is `mf_` + 32 random bytes (url-safe base64); only its HMAC-SHA256 under the server's
+pepper is stored (plain SHA-256 without one, in development), so a leaked database does not
+leak usable tokens. The secret has 256 bits of entropy, so a fast keyed hash (no salt, no KDF)
+is safe and lets us look tokens up by hash. `admin` implies every scope.
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ class Scope(enum.StrEnum):
     admin = "admin"  # everything, including token management
 
 
-def hash_token(token: str) -> str:
+def hash_token(token: str, pepper: str = "") -> str:
+    """HMAC-SHA256 keyed with the server's pepper (`MODELFLEET_TOKEN_PEPPER`); plain SHA-256
+    when no pepper is configured (development)."""
+    if pepper:
+        return hmac.new(pepper.encode(), token.encode(), hashlib.sha256).hexdigest()
     return hashlib.sha256(token.encode()).hexdigest()
 
 
@@ -76,11 +81,14 @@ class Principal:
         return Scope.admin.value in self.scopes or scope in self.scopes
 
 
-def create_token(session: Session, scopes: Sequence[str], name: str = "") -> tuple[ApiToken, str]:
+def create_token(
+    session: Session, scopes: Sequence[str], name: str = "", *, pepper: str = ""
+) -> tuple[ApiToken, str]:
     """Stores a new token and returns (row, secret). The secret is shown once, never stored."""
     parsed = parse_scopes(scopes)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken(name=name, token_hash=hash_token(secret), prefix=secret[:10], scopes=parsed)
+    row = ApiToken(name=name, token_hash=hash_token(secret, pepper), prefix=secret[:10],
+                   scopes=parsed)
     session.add(row)
     session.flush()
     return row, secret
@@ -100,7 +108,7 @@ def revoke_token(session: Session, token_id: int) -> ApiToken:
     return row
 
 
-def authenticate(session: Session, authorization: str | None) -> Principal:
+def authenticate(session: Session, authorization: str | None, *, pepper: str = "") -> Principal:
     """The principal for an `Authorization: Bearer <token>` header value."""
     if not authorization:
         raise AuthenticationError(
@@ -113,7 +121,7 @@ def authenticate(session: Session, authorization: str | None) -> Principal:
         raise AuthenticationError(
             "malformed Authorization header", fix="use 'Authorization: Bearer <token>'"
         )
-    digest = hash_token(token)
+    digest = hash_token(token, pepper)
     row = session.scalars(select(ApiToken).where(ApiToken.token_hash == digest)).first()
     # compare_digest is belt and braces: the lookup is by hash, not by secret.
     if row is None or not hmac.compare_digest(row.token_hash, digest):

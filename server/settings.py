@@ -19,6 +19,7 @@ PLACEHOLDER_SECRETS = frozenset(
 )
 
 MiB = 1024 * 1024
+MIN_PEPPER_LENGTH = 16
 
 
 class SettingsError(ValueError):
@@ -39,9 +40,13 @@ class Settings(BaseSettings):
     s3_bucket: str = ""
     s3_endpoint_url: str = ""  # empty = AWS default endpoint for the region
     s3_region: str = "us-east-1"
-    s3_access_key: str = ""  # empty = boto3's default credential chain
-    s3_secret_key: str = ""
+    s3_access_key_id: str = ""  # empty = boto3's default credential chain
+    s3_secret_access_key: str = ""
     s3_prefix: str = ""  # every key is stored under this prefix (e.g. "modelfleet/")
+
+    # Secret mixed into every stored API token hash (HMAC-SHA256), so a copy of the database
+    # alone cannot be used to test guessed tokens. Changing it invalidates every token.
+    token_pepper: str = ""
 
     # Base URL devices use to reach artifacts and manifests (API origin, bucket or CDN).
     public_base_url: str = "http://127.0.0.1:8000"
@@ -71,13 +76,21 @@ class Settings(BaseSettings):
             )
         if self.env == "development":
             return self
-        if self.blob_store == "s3" and self.s3_access_key:
-            if self.s3_secret_key.strip().lower() in PLACEHOLDER_SECRETS:
+        if self.blob_store == "s3" and self.s3_access_key_id:
+            if self.s3_secret_access_key.strip().lower() in PLACEHOLDER_SECRETS:
                 raise SettingsError(
-                    "MODELFLEET_S3_SECRET_KEY is missing or a placeholder while "
+                    "MODELFLEET_S3_SECRET_ACCESS_KEY is missing or a placeholder while "
                     "MODELFLEET_ENV=production: set the real secret key (or leave "
-                    "MODELFLEET_S3_ACCESS_KEY empty to use boto3's credential chain)"
+                    "MODELFLEET_S3_ACCESS_KEY_ID empty to use boto3's credential chain)"
                 )
+        pepper = self.token_pepper.strip()
+        if pepper.lower() in PLACEHOLDER_SECRETS or len(pepper) < MIN_PEPPER_LENGTH:
+            raise SettingsError(
+                "MODELFLEET_TOKEN_PEPPER is missing, a placeholder or shorter than "
+                f"{MIN_PEPPER_LENGTH} characters while MODELFLEET_ENV=production: set it to a "
+                "long random string, e.g. `python -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))'`"
+            )
         password = _url_password(self.database_url)
         if password is not None and password.lower() in PLACEHOLDER_SECRETS:
             raise SettingsError(

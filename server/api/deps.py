@@ -88,7 +88,8 @@ def require_scope(scope: str) -> Callable[..., Principal]:
     """A dependency that authenticates the bearer token and checks it has `scope`."""
 
     def dependency(request: Request, session: SessionDep, credentials: CredentialsDep) -> Principal:
-        principal = auth.authenticate(session, _header(credentials, request))
+        principal = auth.authenticate(session, _header(credentials, request),
+                                      pepper=request.app.state.settings.token_pepper)
         auth.require(principal, scope)
         session.commit()  # persists last_used_at
         return principal
@@ -98,7 +99,8 @@ def require_scope(scope: str) -> Callable[..., Principal]:
 
 
 def any_token(request: Request, session: SessionDep, credentials: CredentialsDep) -> Principal:
-    principal = auth.authenticate(session, _header(credentials, request))
+    principal = auth.authenticate(session, _header(credentials, request),
+                                  pepper=request.app.state.settings.token_pepper)
     session.commit()
     return principal
 

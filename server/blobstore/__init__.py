@@ -54,8 +54,8 @@ def make_blob_store(settings: object) -> BlobStore:
             bucket=settings.s3_bucket,
             endpoint_url=settings.s3_endpoint_url or None,
             region=settings.s3_region,
-            access_key=settings.s3_access_key or None,
-            secret_key=settings.s3_secret_key or None,
+            access_key=settings.s3_access_key_id or None,
+            secret_key=settings.s3_secret_access_key or None,
             prefix=settings.s3_prefix,
         )
     return LocalBlobStore(settings.resolved_blob_dir)

@@ -16,15 +16,23 @@ DataDir = Annotated[
 ]
 
 
-def _session_factory(data_dir: Path):  # type: ignore[no-untyped-def]
+def _open(data_dir: Path):  # type: ignore[no-untyped-def]
+    """(settings, session factory) for the database the server at `data_dir` uses; the
+    schema is migrated first so tokens can be created before the first `serve`."""
+    from pydantic import ValidationError
+
     from server.db.migrate import upgrade
     from server.db.session import make_engine, make_session_factory
     from server.settings import Settings
 
-    settings = Settings(data_dir=data_dir)
+    try:
+        settings = Settings(data_dir=data_dir)
+    except ValidationError as e:
+        typer.echo(f"error: invalid settings: {e}", err=True)
+        raise typer.Exit(2) from None
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.resolved_database_url)
-    return make_session_factory(make_engine(settings.resolved_database_url))
+    return settings, make_session_factory(make_engine(settings.resolved_database_url))
 
 
 @tokens_app.command("create")
@@ -38,10 +46,10 @@ def create(
     from server.errors import ServiceError
     from server.services import audit
 
-    factory = _session_factory(data_dir)
+    settings, factory = _open(data_dir)
     with factory() as session:
         try:
-            row, secret = create_token(session, scope, name=name)
+            row, secret = create_token(session, scope, name=name, pepper=settings.token_pepper)
         except ServiceError as e:
             typer.echo(f"error: {e.message}" + (f" ({e.fix})" if e.fix else ""), err=True)
             raise typer.Exit(2) from None
@@ -61,7 +69,7 @@ def list_(
     """List tokens (never their secrets)."""
     from server.auth import list_tokens
 
-    factory = _session_factory(data_dir)
+    _settings, factory = _open(data_dir)
     with factory() as session:
         rows = list_tokens(session)
         items: list[dict[str, Any]] = [
@@ -89,7 +97,7 @@ def revoke(
     from server.errors import ServiceError
     from server.services import audit
 
-    factory = _session_factory(data_dir)
+    _settings, factory = _open(data_dir)
     with factory() as session:
         try:
             row = revoke_token(session, token_id)

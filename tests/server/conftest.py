@@ -34,6 +34,7 @@ def settings(migrated_db_url: str, tmp_path: Path) -> Settings:
         database_url=migrated_db_url,
         max_model_bytes=2 * 1024 * 1024,
         max_npz_bytes=512 * 1024,
+        token_pepper="test-pepper-0123456789",
     )
 
 
@@ -59,12 +60,13 @@ def client(settings: Settings, job_queue: NullJobQueue) -> Iterator[TestClient]:
 
 
 @pytest.fixture
-def make_token(session_factory: sessionmaker[Session]) -> Callable[..., str]:
+def make_token(session_factory: sessionmaker[Session], settings: Settings) -> Callable[..., str]:
     """make_token("publish", "rollout") -> a bearer token secret with those scopes."""
 
     def make(*scopes: str, name: str = "test") -> str:
         with session_factory() as session:
-            _row, secret = create_token(session, list(scopes), name=name)
+            _row, secret = create_token(session, list(scopes), name=name,
+                                        pepper=settings.token_pepper)
             session.commit()
         return secret
 

@@ -132,13 +132,26 @@ def test_revoked_token_is_401(client: TestClient, make_token, session_factory) -
     assert r.status_code == 401 and "revoked" in r.json()["detail"]
 
 
-def test_tokens_are_stored_hashed(make_token, session_factory) -> None:
+def test_tokens_are_stored_as_peppered_hashes(make_token, session_factory, settings) -> None:
+    import hashlib
+
     from server.auth import hash_token, list_tokens
 
     secret = make_token("publish")
     with session_factory() as s:
         row = list_tokens(s)[-1]
-    assert row.token_hash == hash_token(secret) and secret not in row.token_hash
+    assert row.token_hash == hash_token(secret, settings.token_pepper)
+    assert row.token_hash != hashlib.sha256(secret.encode()).hexdigest()
+
+
+def test_token_hashed_under_another_pepper_is_refused(client: TestClient, session_factory) -> None:
+    from server.auth import create_token
+
+    with session_factory() as s:
+        _row, secret = create_token(s, ["admin"], pepper="some-other-pepper-value")
+        s.commit()
+    r = client.post("/v1/models", json={"name": "m"}, headers={"Authorization": f"Bearer {secret}"})
+    assert r.status_code == 401 and r.json()["detail"] == "unknown API token"
 
 
 # --------------------------------------------------------------------------- uploads

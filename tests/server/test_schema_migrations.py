@@ -59,3 +59,25 @@ def test_the_agreement_check_does_notice_a_column_missing_from_migrations(
     finally:
         engine.dispose()
     assert [d[0] for d in diff] == ["add_column"]
+
+
+def test_alembic_command_line_upgrades_the_database_named_in_the_environment(
+    database_url: str,
+) -> None:
+    # The form docker-compose's `migrate` service runs.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [sys.executable, "-m", "alembic", "-c", "migrations/alembic.ini", "upgrade", "head"],
+        cwd=root, env={**os.environ, "MODELFLEET_DATABASE_URL": database_url}, check=True,
+        capture_output=True, timeout=120,
+    )
+    engine = make_engine(database_url)
+    try:
+        assert set(Base.metadata.tables) <= set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
