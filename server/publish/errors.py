@@ -4,6 +4,7 @@
     ├── KeyStoreError            503  key files missing, unreadable, too open, or already present
     ├── RotationError            409  a root rotation cannot be made (keys missing, threshold)
     ├── ChannelNotFoundError     404  no such channel
+    ├── ChannelExistsError       409  a channel of that name exists already
     ├── RolloutNotFoundError     404  no such rollout
     ├── VersionNotFoundError     404  no such model or model version
     ├── VersionNotReadyError     409  the version has no ready artifacts yet
@@ -44,6 +45,11 @@ class RotationError(PublishError):
 class ChannelNotFoundError(PublishError):
     status_code = 404
     code = "channel_not_found"
+
+
+class ChannelExistsError(PublishError):
+    status_code = 409
+    code = "channel_exists"
 
 
 class RolloutNotFoundError(PublishError):

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.db import models as db
 from server.publish import rules
 from server.publish.errors import (
+    ChannelExistsError,
     ChannelNotFoundError,
     InvalidRolloutError,
     RolloutExistsError,
@@ -89,10 +91,13 @@ def create_channel(factory: sessionmaker[Session], pub: Publisher, name: str, *,
         )
     with factory() as session:
         if session.scalars(select(db.Channel).where(db.Channel.name == name)).first():
-            raise RolloutExistsError(f"channel {name!r} already exists")
+            raise ChannelExistsError(f"channel {name!r} already exists")
         session.add(db.Channel(name=name, description=description))
         audit.record(session, actor, "channel.create", f"channel:{name}")
-        session.commit()
+        try:
+            session.commit()
+        except IntegrityError as e:  # created concurrently
+            raise ChannelExistsError(f"channel {name!r} already exists") from e
 
     def change(session: Session, row: db.Channel) -> Audited:
         return Audited("manifest.publish", name, {})
@@ -127,6 +132,24 @@ def get_rollout(session: Session, rollout_id: int) -> RolloutView:
                        release.state_reason, None)
 
 
+def _ready_version(session: Session, spec: RolloutSpec) -> db.ModelVersion:
+    """The version to start, if it is ready and the filters fit its artifacts."""
+    version = version_row(session, spec.model, spec.version)
+    if version.state is not db.VersionState.ready:
+        raise VersionNotReadyError(
+            f"{spec.model} {spec.version} is {version.state.value}, not ready",
+            fix="wait for its builds to finish (GET its version) or fix the failed ones",
+        )
+    platforms = _platforms(session, version.id)
+    if not platforms:
+        raise VersionNotReadyError(
+            f"{spec.model} {spec.version} has no artifacts to offer",
+            fix="check its builds: every platform failed or was gated out",
+        )
+    rules.check_filters(spec.filters, platforms)
+    return version
+
+
 def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
                   spec: RolloutSpec, *, actor: str) -> RolloutView:
     """Offer `spec.version` on `channel` to `spec.percentage` of matching devices."""
@@ -138,20 +161,22 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
             fix='send "shadow": {"max_kl_micro": …, "max_latency_p99_us": …, "min_samples": …}',
         )
 
+    with factory() as session:
+        missing = session.scalars(
+            select(db.Channel.id).where(db.Channel.name == channel)).first() is None
+        if missing:
+            _ready_version(session, spec)  # refuse before creating anything
+    if missing:
+        # A rollout names its channel; the first one creates it (audited), so `prod` needs
+        # no separate setup step.
+        try:
+            create_channel(factory, pub, channel, actor=actor,
+                           description="created by its first rollout")
+        except ChannelExistsError:
+            pass  # a concurrent request created it first
+
     def change(session: Session, ch: db.Channel) -> Audited:
-        version = version_row(session, spec.model, spec.version)
-        if version.state is not db.VersionState.ready:
-            raise VersionNotReadyError(
-                f"{spec.model} {spec.version} is {version.state.value}, not ready",
-                fix="wait for its builds to finish (GET its version) or fix the failed ones",
-            )
-        platforms = _platforms(session, version.id)
-        if not platforms:
-            raise VersionNotReadyError(
-                f"{spec.model} {spec.version} has no artifacts to offer",
-                fix="check its builds: every platform failed or was gated out",
-            )
-        rules.check_filters(spec.filters, platforms)
+        version = _ready_version(session, spec)
         existing = session.scalars(select(db.Release).where(
             db.Release.channel_id == ch.id, db.Release.version_id == version.id)).first()
         if existing is not None:

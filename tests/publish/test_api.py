@@ -118,9 +118,13 @@ def test_bad_rollout_requests_get_clear_4xx(client, headers, make_version):
     assert r.status_code == 422 and "unknown platform" in r.json()["detail"]
     r = post({"percentage": 5, "version": "2.0"})
     assert r.status_code == 409 and r.json()["code"] == "version_not_ready"
-    r = client.post("/v1/channels/nope/rollouts", headers=headers,
+    r = client.post("/v1/channels/Bad Name/rollouts", headers=headers,
                     json={"model": "clf", "version": "1.0", "percentage": 5})
-    assert r.status_code == 404
+    assert r.status_code == 422 and "channel name" in r.json()["detail"]
+    r = client.post("/v1/channels/beta/rollouts", headers=headers,
+                    json={"model": "clf", "version": "2.0", "percentage": 5})
+    assert r.status_code == 409  # not ready: refused before the channel is created
+    assert client.get("/v1/channels/beta/manifest").status_code == 404
     assert client.post("/v1/channels/prod/rollouts",
                        json={"model": "clf", "version": "1.0", "percentage": 5}
                        ).status_code == 401
@@ -133,6 +137,20 @@ def test_bad_rollout_requests_get_clear_4xx(client, headers, make_version):
                        ).status_code == 403
     assert client.get("/v1/channels/prod/manifest").status_code == 200
     assert client.get("/v1/channels/nope/manifest").status_code == 404
+
+
+def test_first_rollout_on_a_new_channel_creates_it(client, headers, make_version):
+    make_version("clf", "1.0")
+    r = client.post("/v1/channels/beta/rollouts", headers=headers,
+                    json={"model": "clf", "version": "1.0", "percentage": 10, "mode": "active",
+                          "filters": {}})
+    assert r.status_code == 201, r.text
+    assert r.json()["serial"] == 2  # 1: the new channel's empty manifest
+    root = manifests.load_trusted_root(client.get("/v1/root/1.json").content)
+    m = manifests.verify_manifest(root, client.get("/v1/channels/beta/manifest").content,
+                                  now=int(time.time()), channel="beta", trusted=None)
+    assert m.models["clf"].releases[0].rollout.share_ppm == 100_000
+    assert client.post("/v1/channels", json={"name": "beta"}, headers=headers).status_code == 409
 
 
 def test_artifact_urls_in_the_manifest_serve_bytes_with_range(client, headers, make_version):
