@@ -5,12 +5,14 @@ Every queue backend (in-process thread, procrastinate workers) drives builds thr
 
 - State lives in the `builds` row. A build is claimed with one conditional UPDATE (queued, or
   running with a heartbeat older than `stale_after_s` — its worker died), so two workers can
-  never both own it. While compiling, the owner refreshes `heartbeat_at`.
+  never both own it. While compiling, the owner refreshes `heartbeat_at`, for at most
+  `max_build_s` (a hung compile then becomes claimable by another worker).
 - Transient failures (`TransientCompileError`, blob backend errors) put the build back to
   queued with exponential backoff (`next_attempt_at`) until `max_attempts`; anything else
   fails the build with its reason. Gate failures are normal outcomes, not errors.
-- Artifacts go to the blob store first, rows after; a final write happens only if this worker
-  still owns the build, so a worker that lost its claim cannot overwrite the new owner.
+- Artifacts go to the blob store first (content-addressed keys), rows after; a final write
+  happens only if this worker still owns the build, so a worker that lost its claim cannot
+  overwrite the new owner.
 - After each build the version's state is recomputed under a row lock:
   uploaded → compiling → ready (every build succeeded) | failed (any build failed).
 """
@@ -88,7 +90,7 @@ class BuildRunner:
                  worker_id: str, work_root: Path | None = None,
                  pipeline_factory: Callable[[Callable[[str], None]], Pipeline] | None = None,
                  retry: RetryPolicy | None = None, heartbeat_s: float = 5.0,
-                 stale_after_s: float = 120.0) -> None:
+                 stale_after_s: float = 120.0, max_build_s: float = 3600.0) -> None:
         self._sf = session_factory
         self._store = store
         self.worker_id = worker_id
@@ -97,6 +99,9 @@ class BuildRunner:
         self.retry = retry or RetryPolicy()
         self._heartbeat_s = heartbeat_s
         self.stale_after_s = stale_after_s
+        # A compile still running after this long is presumed hung: its heartbeat stops so
+        # another worker can take the build over (this one's late result is then discarded).
+        self.max_build_s = max_build_s
 
     # ---- claiming ------------------------------------------------------------------------
 
@@ -156,7 +161,12 @@ class BuildRunner:
     # ---- running -------------------------------------------------------------------------
 
     def _heartbeat(self, build_id: int, stop: threading.Event) -> None:
+        started = time.monotonic()
         while not stop.wait(self._heartbeat_s):
+            if time.monotonic() - started > self.max_build_s:
+                log.error("build %s exceeded %.0fs; no longer heartbeating so another worker "
+                          "can take it over", build_id, self.max_build_s)
+                return
             try:
                 with self._sf() as s:
                     s.execute(update(Build).where(Build.id == build_id,
@@ -243,8 +253,10 @@ class BuildRunner:
         for o in outcomes:
             if o.artifact is None:
                 continue
+            # Content-addressed: a worker that lost its claim can never overwrite the blob
+            # a newer owner recorded (same bytes land on the same key, other bytes elsewhere).
             key = f"artifacts/{model_name}/{version}/{o.platform}/{o.variant}/" \
-                  f"{o.artifact.path.name}"
+                  f"{o.artifact.sha256}/{o.artifact.path.name}"
             with o.artifact.path.open("rb") as f:
                 self._store.put(key, f, expected_sha256=o.artifact.sha256)
             stored.append((o, key))

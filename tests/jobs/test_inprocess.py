@@ -229,3 +229,30 @@ def test_failed_builds_can_be_retried_through_the_api(convnet_files, tmp_path):
         assert body["state"] == "ready" and body["builds"][0]["attempts"] == 2
         assert "re-queued by" in body["builds"][0]["log"]
         assert client.get("/v1/models/conv/versions/1.0.0/builds?lgos=1").status_code == 422
+
+
+class HangingPipeline(Pipeline):
+    def build(self, spec: Any, workdir: Path) -> Any:
+        time.sleep(2.5)
+        return super().build(spec, workdir)
+
+
+def test_hung_compile_stops_heartbeating_and_another_worker_takes_over(registry_with_upload):
+    import threading
+
+    sf, store = registry_with_upload
+    hung = BuildRunner(sf, store, worker_id="hung", heartbeat_s=0.1, stale_after_s=0.5,
+                       max_build_s=0.3, pipeline_factory=lambda log: HangingPipeline(log=log))
+    rescuer = BuildRunner(sf, store, worker_id="rescuer", stale_after_s=0.5)
+    build_id = _build(sf).id
+    t = threading.Thread(target=hung.process, args=(build_id,))
+    t.start()
+    try:
+        assert wait_for(lambda: _build(sf).locked_by == "hung", 5, 0.05)
+        assert not rescuer.claim(build_id)  # still beating
+        assert wait_for(lambda: rescuer.process(build_id), 5, 0.2)
+    finally:
+        t.join()
+    b = _build(sf)
+    assert b.state == BuildState.succeeded and b.attempts == 2 and b.locked_by is None
+    assert "rescuer" in b.log
