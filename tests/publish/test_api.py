@@ -15,6 +15,7 @@ from server.auth import create_token
 from server.blobstore import LocalBlobStore
 from server.db.migrate import upgrade
 from server.publish.keys import KeyPaths, init_keys, rotate_root
+from server.publish.service import manifest_base_url
 from server.settings import Settings
 from tests.publish.conftest import version_maker
 
@@ -204,3 +205,9 @@ def test_preview_says_which_devices_a_rollout_reaches(client, headers, make_vers
     r = client.post("/v1/channels/prod/preview", headers=headers,
                     json={"rollout_id": rid, "devices": devices})
     assert r.json()["included"] == body["included"] + 1
+
+
+def test_urls_are_relative_unless_a_public_base_url_is_set(tmp_path):
+    assert manifest_base_url(Settings(data_dir=tmp_path)) == ""
+    assert manifest_base_url(Settings(data_dir=tmp_path, public_base_url="https://cdn.x")
+                             ) == "https://cdn.x"
