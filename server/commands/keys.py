@@ -126,9 +126,40 @@ def rotate(
     except PublishError as e:
         raise _fail(e) from None
     _report(result, _import_into_database(data_dir, keys_dir), as_json, "rotated")
-    if rotate_release and not as_json:
-        typer.echo("  Re-publish every channel (POST /v1/channels/{channel}/publish) so devices "
-                   "get manifests signed by the new release key.")
+    if rotate_release:
+        note = _republish_all(data_dir)
+        if not as_json:
+            typer.echo(f"  {note}")
+
+
+def _republish_all(data_dir: Path) -> str:
+    """Re-sign every channel with the new release key: devices that moved to the new root
+    refuse manifests signed by the old one."""
+    try:
+        from sqlalchemy import select
+
+        from server.blobstore import make_blob_store
+        from server.db import models as db
+        from server.db.session import make_engine, make_session_factory
+        from server.publish.publisher import publish_channel
+        from server.publish.service import make_publisher
+        from server.settings import Settings
+
+        settings = Settings(data_dir=data_dir)
+        engine = make_engine(settings.resolved_database_url)
+        try:
+            factory = make_session_factory(engine)
+            pub = make_publisher(settings, make_blob_store(settings))
+            with factory() as session:
+                names = list(session.scalars(select(db.Channel.name)))
+            serials = [publish_channel(factory, pub, n, actor="cli",
+                                       action="manifest.rekey").serial for n in names]
+        finally:
+            engine.dispose()
+        return f"re-signed {len(names)} channel(s) with the new release key (serials {serials})"
+    except Exception as e:  # reported: the operator can re-publish through the API
+        return (f"warning: channels not re-signed ({e}); POST /v1/channels/{{channel}}/publish "
+                "for each")
 
 
 @keys_app.command("show")

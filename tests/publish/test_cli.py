@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+import time
 
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 import manifests
 from modelfleet.cli import app as cli
 from server.app import create_app
+from server.auth import create_token
 from server.settings import Settings
 
 
@@ -30,10 +32,20 @@ def test_keys_init_then_server_serves_root_v1_and_rotation_adds_v2(tmp_path):
         assert served.status_code == 200
         assert served.content == (data / "roots" / "1.json").read_bytes()
         v1 = manifests.load_trusted_root(served.content)
-        # rotation while the server runs: the CLI stores v2 in the database directly
+        with client.app.state.session_factory() as s:
+            _, secret = create_token(s, ["rollout"])
+            s.commit()
+        assert client.post("/v1/channels", json={"name": "prod"},
+                           headers={"Authorization": f"Bearer {secret}"}).status_code == 201
+        # rotation while the server runs: the CLI stores v2 in the database directly and
+        # re-signs every channel with the new release key
         r = runner.invoke(cli, ["keys", "rotate", "--data-dir", str(data), "--rotate-release"])
         assert r.exit_code == 0, r.output
+        assert "re-signed 1 channel(s)" in r.output
         v2 = manifests.verify_root_update(v1, client.get("/v1/root/2.json").content)
         assert v2.roles["release"].keyids != v1.roles["release"].keyids
+        m = manifests.verify_manifest(v2, client.get("/v1/channels/prod/manifest").content,
+                                      now=int(time.time()), channel="prod", trusted=None)
+        assert m.serial == 2
     r = runner.invoke(cli, ["keys", "show", "--data-dir", str(data), "--json"])
     assert [row["version"] for row in json.loads(r.output)] == [1, 2]
