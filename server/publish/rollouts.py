@@ -89,6 +89,7 @@ def create_channel(factory: sessionmaker[Session], pub: Publisher, name: str, *,
             f"channel name {name!r} is not allowed",
             field="name", fix="use 1–64 lowercase letters, digits, '.', '_' or '-'",
         )
+    pub.release_key()  # KeyStoreError now, rather than a channel left without a manifest
     with factory() as session:
         if session.scalars(select(db.Channel).where(db.Channel.name == name)).first():
             raise ChannelExistsError(f"channel {name!r} already exists")

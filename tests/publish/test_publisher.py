@@ -15,6 +15,7 @@ from server.db import models as db
 from server.publish import rollouts as ro
 from server.publish.errors import (
     InvalidRolloutError,
+    KeyStoreError,
     RolloutExistsError,
     RolloutStateError,
     VersionNotFoundError,
@@ -154,3 +155,12 @@ def test_background_loop_re_signs_a_short_lived_manifest_on_its_own(factory, pub
     with factory() as s:
         serials = sorted(s.scalars(select(db.SignedManifest.serial)))
     assert serials[0] == 1 and len(serials) >= 2
+
+
+def test_without_a_release_key_nothing_is_created_and_the_error_says_how_to_fix_it(
+        factory, pub, key_paths):
+    key_paths.release_key_path.unlink()
+    with pytest.raises(KeyStoreError, match="keys init"):
+        ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    with factory() as s:
+        assert s.scalars(select(db.Channel)).all() == []
