@@ -33,6 +33,7 @@ def wait_state(client: TestClient, model: str, version: str, timeout: float = 18
     return str(client.get(f"/v1/models/{model}/versions/{version}").json()["state"])
 
 
+@pytest.mark.slow
 def test_upload_reaches_ready_with_one_build_per_platform_and_gates(convnet_files, tmp_path):
     settings = make_settings(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path / "data")
     app = create_app(settings)  # job_backend=inprocess: the factory starts the worker
@@ -69,6 +70,7 @@ def test_upload_reaches_ready_with_one_build_per_platform_and_gates(convnet_file
     assert builds["coreml"]["artifact"]["format"] == "mlpackage"
 
 
+@pytest.mark.slow
 def test_transformer_block_uploaded_as_exported_program_gets_int8_qnn(transformer_files,
                                                                       tmp_path):
     settings = make_settings(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path / "data")
