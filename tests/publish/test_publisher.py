@@ -164,3 +164,26 @@ def test_without_a_release_key_nothing_is_created_and_the_error_says_how_to_fix_
         ro.create_channel(factory, pub, "prod", actor=ACTOR)
     with factory() as s:
         assert s.scalars(select(db.Channel)).all() == []
+
+
+def test_ramping_only_adds_devices_and_the_rest_stay_on_the_fallback(factory, pub, blob_store,
+                                                                      root, make_version):
+    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    make_version("clf", "1.0")
+    make_version("clf", "1.1")
+    ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor=ACTOR)
+    new = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.1", 1), actor=ACTOR)
+    fleet = [manifests.DeviceProfile(f"dev-{i}", "android" if i % 2 else "ios")
+             for i in range(2000)]
+    previous: set[str] = set()
+    for pct in (1, 5, 20, 50, 100):
+        if pct > 1:
+            ro.ramp_rollout(factory, pub, new.record.id, pct, actor=ACTOR)
+        m, _ = current(factory, blob_store, root)
+        picks = {d.device_id: manifests.select_release(m, "clf", d).version for d in fleet}
+        on_new = {d for d, v in picks.items() if v == "1.1"}
+        assert set(picks.values()) <= {"1.0", "1.1"}  # nobody is left without a release
+        assert previous <= on_new  # raising the share only adds devices
+        assert abs(len(on_new) / len(fleet) - pct / 100) < 0.05
+        previous = on_new
+    assert len(previous) == len(fleet)
