@@ -250,6 +250,7 @@ def _load_manifest(app: FastAPI, channel: str) -> CachedManifest:
     return manifest_cache(app).put(channel, data, row.sha256)
 
 
+@router.head("/channels/{channel}/manifest", include_in_schema=False)
 @router.get(
     "/channels/{channel}/manifest",
     response_class=Response,

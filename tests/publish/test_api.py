@@ -78,6 +78,8 @@ def test_rollout_lifecycle_each_change_bumps_the_serial(client, headers, make_ve
     assert m.serial == 1
     assert r.headers["etag"].startswith('"') and "max-age" in r.headers["cache-control"]
     etag = r.headers["etag"]
+    head = client.head("/v1/channels/prod/manifest")
+    assert head.status_code == 200 and head.headers["etag"] == etag and head.content == b""
     assert client.get("/v1/channels/prod/manifest",
                       headers={"If-None-Match": etag}).status_code == 304
     make_version("clf", "1.0")
