@@ -13,6 +13,7 @@ import manifests
 from server.app import create_app
 from server.auth import create_token
 from server.blobstore import LocalBlobStore
+from server.db import models as db
 from server.db.migrate import upgrade
 from server.publish.keys import KeyPaths, init_keys, rotate_root
 from server.publish.service import manifest_base_url
@@ -213,3 +214,19 @@ def test_urls_are_relative_unless_a_public_base_url_is_set(tmp_path):
     assert manifest_base_url(Settings(data_dir=tmp_path)) == ""
     assert manifest_base_url(Settings(data_dir=tmp_path, public_base_url="https://cdn.x")
                              ) == "https://cdn.x"
+
+
+def test_preview_defaults_to_the_devices_the_server_has_seen(client, headers, make_version):
+    make_version("clf", "1.0", platforms=("android",))
+    client.post("/v1/channels", json={"name": "prod"}, headers=headers)
+    with client.app.state.session_factory() as s:
+        s.add_all([db.Device(id=f"seen-{i}", profile={"platform": "android"})
+                   for i in range(300)])
+        s.add(db.Device(id="old-iphone", profile={"platform": "ios", "os_version": "17.1"}))
+        s.commit()
+    r = client.post("/v1/channels/prod/preview", headers=headers, json={
+        "model": "clf", "version": "1.0", "percentage": 100,
+        "filters": {"platforms": ["android"]}})
+    assert r.status_code == 200, r.text
+    assert (r.json()["total"], r.json()["included"]) == (301, 300)
+    assert r.json()["excluded_device_ids"] == ["old-iphone"]
