@@ -60,3 +60,24 @@ def test_core_ml_says_plainly_it_did_not_run_on_linux(convnet, tmp_path):
         CompileRequest(convnet.pt2, SourceFormat.EXPORTED_PROGRAM, convnet.inputs), tmp_path)
     assert not art.runnable_here
     assert art.not_runnable_reason.startswith("not run (needs macOS)")
+
+
+@pytest.mark.parametrize("compression", ["int8", "palettize4"])
+def test_core_ml_weight_compression_is_in_the_compiled_spec(convnet, tmp_path, compression):
+    from server.compile.gates.operators import check_mlpackage, deny_list
+    def build(settings: dict, name: str):  # type: ignore[no-untyped-def]
+        (tmp_path / name).mkdir()
+        req = CompileRequest(convnet.pt2, SourceFormat.EXPORTED_PROGRAM, convnet.inputs,
+                             settings={"coreml": settings})
+        (art,) = CoreMLCompiler().compile(req, tmp_path / name)
+        ops = check_mlpackage(art.path, "coreml", deny_list("coreml", "mil"))
+        return art, ops
+
+    plain, plain_ops = build({}, "plain")
+    # The test model's weights are tiny, so lower the size threshold to compress them all.
+    art, ops = build({"weight_compression": compression, "weight_threshold": 0}, "small")
+    assert art.target.variant == f"fp16-{compression}" and ops.passed
+    assert any(op.startswith("constexpr_") for op in ops.operators_seen), ops.operators_seen
+    assert not any(op.startswith("constexpr_") for op in plain_ops.operators_seen)
+    weights = "Data/com.apple.CoreML/weights/weight.bin"
+    assert (art.path / weights).stat().st_size < (plain.path / weights).stat().st_size

@@ -2,8 +2,10 @@
 
 Settings (`settings["coreml"]`): `precision` fp16 (default) | fp32, `minimum_deployment_target`
 (e.g. "iOS17", default), `weight_compression` none (default) | int8 | palettize4 | palettize6 |
-palettize8. Torch uploads convert directly; ONNX uploads go ONNX → torch (onnx2torch) →
-torch.export → coremltools, and a graph that cannot make that trip fails with the operator
+palettize8, `weight_threshold` (weights with fewer elements stay uncompressed; default 2048),
+`palettize_mode` uniform (default) | kmeans (needs scikit-learn on the worker).
+Torch uploads convert directly; ONNX uploads go ONNX → torch (onnx2torch) → torch.export →
+coremltools, and a graph that cannot make that trip fails with the operator
 named and the advice to upload a torch ExportedProgram.
 
 Compiling to `.mlmodelc` and running predictions needs macOS (Core ML framework). On Linux the
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from server.compile.compilers.base import Feeds, Outputs, settings_for
-from server.compile.errors import ConversionError, InvalidSourceError
+from server.compile.errors import CompilerUnavailableError, ConversionError, InvalidSourceError
 from server.compile.source import load_exported_program, quiet
 from server.compile.types import (
     CompiledArtifact,
@@ -121,6 +123,11 @@ class CoreMLCompiler:
                 f"unknown Core ML deployment target {target_name!r}; use e.g. iOS16, iOS17, "
                 "macOS14") from None
         compression = str(opts.get("weight_compression", "none"))
+        # Weights with fewer elements stay uncompressed (coremltools' default: 2048).
+        threshold = int(opts.get("weight_threshold", 2048))  # type: ignore[call-overload]
+        palette_mode = str(opts.get("palettize_mode", "uniform"))
+        if palette_mode not in ("uniform", "kmeans"):
+            raise InvalidSourceError("palettize_mode must be uniform or kmeans")
         if compression not in _COMPRESSIONS:
             raise InvalidSourceError(f"weight_compression must be one of {_COMPRESSIONS}")
 
@@ -140,9 +147,12 @@ class CoreMLCompiler:
                                        else ct.precision.FLOAT32),
                     inputs=[ct.TensorType(name=s.name, shape=s.shape) for s in request.inputs],
                 )
-                mlmodel = _compress(mlmodel, compression)
+                mlmodel = _compress(mlmodel, compression, threshold, palette_mode)
         except (ConversionError, InvalidSourceError):
             raise
+        except ImportError as e:  # e.g. kmeans palettization needs scikit-learn
+            raise CompilerUnavailableError(
+                f"Core ML compression needs a package this worker lacks: {e}") from e
         except Exception as e:
             ops = _unsupported_op(e)
             named = f" (operator {ops[0]})" if ops else ""
@@ -164,6 +174,9 @@ class CoreMLCompiler:
             precision=precision,
             compile_settings={"precision": precision.value, "minimum_deployment_target":
                               target_name, "weight_compression": compression,
+                              "weight_threshold": threshold,
+                              **({"palettize_mode": palette_mode}
+                                 if compression.startswith("palettize") else {}),
                               "coremltools": ct.__version__},
             notes=[] if on_mac else [NOT_ON_MACOS],
             runnable_here=on_mac,
@@ -207,16 +220,16 @@ def stabilize_manifest(package: Path) -> None:
     tmp.replace(manifest)
 
 
-def _compress(mlmodel: Any, compression: str) -> Any:
+def _compress(mlmodel: Any, compression: str, threshold: int, palette_mode: str) -> Any:
     if compression == "none":
         return mlmodel
     from coremltools.optimize import coreml as cto
 
     if compression == "int8":
         cfg = cto.OptimizationConfig(global_config=cto.OpLinearQuantizerConfig(
-            mode="linear_symmetric", dtype="int8"))
+            mode="linear_symmetric", dtype="int8", weight_threshold=threshold))
         return cto.linear_quantize_weights(mlmodel, config=cfg)
     nbits = int(compression.removeprefix("palettize"))
-    cfg = cto.OptimizationConfig(global_config=cto.OpPalettizerConfig(mode="kmeans",
-                                                                      nbits=nbits))
+    cfg = cto.OptimizationConfig(global_config=cto.OpPalettizerConfig(
+        mode=palette_mode, nbits=nbits, weight_threshold=threshold))
     return cto.palettize_weights(mlmodel, config=cfg)
