@@ -215,6 +215,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        gc.unfreeze()  # let a process that builds many apps (tests) collect them again
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
