@@ -68,7 +68,8 @@ class RetryPolicy:
 class _JobLog:
     """Timestamped lines for `builds.log`, capped so a chatty compile cannot bloat the row."""
 
-    def __init__(self) -> None:
+    def __init__(self, previous: str = "") -> None:
+        self.previous = previous  # earlier attempts' lines, kept above this attempt's
         self.lines: list[str] = []
         self._size = 0
 
@@ -81,8 +82,8 @@ class _JobLog:
         self._size += len(line) + 1
         self.lines.append(line)
 
-    def text(self, previous: str = "") -> str:
-        return (previous + "\n".join(self.lines) + "\n")[-MAX_LOG_CHARS:]
+    def text(self) -> str:
+        return (self.previous + "\n".join(self.lines) + "\n")[-MAX_LOG_CHARS:]
 
 
 class BuildRunner:
@@ -160,7 +161,7 @@ class BuildRunner:
 
     # ---- running -------------------------------------------------------------------------
 
-    def _heartbeat(self, build_id: int, stop: threading.Event) -> None:
+    def _heartbeat(self, build_id: int, stop: threading.Event, job_log: _JobLog) -> None:
         started = time.monotonic()
         while not stop.wait(self._heartbeat_s):
             if time.monotonic() - started > self.max_build_s:
@@ -172,17 +173,18 @@ class BuildRunner:
                     s.execute(update(Build).where(Build.id == build_id,
                                                   Build.locked_by == self.worker_id,
                                                   Build.state == BuildState.running)
-                              .values(heartbeat_at=utcnow())
+                              .values(heartbeat_at=utcnow(), log=job_log.text())
                               .execution_options(synchronize_session=False))
                     s.commit()
             except Exception:  # a missed beat only risks a takeover, which is safe
                 log.warning("heartbeat for build %s failed", build_id, exc_info=True)
 
     def run_claimed(self, build_id: int) -> None:
-        job_log = _JobLog()
+        with self._sf() as s:  # the log shows every attempt; each beat publishes progress
+            job_log = _JobLog(s.scalar(select(Build.log).where(Build.id == build_id)) or "")
         job_log(f"attempt started on worker {self.worker_id}")
         stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(build_id, stop), daemon=True,
+        beat = threading.Thread(target=self._heartbeat, args=(build_id, stop, job_log), daemon=True,
                                 name=f"heartbeat-{build_id}")
         beat.start()
         work = Path(tempfile.mkdtemp(prefix=f"build-{build_id}-", dir=self._work_root))
@@ -283,7 +285,7 @@ class BuildRunner:
             build.error = "" if ok else "; ".join(
                 f"{o.variant}: {o.error}" for o in outcomes if o.state != "ready")[:4000]
             job_log("build succeeded" if ok else f"build failed: {build.error}")
-            build.log = job_log.text(build.log or "")
+            build.log = job_log.text()
             build.transition(BuildState.succeeded if ok else BuildState.failed)
             build.finished_at, build.locked_by = utcnow(), None
             self._settle_version(s, build.version_id)
@@ -295,7 +297,7 @@ class BuildRunner:
             if build is None:
                 return
             build.error = error[:4000]
-            build.log = job_log.text(build.log or "")
+            build.log = job_log.text()
             build.transition(BuildState.failed)
             build.finished_at, build.locked_by = utcnow(), None
             self._settle_version(s, build.version_id)
@@ -315,7 +317,7 @@ class BuildRunner:
             delay = self.retry.delay(build.attempts)
             job_log(f"retrying in {delay:.0f}s")
             build.error = error[:4000]
-            build.log = job_log.text(build.log or "")
+            build.log = job_log.text()
             build.transition(BuildState.queued)
             build.next_attempt_at = utcnow() + timedelta(seconds=delay)
             build.locked_by = None

@@ -252,6 +252,8 @@ def test_hung_compile_stops_heartbeating_and_another_worker_takes_over(registry_
     try:
         assert wait_for(lambda: _build(sf).locked_by == "hung", 5, 0.05)
         assert not rescuer.claim(build_id)  # still beating
+        # Heartbeats publish the running attempt's log, visible through the API meanwhile.
+        assert wait_for(lambda: "attempt started on worker hung" in _build(sf).log, 2, 0.05)
         assert wait_for(lambda: rescuer.process(build_id), 5, 0.2)
     finally:
         t.join()
