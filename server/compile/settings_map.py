@@ -6,8 +6,9 @@ Recognised keys, per platform block:
   overrides for whatever precision the platform builds); `deny_ops` / `allow_ops`
   (comma-separated operator names added to / removed from the operator gate's list).
 - coreml: `precision`, `minimum_deployment_target`, `weight_compression`.
-- qnn: `precision`, `activation_bits`, and either `soc_model` + `htp_arch` (+ optional
-  `soc`, a name such as "SM8650") or `targets` = "SM8550:43:73,SM8650:57:75".
+- qnn: `precision`, `activation_bits`, and the target(s): `soc` alone for a known SoC
+  ("SM8650"), or `soc_model` + `htp_arch` (+ optional `soc` name), or `targets` =
+  "SM8550,SM8650" / "SM8550:43:73,SM8650:57:75".
 - qnn-hub: `device`, `chipset`, `target_runtime`, `options`.
 """
 
@@ -17,6 +18,12 @@ from typing import Any
 
 from server.compile.errors import InvalidSourceError
 
+# SoC name -> (QNN soc_model, HTP arch), from the QNN SDK's "Supported Snapdragon devices".
+KNOWN_SOCS = {
+    "SM8350": ("30", "68"), "SM8450": ("36", "69"), "SM8475": ("42", "69"),
+    "SM8550": ("43", "73"), "SM8650": ("57", "75"), "SM8750": ("69", "79"),
+    "SM8850": ("87", "81"), "SA8295": ("39", "68"),
+}
 NUMERIC_KEYS = ("min_cosine", "min_snr_db", "max_abs_diff", "min_topk_agreement", "topk")
 PRECISIONS = ("fp32", "fp16", "int8")
 
@@ -25,15 +32,28 @@ def _ops(value: Any) -> list[str]:
     return [v.strip() for v in str(value).split(",") if v.strip()]
 
 
+def _known(name: str) -> dict[str, str]:
+    try:
+        soc_model, arch = KNOWN_SOCS[name.upper()]
+    except KeyError:
+        raise InvalidSourceError(
+            f"unknown SoC {name!r}: give soc_model and htp_arch, or one of "
+            f"{', '.join(sorted(KNOWN_SOCS))}") from None
+    return {"name": name.upper(), "soc_model": soc_model, "htp_arch": arch}
+
+
 def _qnn_targets(flat: dict[str, Any]) -> list[dict[str, str]] | None:
     if "targets" in flat:
         out = []
         for item in str(flat["targets"]).split(","):
             parts = item.strip().split(":")
+            if len(parts) == 1 and parts[0]:
+                out.append(_known(parts[0]))
+                continue
             if len(parts) != 3 or not all(parts):
                 raise InvalidSourceError(
-                    f"qnn targets entry {item!r} must be NAME:SOC_MODEL:HTP_ARCH, "
-                    "e.g. SM8650:57:75")
+                    f"qnn targets entry {item!r} must be a known SoC name (e.g. SM8650) or "
+                    "NAME:SOC_MODEL:HTP_ARCH, e.g. SM8650:57:75")
             out.append({"name": parts[0], "soc_model": parts[1], "htp_arch": parts[2]})
         return out
     if "soc_model" in flat or "htp_arch" in flat:
@@ -42,6 +62,8 @@ def _qnn_targets(flat: dict[str, Any]) -> list[dict[str, str]] | None:
         soc = str(flat["soc_model"])
         return [{"name": str(flat.get("soc", f"soc{soc}")), "soc_model": soc,
                  "htp_arch": str(flat["htp_arch"])}]
+    if "soc" in flat:
+        return [_known(str(flat["soc"]))]
     return None
 
 
