@@ -13,6 +13,7 @@
     ├── RolloutStateError        409  not allowed in the rollout's current state (ramping a
     │                                 halted release, resuming one that is not paused …)
     ├── RolloutExistsError       409  this version already has a rollout on the channel
+    ├── ManifestTooLargeError    409  the channel offers more than devices accept (size cap)
     └── SerialConflictError      503  concurrent publishes kept colliding on the channel serial
 
 Subclassing server.errors.ServiceError gives each its HTTP status through the API's one error
@@ -86,6 +87,13 @@ class RolloutStateError(PublishError):
 class RolloutExistsError(PublishError):
     status_code = 409
     code = "rollout_exists"
+
+
+class ManifestTooLargeError(PublishError):
+    """The signed manifest would exceed the size devices accept."""
+
+    status_code = 409
+    code = "manifest_too_large"
 
 
 class SerialConflictError(PublishError):

@@ -30,7 +30,11 @@ from server.blobstore import BlobStore
 from server.db import models as db
 from server.publish import records
 from server.publish.builder import build_manifest, join_url
-from server.publish.errors import ChannelNotFoundError, SerialConflictError
+from server.publish.errors import (
+    ChannelNotFoundError,
+    ManifestTooLargeError,
+    SerialConflictError,
+)
 from server.services import audit
 
 log = logging.getLogger("modelfleet.publish")
@@ -184,9 +188,10 @@ def sign_and_store(session: Session, pub: Publisher, channel: db.Channel) -> Pub
     signed = manifests.sign_envelope(doc.to_bytes(), manifests.MANIFEST_PAYLOAD_TYPE,
                                      [pub.release_key()])
     if len(signed) > MANIFEST_MAX_BYTES:
-        raise SerialConflictError(  # pragma: no cover - needs thousands of releases
-            f"the signed manifest of {channel.name!r} is {len(signed)} bytes, over the "
-            f"{MANIFEST_MAX_BYTES}-byte cap devices enforce; halt or finish old rollouts"
+        raise ManifestTooLargeError(
+            f"the signed manifest of {channel.name!r} would be {len(signed)} bytes, over the "
+            f"{MANIFEST_MAX_BYTES}-byte cap devices enforce",
+            fix="bring in-flight rollouts to 100% or halt them, or shorten pin lists",
         )
     key = serial_blob_key(channel.name, serial)
     info = pub.blob_store.put(key, [signed], content_type="application/json")

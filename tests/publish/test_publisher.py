@@ -12,10 +12,12 @@ from sqlalchemy import select
 
 import manifests
 from server.db import models as db
+from server.publish import publisher as publisher_module
 from server.publish import rollouts as ro
 from server.publish.errors import (
     InvalidRolloutError,
     KeyStoreError,
+    ManifestTooLargeError,
     RolloutExistsError,
     RolloutStateError,
     VersionNotFoundError,
@@ -187,3 +189,16 @@ def test_ramping_only_adds_devices_and_the_rest_stay_on_the_fallback(factory, pu
         assert abs(len(on_new) / len(fleet) - pct / 100) < 0.05
         previous = on_new
     assert len(previous) == len(fleet)
+
+
+def test_a_manifest_over_the_device_size_cap_is_refused_and_nothing_changes(
+        factory, pub, blob_store, root, make_version, monkeypatch):
+    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    make_version("clf", "1.0")
+    monkeypatch.setattr(publisher_module, "MANIFEST_MAX_BYTES", 2000)
+    view = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 5), actor=ACTOR)
+    with pytest.raises(ManifestTooLargeError, match="cap devices enforce"):
+        ro.pin_devices(factory, pub, view.record.id, [f"device-{i:04d}" for i in range(100)],
+                       actor=ACTOR)
+    m, _ = current(factory, blob_store, root)
+    assert m.serial == 2 and m.models["clf"].releases[0].rollout.filters.device_allow == []
