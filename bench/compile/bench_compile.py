@@ -1,6 +1,6 @@
 """Compile time per target for a ~20M-parameter conv net (1×3×224×224), one command:
 
-    python bench/compile/bench_compile.py [--markdown]
+    python bench/compile/bench_compile.py [--markdown] [--pipeline]
 
 Builds a random-weight model, saves it as a torch ExportedProgram, then times each target
 through the same compilers the workers use (each on its own, in this process): ONNX export,
@@ -60,6 +60,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--pipeline", action="store_true", help="also time whole builds per "
+                        "platform (export, reference run, gates on 4 samples, packing)")
     args = parser.parse_args()
 
     model = make_model()
@@ -96,6 +98,22 @@ def main() -> None:
         (art,) = compiler.compile(req, out)
         packed = pack(art.path, out / "packed")
         rows.append((label, time.perf_counter() - t0, packed.length))
+
+    if args.pipeline:
+        from server.compile import BuildSpec, Pipeline
+
+        ref = work / "ref.npz"
+        np.savez(ref, image=rng.standard_normal((4, *spec.shape)).astype(np.float32))
+        for platform_name in ("onnx", "coreml", "qnn"):
+            t0 = time.perf_counter()
+            (outcome,) = Pipeline().build(BuildSpec(
+                pt2, SourceFormat.EXPORTED_PROGRAM, {"default": (spec,)},
+                platforms=(platform_name,), calibration_path=cal if platform_name == "qnn"
+                else None, reference_path=ref), work / f"pipeline-{platform_name}")
+            gate = outcome.gates.get("numeric", {}).get("status", "?")
+            rows.append((f"whole build: {platform_name} {outcome.variant} (numeric {gate})",
+                         time.perf_counter() - t0,
+                         outcome.artifact.length if outcome.artifact else 0))
 
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = (f"{params / 1e6:.1f}M-parameter conv net, input 1×3×224×224, {when}, "
