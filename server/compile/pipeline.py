@@ -26,6 +26,9 @@ from server.compile.source import export_onnx, load_samples, reference_outputs
 from server.compile.types import CompiledArtifact, CompileRequest, InputSpec, SourceFormat
 
 DEFAULT_PLATFORMS = ("onnx", "coreml", "qnn")
+# Reference samples the numeric gate runs: emulated HTP takes ~10 s per 224×224 sample for a
+# 20M-parameter net, so a version's reference set is cut to this many (setting overrides).
+DEFAULT_NUMERIC_SAMPLES = 16
 Log = Callable[[str], None]
 
 
@@ -120,7 +123,8 @@ class Pipeline:
         if path is None:
             return [], None, "not run: the version has no reference or calibration inputs"
         try:
-            feeds = load_samples(path, inputs)
+            limit = int(spec.settings.get("numeric_samples", DEFAULT_NUMERIC_SAMPLES))
+            feeds = load_samples(path, inputs)[:max(limit, 1)]
             ref = reference_outputs(spec.source_path, spec.source_format, inputs, feeds)
         except CompileError as e:
             return [], None, f"not run: reference inputs unusable: {e}"

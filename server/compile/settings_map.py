@@ -3,7 +3,8 @@
 
 Recognised keys, per platform block:
 - all: `min_cosine`, `min_snr_db`, `max_abs_diff`, `min_topk_agreement`, `topk` (numeric gate
-  overrides for whatever precision the platform builds); `deny_ops` / `allow_ops`
+  overrides for whatever precision the platform builds); `numeric_samples` (how many
+  reference samples the numeric gate runs, default 16); `deny_ops` / `allow_ops`
   (comma-separated operator names added to / removed from the operator gate's list).
 - coreml: `precision`, `minimum_deployment_target`, `weight_compression`.
 - qnn: `precision`, `activation_bits`, and the target(s): `soc` alone for a known SoC
@@ -25,6 +26,7 @@ KNOWN_SOCS = {
     "SM8850": ("87", "81"), "SA8295": ("39", "68"),
 }
 NUMERIC_KEYS = ("min_cosine", "min_snr_db", "max_abs_diff", "min_topk_agreement", "topk")
+TOP_LEVEL_KEYS = ("numeric_samples",)
 PRECISIONS = ("fp32", "fp16", "int8")
 
 
@@ -69,13 +71,14 @@ def _qnn_targets(flat: dict[str, Any]) -> list[dict[str, str]] | None:
 
 def pipeline_settings(platform: str, flat: dict[str, Any]) -> dict[str, Any]:
     block = {k: v for k, v in flat.items()
-             if k not in NUMERIC_KEYS and k not in ("deny_ops", "allow_ops", "targets",
-                                                   "soc_model", "htp_arch", "soc")}
+             if k not in NUMERIC_KEYS and k not in TOP_LEVEL_KEYS
+             and k not in ("deny_ops", "allow_ops", "targets", "soc_model", "htp_arch", "soc")}
     if platform == "qnn":
         targets = _qnn_targets(flat)
         if targets:
             block["targets"] = targets
     settings: dict[str, Any] = {platform: block}
+    settings.update({k: flat[k] for k in TOP_LEVEL_KEYS if k in flat})
     overrides = {k: flat[k] for k in NUMERIC_KEYS if k in flat}
     if overrides:
         settings["numeric"] = {p: dict(overrides) for p in PRECISIONS}

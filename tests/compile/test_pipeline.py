@@ -176,3 +176,11 @@ def test_shape_variants_build_one_artifact_each(convnet, tmp_path):
     outs = Pipeline().build(pt2, tmp_path / "pt2")
     assert [(o.variant, o.state) for o in outs] == [("fp32", "ready"), ("b2-fp32", "ready")]
     assert outs[0].artifact.sha256 != outs[1].artifact.sha256
+
+
+def test_numeric_gate_runs_at_most_numeric_samples(convnet, tmp_path):
+    spec = BuildSpec(convnet.onnx, SourceFormat.ONNX, {"default": convnet.inputs},
+                     platforms=("onnx",), reference_path=convnet.calibration,
+                     settings={"numeric_samples": 3})
+    (o,) = Pipeline().build(spec, tmp_path)
+    assert o.gates["numeric"]["samples"] == 3  # the file holds 16

@@ -38,3 +38,8 @@ def test_numeric_overrides_and_operator_lists_apply_to_every_precision():
     assert s["onnx"] == {}
     assert s["numeric"]["int8"] == s["numeric"]["fp16"] == {"min_snr_db": 30}
     assert s["operator_gate"] == {"deny": ["Softmax", "Einsum"], "allow": ["NonZero"]}
+
+
+def test_numeric_samples_is_a_build_level_setting():
+    s = pipeline_settings("qnn", {"numeric_samples": 4, "soc": "SM8650"})
+    assert s["numeric_samples"] == 4 and "numeric_samples" not in s["qnn"]
