@@ -35,8 +35,8 @@ def list_audit(
     _principal: TokenPrincipal,
     limit: Annotated[int, Query(ge=1, le=audit.MAX_AUDIT_PAGE)] = 100,
     before_id: Annotated[int | None, Query(ge=1, le=2**62)] = None,
-    action: Annotated[str | None, Query(max_length=64)] = None,
-    target_prefix: Annotated[str | None, Query(max_length=255)] = None,
+    action: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+    target_prefix: Annotated[str | None, Query(min_length=1, max_length=255)] = None,
 ) -> AuditPage:
     """Audit events, newest first. Any valid token may read them."""
     events = audit.list_events(

@@ -52,27 +52,47 @@ CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
 def reject_unknown_query_params(request: Request) -> None:
-    """Router dependency: a query parameter the route does not declare is a 422 naming it,
-    so a typo (`?limt=5`) is reported instead of silently ignored."""
+    """Router dependency: a query parameter the route does not declare, or a single-valued one
+    given several times, is a 422 naming it — a typo (`?limt=5`) or a mistaken repeat is
+    reported instead of silently ignored or silently reduced to its last value."""
     from fastapi.routing import APIRoute
+
+    from server.errors import InvalidInputError
 
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return
-    allowed: set[str] = set()
+    multi: dict[str, bool] = {}
     stack = [route.dependant]
     while stack:
         dependant = stack.pop()
-        allowed.update(p.alias for p in dependant.query_params)
+        for param in dependant.query_params:
+            multi[param.alias] = _is_sequence(param.field_info.annotation)
         stack.extend(dependant.dependencies)
     for name in request.query_params:
-        if name not in allowed:
-            from server.errors import InvalidInputError
-
+        if name not in multi:
             raise InvalidInputError(
                 f"unknown query parameter {name!r}", field=name,
-                fix=f"remove it; this endpoint takes: {', '.join(sorted(allowed)) or 'none'}",
+                fix=f"remove it; this endpoint takes: {', '.join(sorted(multi)) or 'none'}",
             )
+        count = len(request.query_params.getlist(name))
+        if count > 1 and not multi[name]:
+            raise InvalidInputError(
+                f"query parameter {name!r} given {count} times", field=name,
+                fix="give it once",
+            )
+
+
+def _is_sequence(annotation: object) -> bool:
+    import types
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_sequence(arg) for arg in typing.get_args(annotation))
+    if origin is typing.Annotated:
+        return _is_sequence(typing.get_args(annotation)[0])
+    return origin in (list, tuple, set, frozenset)
 
 
 StrictQuery = Depends(reject_unknown_query_params)

@@ -480,3 +480,13 @@ def test_losing_a_concurrent_upload_race_leaves_no_trace(
     assert len(list(winner_store.list_keys())) == 1
     assert count(session_factory, ModelVersion) == 1
     assert count(session_factory, SourceUpload) == 1
+
+
+@sqlite_only
+def test_unknown_or_repeated_query_parameters_are_named(client: TestClient,
+                                                        publish_headers) -> None:
+    r = client.get("/v1/models?limt=5")
+    assert r.status_code == 422 and r.json()["field"] == "limt" and "limit" in r.json()["fix"]
+    r = client.get("/v1/audit?action=a&action=b", headers=publish_headers)
+    assert r.status_code == 422 and r.json()["field"] == "action"
+    assert client.get("/v1/models?limit=5").status_code == 200
