@@ -37,6 +37,7 @@ from server.services.sourcefiles import (
     check_onnx_self_contained,
     detect_model_format,
     digest_file,
+    onnx_input_names,
 )
 from server.services.version_metadata import parse_metadata, semver_key
 
@@ -149,6 +150,27 @@ def list_versions(session: Session, model_name: str) -> list[ModelVersion]:
     return sorted(rows, key=lambda v: semver_key(v.version), reverse=True)
 
 
+def _check_input_names(specs: list[dict[str, Any]], model_inputs: list[str]) -> None:
+    """Every model input needs a spec and every spec must name a model input: caught here,
+    a mismatch would otherwise fail every compile of the version."""
+    listed = [str(spec["name"]) for spec in specs]
+    have = ", ".join(model_inputs) or "none"
+    for i, name in enumerate(listed):
+        if name not in model_inputs:
+            raise InvalidInputError(
+                f"metadata.inputs[{i}].name {name!r} is not an input of the model",
+                field=f"metadata.inputs[{i}].name",
+                fix=f"use the model's input names: {have}",
+            )
+    missing = [n for n in model_inputs if n not in listed]
+    if missing:
+        raise InvalidInputError(
+            f"model input(s) {', '.join(map(repr, missing))} have no entry in metadata.inputs",
+            field="metadata.inputs",
+            fix="add a spec (name, dtype, shape or shapes) for every model input",
+        )
+
+
 def _fingerprint(metadata: dict[str, Any], digests: dict[str, str]) -> dict[str, Any]:
     return {"metadata": metadata, "files": dict(sorted(digests.items()))}
 
@@ -188,6 +210,7 @@ def upload_version(
             formats[f.field] = detect_model_format(f.file)
             if formats[f.field] == "onnx":
                 check_onnx_self_contained(f.file)
+                _check_input_names(meta.inputs, onnx_input_names(f.file))
         else:
             check_npz(f.file, field=f.field)
             formats[f.field] = "npz"

@@ -145,6 +145,47 @@ def _onnx_uses_external_data(f: BinaryIO) -> bool:
     return False
 
 
+_GRAPH_INPUT = 11
+_VALUE_INFO_NAME = 1
+_TENSOR_NAME = 8
+MAX_NAME_BYTES = 4096
+
+
+def onnx_input_names(f: BinaryIO) -> list[str]:
+    """The model's real inputs: graph inputs that are not initializers (older exporters list
+    weights as inputs too). Streams like `check_onnx_self_contained`."""
+    end = f.seek(0, 2)
+    f.seek(0)
+    inputs: list[str] = []
+    initializers: set[str] = set()
+    try:
+        for number, wire, offset, size in _fields(f, end):
+            if number != _ONNX_GRAPH_FIELD or wire != 2:
+                continue
+            f.seek(offset)
+            for g_number, g_wire, g_offset, g_size in _fields(f, offset + size):
+                if g_wire != 2 or g_number not in (_GRAPH_INPUT, _GRAPH_INITIALIZER):
+                    continue
+                name_field = _VALUE_INFO_NAME if g_number == _GRAPH_INPUT else _TENSOR_NAME
+                f.seek(g_offset)
+                name = _first_string(f, g_offset + g_size, name_field)
+                if name is not None:
+                    (inputs.append(name) if g_number == _GRAPH_INPUT
+                     else initializers.add(name))
+            f.seek(offset + size)
+    finally:
+        f.seek(0)
+    return [n for n in inputs if n not in initializers]
+
+
+def _first_string(f: BinaryIO, end: int, field: int) -> str | None:
+    for number, wire, offset, size in _fields(f, end):
+        if number == field and wire == 2 and size <= MAX_NAME_BYTES:
+            f.seek(offset)
+            return f.read(size).decode("utf-8", errors="replace")
+    return None
+
+
 def check_npz(f: BinaryIO, *, field: str) -> None:
     """Accepts a NumPy .npz (a zip of .npy members); raises UnsupportedFileError otherwise."""
     f.seek(0)

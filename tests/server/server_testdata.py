@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-def make_onnx_bytes(scale: float = 2.0) -> bytes:
-    """A tiny real ONNX model: y = x * scale, x float32[1, 3, 8, 8]."""
+def make_onnx_bytes(scale: float = 2.0, extra_inputs: tuple[str, ...] = ()) -> bytes:
+    """A tiny real ONNX model: y = x * scale, x float32[1, 3, 8, 8] (plus unused float32[1]
+    inputs named in `extra_inputs`)."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -12,7 +13,9 @@ def make_onnx_bytes(scale: float = 2.0) -> bytes:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])
     k = numpy_helper.from_array(np.array(scale, dtype=np.float32), name="k")
-    graph = helper.make_graph([helper.make_node("Mul", ["x", "k"], ["y"])], "g", [x], [y], [k])
+    extra = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in extra_inputs]
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "k"], ["y"])], "g", [x, *extra],
+                              [y], [k])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
     return model.SerializeToString()

@@ -189,7 +189,7 @@ def test_shape_variants_make_one_build_per_platform_and_variant(
 ) -> None:
     create_model(client, publish_headers)
     shapes = {"360p": [1, 3, 360, 640], "720p": [1, 3, 720, 1280], "1080p": [1, 3, 1080, 1920]}
-    r = upload(client, publish_headers, onnx_bytes, meta(
+    r = upload(client, publish_headers, make_onnx_bytes(extra_inputs=("t",)), meta(
         platforms=["onnx", "qnn"],
         inputs=[{"name": "x", "dtype": "float32", "shapes": shapes},
                 {"name": "t", "dtype": "int64", "shape": [1]}]))
@@ -331,6 +331,35 @@ def test_bad_metadata_is_422_naming_the_field_and_fix(
     if fix_words:
         assert fix_words in r.json()["fix"]
     assert blob_keys(client) == [] and count(session_factory, ModelVersion) == 0
+
+
+@sqlite_only
+@pytest.mark.parametrize(
+    ("inputs", "field", "fix_words"),
+    [
+        ([{"name": "image", "dtype": "float32", "shape": [1]}], "metadata.inputs[0].name",
+         "model's input names: x"),
+        ([{"name": "x", "dtype": "float32", "shape": [1]},
+          {"name": "extra", "dtype": "float32", "shape": [1]}], "metadata.inputs[1].name", "x"),
+    ],
+)
+def test_metadata_input_names_must_match_the_onnx_inputs(
+    client: TestClient, publish_headers, onnx_bytes: bytes, inputs: list[dict[str, Any]],
+    field: str, fix_words: str,
+) -> None:
+    create_model(client, publish_headers)
+    r = upload(client, publish_headers, onnx_bytes, meta(inputs=inputs))
+    assert r.status_code == 422, r.text
+    assert (r.json()["field"], fix_words in r.json()["fix"]) == (field, True)
+    assert blob_keys(client) == []
+
+
+@sqlite_only
+def test_onnx_input_without_a_spec_is_422(client: TestClient, publish_headers) -> None:
+    create_model(client, publish_headers)
+    r = upload(client, publish_headers, make_onnx_bytes(extra_inputs=("mask",)), meta())
+    assert r.status_code == 422 and r.json()["field"] == "metadata.inputs"
+    assert "'mask'" in r.json()["detail"]
 
 
 @sqlite_only
