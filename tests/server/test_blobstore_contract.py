@@ -264,3 +264,59 @@ def test_s3_missing_bucket_is_a_plain_backend_error(s3_server: str) -> None:
                         access_key="testing", secret_key="testing")
     with pytest.raises(BlobBackendError, match="NoSuchBucket"):
         store.put("k", [b"x"])
+
+
+# --- Streaming: a blob never sits in memory -------------------------------------------------
+
+
+class RecordingS3Client:
+    """The real boto3 client, with the size of every request body recorded."""
+
+    def __init__(self, real) -> None:  # type: ignore[no-untyped-def]
+        self._real = real
+        self.bodies: list[int] = []
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        attr = getattr(self._real, name)
+        if name not in ("put_object", "upload_part"):
+            return attr
+
+        def call(**kw):  # type: ignore[no-untyped-def]
+            self.bodies.append(len(kw["Body"]))
+            return attr(**kw)
+
+        return call
+
+
+def test_s3_put_holds_at_most_one_part_and_reads_the_source_lazily(s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    client = RecordingS3Client(s3_bucket.client())
+    store = S3BlobStore(s3_bucket.bucket, part_size=PART, client=client)
+    produced = 0
+    ahead: list[int] = []
+
+    def source() -> Iterator[bytes]:
+        nonlocal produced
+        for _ in range(4 * PART // (256 * 1024)):
+            ahead.append(produced - sum(client.bodies))  # bytes read but not yet sent
+            produced += 256 * 1024
+            yield b"\x5a" * (256 * 1024)
+
+    info = store.put("lazy", source())
+    assert info.length == 4 * PART
+    assert client.bodies == [PART] * 4
+    assert max(ahead) <= PART  # never more than one part buffered
+
+
+def test_local_put_streams_in_constant_memory(tmp_path: Path) -> None:
+    import tracemalloc
+
+    store = LocalBlobStore(tmp_path / "blobs")
+    chunk = b"\x00" * (1024 * 1024)
+    tracemalloc.start()
+    try:
+        store.put("big", (chunk for _ in range(64)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert store.stat("big").length == 64 * 1024 * 1024
+    assert peak < 4 * 1024 * 1024, peak
