@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import schemathesis
-from conftest import make_settings
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
+from jobs_helpers import make_settings
 from schemathesis import GenerationMode
 
 from server.app import create_app

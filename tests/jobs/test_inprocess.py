@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_settings, publish_token, uploader
 from fastapi.testclient import TestClient
+from jobs_helpers import make_settings, publish_token, uploader
 from sqlalchemy import select, update
 
 from server.app import create_app

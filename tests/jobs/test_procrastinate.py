@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_settings, publish_token, uploader
 from fastapi.testclient import TestClient
+from jobs_helpers import make_settings, publish_token, uploader
 from sqlalchemy import select
 
 from server.app import create_app

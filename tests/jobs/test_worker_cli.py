@@ -25,8 +25,8 @@ def test_worker_help_lists_its_tuning_options():
 def test_builds_command_shows_gates_and_json(convnet_files, tmp_path):
     import json
 
-    from conftest import make_settings, publish_token, uploader
     from fastapi.testclient import TestClient
+    from jobs_helpers import make_settings, publish_token, uploader
 
     from server.app import create_app
     from server.jobs.inprocess import InProcessJobQueue
