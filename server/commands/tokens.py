@@ -40,6 +40,8 @@ def create(
     scope: Annotated[list[str], typer.Option("--scope", help="publish, rollout or admin; repeat")],
     data_dir: DataDir = Path("data"),
     name: Annotated[str, typer.Option("--name", help="Who or what the token is for")] = "",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead")]
+    = False,
 ) -> None:
     """Create a token. The secret is printed once, alone on the last line of stdout."""
     from server.auth import create_token
@@ -56,6 +58,10 @@ def create(
         audit.record(session, "cli", "token.create", f"token:{row.id}", name=name,
                      scopes=row.scopes)
         session.commit()
+        if as_json:
+            typer.echo(json.dumps({"id": row.id, "name": row.name, "scopes": row.scopes,
+                                   "token": secret}))
+            return
         typer.echo(f"created token {row.id} ({row.prefix}…) scopes: {','.join(row.scopes)}")
         typer.echo("store it now; it is not shown again:")
         typer.echo(secret)

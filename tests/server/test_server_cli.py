@@ -37,6 +37,12 @@ def test_tokens_create_prints_the_token_alone_on_the_last_line(tmp_path: Path) -
     assert token not in json.dumps(listed)  # the secret is never shown again
 
 
+def test_tokens_create_json_output(tmp_path: Path) -> None:
+    out = run("tokens", "create", "--data-dir", str(tmp_path), "--scope", "admin", "--json")
+    doc = json.loads(out.stdout)
+    assert doc["scopes"] == ["admin"] and doc["token"].startswith("mf_")
+
+
 def test_tokens_create_refuses_unknown_scope(tmp_path: Path) -> None:
     r = run("tokens", "create", "--data-dir", str(tmp_path), "--scope", "root", check=False)
     assert r.returncode == 2 and "unknown scope 'root'" in r.stderr
