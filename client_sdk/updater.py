@@ -51,9 +51,6 @@ from manifests import Artifact, Manifest, Release
 
 _EXT = {FORMAT_ONNX: ".onnx", **{f: ".onnx" for f in QNN_FORMATS},
         **{f: ".mlpackage.tar" for f in COREML_FORMATS}}
-# The server's compilers write target {"arch": "any"} for portable ONNX; the manifests spec
-# matches target soc/arch exactly, so "any" is read as "no constraint" here (see _selectable).
-WILDCARD = "any"
 # Errors that mean "these bytes are bad / untrusted", as opposed to "try again later".
 VERIFICATION_ERRORS = (TrustError, IntegrityError, OversizeError)
 
@@ -245,7 +242,7 @@ class Updater:
             # Shadow releases run as candidates beside the active model (next capability); the
             # active bundle comes from the first *active-mode* release that includes us.
             active_view = replace(manifest, models={model: replace(
-                entry, releases=[_selectable(r) for r in entry.releases
+                entry, releases=[r for r in entry.releases
                                  if r.rollout.mode == "active"])})
             release = manifests.select_release(active_view, model, device)
             if release is None:
@@ -274,7 +271,7 @@ class Updater:
         first release that includes the device, when that one is in shadow mode."""
         entry = manifest.models[model]
         view = replace(manifest, models={model: replace(
-            entry, releases=[_selectable(r) for r in entry.releases])})
+            entry, releases=list(entry.releases))})
         first = manifests.select_release(view, model, self.config.device)
         if first is None or first.rollout.mode != "shadow" or first.version == active.version:
             return None
@@ -542,23 +539,6 @@ class Updater:
             if on_result is not None:
                 on_result(outcome)
             stop.wait(schedule.next_delay(ok))
-
-
-def _selectable(release: Release) -> Release:
-    """``release`` with target soc/arch values of "any" removed, so they match every device.
-
-    Local adapter: server/compile writes arch "any" for portable ONNX while the manifests
-    spec compares target soc/arch exactly. Only selection sees this view; urls, lengths and
-    hashes are the signed ones.
-    """
-    def clean(a: Artifact) -> Artifact:
-        if WILDCARD not in (a.target.get("soc"), a.target.get("arch")):
-            return a
-        target = {k: v for k, v in a.target.items()
-                  if not (k in ("soc", "arch") and v == WILDCARD)}
-        return replace(a, target=target)
-
-    return replace(release, artifacts=[clean(a) for a in release.artifacts])
 
 
 def _older(a: str, b: str) -> bool:

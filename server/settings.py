@@ -51,7 +51,11 @@ class Settings(BaseSettings):
     # Base URL devices use to reach artifacts and manifests (API origin, bucket or CDN).
     public_base_url: str = "http://127.0.0.1:8000"
     job_backend: Literal["inprocess", "procrastinate"] = "inprocess"
-    manifest_lifetime_seconds: int = Field(default=7 * 24 * 3600, gt=0)
+    # Signed manifests expire after this long; the server re-signs at half-life (issue 5: 24 h).
+    manifest_lifetime_seconds: int = Field(default=24 * 3600, gt=0)
+    # Where the release key (and, on the offline machine, the root keys) live; default
+    # DATA_DIR/keys. In production mount only release.key here (root keys stay offline).
+    keys_dir: Path | None = None
 
     # Size caps for uploads (bytes).
     max_model_bytes: int = Field(default=4096 * MiB, gt=0)

@@ -99,9 +99,10 @@ def list_builds(
     version: Annotated[str, Path(min_length=1, max_length=64)],
     session: SessionDep,
     logs: Annotated[bool, Query(description="include each build's log")] = True,
-) -> BuildList:
-    """Every build of a version with its artifact(s), gate report and log."""
-    return _list(session, name, version, logs)
+) -> list[BuildEntry]:
+    """Every build of a version (one entry per platform and shape variant) with its
+    artifact(s), gate report and log. The version's own state: GET …/versions/{version}."""
+    return _list(session, name, version, logs).builds
 
 
 @router.post("/retry", responses={**AUTH_ERRORS, **NOT_FOUND})

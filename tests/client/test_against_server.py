@@ -76,7 +76,7 @@ def add_version(client: TestClient, blobs: LocalBlobStore, model: str, version: 
         s.flush()
         art = db.Artifact(version_id=v.id, platform="onnx", variant="", format="onnx",
                           sha256=sha, length=len(data), blob_key=f"artifacts/{sha}",
-                          target={"arch": "any", "runtime": "onnxruntime"}, compile_settings={})
+                          target={"runtime": "onnxruntime"}, compile_settings={})
         s.add(art)
         s.flush()
         if patch_from is not None:

@@ -115,12 +115,13 @@ def test_variant_switch_is_a_swap(make_updater, sim, runtime):
     assert check_whole(runtime.predict("det", {"x": X}).outputs, X) == 5.0
 
 
-def test_server_style_artifacts_with_arch_any_are_selected(make_updater, sim, v1, runtime):
-    """server/compile writes platform "onnx", format "onnx", target arch "any" for the portable
-    artifact; a device reporting platform "onnx" and a real arch must still get it."""
+def test_portable_artifact_without_soc_or_arch_is_selected_by_any_arch(make_updater, sim, v1,
+                                                                       runtime):
+    """server/compile writes platform "onnx", format "onnx" and no soc/arch for the portable
+    artifact; a device reporting platform "onnx" and a real arch must get it."""
     from client_sdk import DeviceProfile
 
-    art = sim.artifact(v1, platform="onnx", target={"arch": "any", "runtime": "onnxruntime"})
+    art = sim.artifact(v1, platform="onnx", target={"runtime": "onnxruntime"})
     sim.publish("clf", [sim.release("1.0", [art])])
     up = make_updater(runtime=runtime, device=DeviceProfile("edge-1", "onnx", arch="x86_64"))
     assert up.check_once().outcome is Outcome.UPDATED

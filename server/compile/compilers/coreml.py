@@ -169,7 +169,7 @@ class CoreMLCompiler:
         on_mac = sys.platform == "darwin"
         return [CompiledArtifact(
             path=out,
-            target=Target(platform="coreml", variant=variant, format="mlpackage", arch="ane",
+            target=Target(platform="coreml", variant=variant, format="mlpackage",
                           runtime="coreml", runtime_version=target_name),
             precision=precision,
             compile_settings={"precision": precision.value, "minimum_deployment_target":

@@ -31,7 +31,7 @@ class OnnxCompiler:
             f"{request.shape_variant}-fp32"
         return [CompiledArtifact(
             path=out,
-            target=Target(platform="onnx", variant=variant, format="onnx", arch="any",
+            target=Target(platform="onnx", variant=variant, format="onnx",
                           runtime="onnxruntime", runtime_version=onnxruntime.__version__),
             precision=Precision.FP32,
             compile_settings={"opset": int(opset), "passthrough":

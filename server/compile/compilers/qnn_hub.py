@@ -122,7 +122,7 @@ class QnnHubCompiler:
         return [CompiledArtifact(
             path=out,
             target=Target(platform="qnn-hub", variant=variant, format=runtime, soc=chipset,
-                          arch="htp", runtime="qnn", runtime_version=str(
+                          runtime="qnn", runtime_version=str(
                               getattr(self._client, "__version__", ""))),
             precision=Precision.FP16,
             compile_settings={"target_runtime": runtime, "device": device_name,
