@@ -14,6 +14,7 @@ stderr, active model untouched); 2 on other failures (network, disk, bad argumen
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -29,6 +30,24 @@ if TYPE_CHECKING:
 device_app = typer.Typer(no_args_is_help=True)
 EXIT_VERIFICATION = 1
 EXIT_OTHER = 2
+
+
+def _keep_stdout_for_json() -> None:
+    """Point fd 1 at stderr and keep the real stdout for our JSON only.
+
+    Native runtimes (the QNN HTP libraries) print banners straight to fd 1, which would break
+    the one-JSON-document-on-stdout promise scripts rely on. Only done when sys.stdout really
+    is fd 1 (not under a test runner's captured stream).
+    """
+    try:
+        if sys.stdout.fileno() != 1:
+            return
+    except (AttributeError, OSError, ValueError):
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(saved, "w", buffering=1, encoding="utf-8")
 
 
 @device_app.command("version")
@@ -117,7 +136,8 @@ def update(
     root: Annotated[Path, typer.Option(help="The pinned root.json envelope.")],
     data_dir: Annotated[Path, typer.Option(help="Where the device keeps trust state and bundles.")],
     device_id: Annotated[str, typer.Option(help="Stable device id (rollout bucketing).")],
-    platform: Annotated[str, typer.Option(help="Device platform, e.g. linux, android, ios.")],
+    platform: Annotated[str, typer.Option(
+        help="Artifact platform this device runs: onnx (CPU), coreml, qnn, qnn-hub.")],
     soc: Annotated[str, typer.Option(help="SoC model, e.g. SM8650.")] = "",
     arch: Annotated[str, typer.Option(help="Hardware arch, e.g. x86_64, v75.")] = "",
     os_version: Annotated[str, typer.Option(help="OS version, e.g. 14.2.")] = "",
@@ -129,6 +149,7 @@ def update(
     deadline: Annotated[float, typer.Option(help="Overall deadline per cycle, seconds.")] = 900.0,
 ) -> None:
     """Run update cycles: verify the channel manifest, download, patch, compile, swap."""
+    _keep_stdout_for_json()
     from client_sdk import ClientSDKError, DeviceProfile, Updater, UpdaterConfig
 
     try:
@@ -198,6 +219,7 @@ def predict(
     input_file: Annotated[Path, typer.Option("--input", help="An .npz, one array per input.")],
 ) -> None:
     """Run the active bundle of MODEL on the arrays in X.npz; print version and outputs."""
+    _keep_stdout_for_json()
     import numpy as np
 
     from client_sdk import ClientSDKError, ModelRuntime

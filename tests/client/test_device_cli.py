@@ -115,3 +115,19 @@ def test_polling_agent_stops_cleanly_on_sigterm(served, tmp_path):
     rest, _err = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert json.loads(rest.strip().splitlines()[-1])["stopped"] is True
+
+
+def test_native_library_output_on_fd1_does_not_corrupt_the_json_on_stdout():
+    """QNN's HTP libraries print banners straight to fd 1; the agent moves them to stderr."""
+    import subprocess
+    import sys
+
+    code = ("import os\n"
+            "from modelfleet.device_cli import _keep_stdout_for_json\n"
+            "_keep_stdout_for_json()\n"
+            "os.write(1, b'LIBNATIVE: banner\\n')\n"
+            "print('{\"ok\": true}')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout == '{"ok": true}\n'
+    assert "LIBNATIVE: banner" in out.stderr
