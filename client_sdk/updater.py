@@ -51,6 +51,8 @@ from manifests import Artifact, Manifest, Release
 
 _EXT = {FORMAT_ONNX: ".onnx", **{f: ".onnx" for f in QNN_FORMATS},
         **{f: ".mlpackage.tar" for f in COREML_FORMATS}}
+# The platform of the portable CPU artifacts the server compiles for every model.
+PORTABLE_PLATFORM = "onnx"
 # Errors that mean "these bytes are bad / untrusted", as opposed to "try again later".
 VERIFICATION_ERRORS = (TrustError, IntegrityError, OversizeError)
 
@@ -294,11 +296,26 @@ class Updater:
         primary = usable[0]
         chosen = [(self._member("primary", primary), primary)]
         if primary.format != FORMAT_ONNX:
-            cpu = next((a for a in usable if a.format == FORMAT_ONNX
-                        and a.variant == primary.variant), None)
+            cpu = self._cpu_fallback(release, primary)
             if cpu is not None:
                 chosen.append((self._member("fallback", cpu), cpu))
         return chosen
+
+    def _cpu_fallback(self, release: Release, primary: Artifact) -> Artifact | None:
+        """The ONNX artifact the runtime falls back to when ``primary``'s backend fails: one
+        for this device's platform with the same variant, else the portable CPU artifact
+        (platform "onnx", which any device runs) compiled for the same input shapes."""
+        device = self.config.device
+        same_variant = next((a for a in release.artifacts if a.format == FORMAT_ONNX
+                             and manifests.artifact_matches(a, device)
+                             and a.variant == primary.variant), None)
+        if same_variant is not None:
+            return same_variant
+        portable = replace(device, platform=PORTABLE_PLATFORM)
+        shapes = primary.target.get("shape_variant", "")
+        return next((a for a in release.artifacts if a.format == FORMAT_ONNX
+                     and manifests.artifact_matches(a, portable)
+                     and a.target.get("shape_variant", "") == shapes), None)
 
     @staticmethod
     def _member(role: str, a: Artifact) -> Member:

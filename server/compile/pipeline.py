@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,8 @@ class Pipeline:
         try:
             compiler = self._factories[platform]()
             artifacts = compiler.compile(request, pdir)
+            for a in artifacts:
+                a.target = replace(a.target, shape_variant=variant)
         except TransientCompileError:
             raise
         except CompileError as e:

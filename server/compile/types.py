@@ -88,11 +88,15 @@ class Target:
     arch: str = ""
     runtime: str = ""
     runtime_version: str = ""
+    # The upload's input-shape variant this artifact was compiled for ("default", "720p", …);
+    # informational in the manifest (not a selection constraint). Devices use it to pair an
+    # accelerator artifact with the portable ONNX artifact of the same shapes as a fallback.
+    shape_variant: str = ""
 
     def to_dict(self) -> dict[str, str]:
         return {"platform": self.platform, "variant": self.variant, "format": self.format,
                 "soc": self.soc, "arch": self.arch, "runtime": self.runtime,
-                "runtime_version": self.runtime_version}
+                "runtime_version": self.runtime_version, "shape_variant": self.shape_variant}
 
 
 @dataclass

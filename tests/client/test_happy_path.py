@@ -142,6 +142,28 @@ def test_epcontext_primary_gets_a_cpu_onnx_fallback_member(make_updater, sim, v1
                                                      ("fallback", "onnx")]
 
 
+def test_server_built_qnn_release_gets_the_portable_onnx_artifact_of_same_shapes_as_fallback(
+        make_updater, sim, v1, v2):
+    """The server compiles platform "qnn" (EPContext, per SoC) and platform "onnx" (portable
+    CPU) artifacts per shape variant; a QNN device falls back to the portable one of its
+    shapes, never to another shape variant's."""
+    other_shapes = sim.artifact(v2, platform="onnx", fmt="onnx", variant="720p-fp32",
+                                target={"shape_variant": "720p"})
+    qnn = sim.artifact(v2, platform="qnn", fmt="onnx-epcontext", variant="fp16-sm8650",
+                       target={"soc": "SM8650", "arch": "v75", "shape_variant": "default"})
+    cpu = sim.artifact(v1, platform="onnx", fmt="onnx", variant="fp32",
+                       target={"shape_variant": "default"})
+    sim.publish("clf", [sim.release("1.0", [qnn, other_shapes, cpu])])
+    from client_sdk import DeviceProfile
+
+    up = make_updater(device=DeviceProfile("phone", "qnn", soc="SM8650", arch="v75"),
+                      formats=["onnx", "onnx-epcontext"])
+    assert up.check_once().outcome is Outcome.UPDATED
+    members = up.store.active("clf").members
+    assert [(m.role, m.format, m.variant) for m in members] == [
+        ("primary", "onnx-epcontext", "fp16-sm8650"), ("fallback", "onnx", "fp32")]
+
+
 def test_two_updaters_on_one_data_dir_do_not_install_concurrently(make_updater, sim, v1):
     import fcntl
 

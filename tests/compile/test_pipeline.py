@@ -175,6 +175,8 @@ def test_shape_variants_build_one_artifact_each(convnet, tmp_path):
                     platforms=("onnx",))
     outs = Pipeline().build(pt2, tmp_path / "pt2")
     assert [(o.variant, o.state) for o in outs] == [("fp32", "ready"), ("b2-fp32", "ready")]
+    # Each artifact records the input-shape variant it was compiled for (for device fallback).
+    assert [o.target["shape_variant"] for o in outs] == ["default", "b2"]
     assert outs[0].artifact.sha256 != outs[1].artifact.sha256
 
 
