@@ -1,6 +1,6 @@
 """Delta patch benchmark: mfdelta1 vs bsdiff4, zstd --patch-from and xdelta3 on model pairs.
 
-    python -m bench.delta                     # 5 and 50 MB, every scenario (~10 min, 2 cores)
+    python -m bench.delta                     # 5 and 50 MB, every scenario (~20 min: bsdiff4)
     python -m bench.delta --sizes 5,50,200    # add 200 MB (bsdiff4 skipped above 64 MB)
     python -m bench.delta --bsdiff4-max-mb 0  # bsdiff4 at every size (200 MB: ~3.5 GB, minutes)
     python -m bench.delta --write-docs        # also rewrite our section of docs/benchmarks.md
