@@ -172,3 +172,14 @@ def test_make_patches_uses_the_k_newest_distinct_bases(model_pairs: Pairs, tmp_p
     assert all(isinstance(r, PatchResult) for r in results)
     results_k3 = make_patches(new, bases, tmp_path / "work3", DeltaPolicy(k=3))
     assert [r.from_sha256 for r in results_k3] == [sha256(base), sha256(oldest)]
+
+
+def test_public_names_are_exported() -> None:
+    import client_sdk.patching
+    import server.delta
+
+    for module in (server.delta, client_sdk.patching):
+        assert all(hasattr(module, name) for name in module.__all__), module.__name__
+    assert {"make_patches", "choose_best", "DeltaPolicy", "PatchResult"} <= set(
+        server.delta.__all__
+    )
