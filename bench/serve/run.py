@@ -97,6 +97,9 @@ def prepare(data: Path) -> None:
                      actor="bench")
 
 
+HTTP_PROTOCOLS = {"fastpoll": "server.api.fastpoll:ManifestPollProtocol",
+                  "httptools": "httptools"}
+
 NGINX_CONF = """
 worker_processes {workers};
 pid {dir}/nginx.pid;
@@ -159,6 +162,9 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--http", choices=sorted(HTTP_PROTOCOLS), default="fastpoll",
+                    help="fastpoll: polls answered in the HTTP protocol (what `modelfleet "
+                    "serve` and docker-compose run); httptools: plain uvicorn, for comparison")
     ap.add_argument("--no-proxy-headers", action="store_true",
                     help="uvicorn without X-Forwarded-* handling (direct exposure only)")
     args = ap.parse_args()
@@ -176,7 +182,8 @@ def main() -> None:
     api = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "bench.serve.app:make_app", "--factory",
          "--host", "127.0.0.1", "--port", str(api_port), "--workers", str(args.workers),
-         "--http", "httptools", "--no-access-log", "--log-level", "warning",
+         "--http", HTTP_PROTOCOLS[args.http], "--loop", "uvloop", "--no-access-log",
+         "--log-level", "warning",
          *(["--no-proxy-headers"] if args.no_proxy_headers else [])],
         cwd=ROOT, env=env, start_new_session=True)
     nginx_dir = work / "nginx"

@@ -59,13 +59,22 @@ class CachedManifest:
     # Response headers built once per load, not once per poll.
     headers_304: tuple[tuple[bytes, bytes], ...] = ()
     headers_200: tuple[tuple[bytes, bytes], ...] = ()
+    # The same headers as HTTP/1.1 header lines, for the protocol-level fast path
+    # (server/api/fastpoll.py), which writes them to the socket itself.
+    raw_304: bytes = b""
+    raw_200: bytes = b""
 
     @classmethod
     def of(cls, data: bytes, etag: str) -> CachedManifest:
         common = ((b"etag", etag.encode()), (b"cache-control", CACHE_CONTROL_BYTES))
-        return cls(data, etag, time.monotonic(), common, (
-            *common, (b"content-type", b"application/json"),
-            (b"content-length", str(len(data)).encode())))
+        full = (*common, (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()))
+        return cls(data, etag, time.monotonic(), common, full,
+                   _header_lines(common), _header_lines(full))
+
+
+def _header_lines(headers: tuple[tuple[bytes, bytes], ...]) -> bytes:
+    return b"".join(name + b": " + value + b"\r\n" for name, value in headers)
 
 
 class ManifestCache:
