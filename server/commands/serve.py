@@ -18,8 +18,14 @@ def register(app: typer.Typer) -> None:
         data_dir: Annotated[Path, typer.Option("--data-dir")] = Path("data"),
         host: Annotated[str, typer.Option()] = "127.0.0.1",
         port: Annotated[int, typer.Option()] = 8000,
+        workers: Annotated[int, typer.Option(min=1, max=64, help="API processes")] = 1,
+        log_polls: Annotated[bool, typer.Option(
+            "--log-polls", help="Access-log manifest polls too (slower: they then go "
+            "through the full ASGI path)")] = False,
     ) -> None:
         """Start the API on the embedded default (SQLite file + local blob directory)."""
+        import os
+
         import uvicorn
         from pydantic import ValidationError
 
@@ -34,7 +40,19 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         upgrade(settings.resolved_database_url)
-        app = create_app(settings)
         typer.echo(f"ModelFleet API on http://{host}:{port} (data: {settings.data_dir}, "
                    f"blobs: {settings.blob_store}, docs: /docs)")
-        uvicorn.run(app, host=host, port=port, log_level="info")
+        # Fresh manifest polls are answered inside the HTTP protocol, unlogged unless
+        # --log-polls (server/api/fastpoll.py); everything else is uvicorn as usual.
+        from server.api.fastpoll import LOG_POLLS_ENV, ManifestPollProtocol
+
+        if log_polls:  # also read by worker processes
+            os.environ[LOG_POLLS_ENV] = "1"
+        fast = {"http": ManifestPollProtocol, "loop": "auto", "log_level": "info"}
+        if workers == 1:
+            uvicorn.run(create_app(settings), host=host, port=port, **fast)
+            return
+        # Worker processes build the app themselves, from the environment.
+        os.environ["MODELFLEET_DATA_DIR"] = str(settings.data_dir)
+        uvicorn.run("server.asgi:app", host=host, port=port, workers=workers,
+                    **{**fast, "http": "server.api.fastpoll:ManifestPollProtocol"})
