@@ -2,12 +2,14 @@
 
 One run on this machine, on loopback: builds a real signed manifest (keys, SQLite, a channel
 with a two-platform release at 10%), writes the exact bytes under an nginx root, starts
-uvicorn (--workers N, httptools, no access log) and nginx (worker_processes N, no access log),
-and drives each with wrk (--latency) for a fixed duration: API 200, API 304 (If-None-Match with
-the API's ETag), nginx 200, nginx 304 (with nginx's own ETag). Prints a markdown table and,
-with --write-docs, replaces the "## Serving" section of docs/benchmarks.md.
+uvicorn (--workers N, the poll fast path or plain httptools, uvloop, no access log; with
+--compare-plain both) and nginx (worker_processes N, no access log), and drives each with wrk
+(--latency) in alternating rounds: 200, and 304 (If-None-Match with the server's own ETag).
+Prints a markdown table and, with --write-docs, replaces the "## Serving" section of
+docs/benchmarks.md.
 
     python bench/serve/run.py [--workers 2] [--duration 5] [--rounds 3] [--connections 64]
+                              [--http fastpoll|httptools] [--compare-plain]
                               [--no-proxy-headers] [--write-docs]
 
 Needs Debian's nginx and wrk (apt-get install -y nginx wrk).
@@ -154,6 +156,18 @@ def status_and_etag(url: str, etag: str | None = None) -> tuple[int, str]:
         return e.code, e.headers.get("ETag", "")
 
 
+def start_api(args: argparse.Namespace, http: str, port: int,
+              data: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "MODELFLEET_DATA_DIR": str(data),
+           "MODELFLEET_PUBLIC_BASE_URL": "http://127.0.0.1:8000"}  # same bytes for every API
+    return subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "bench.serve.app:make_app", "--factory",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", str(args.workers),
+         "--http", HTTP_PROTOCOLS[http], "--loop", "uvloop", "--no-access-log",
+         "--log-level", "warning", *(["--no-proxy-headers"] if args.no_proxy_headers else [])],
+        cwd=ROOT, env=env, start_new_session=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", type=int, default=2)
@@ -164,7 +178,9 @@ def main() -> None:
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--http", choices=sorted(HTTP_PROTOCOLS), default="fastpoll",
                     help="fastpoll: polls answered in the HTTP protocol (what `modelfleet "
-                    "serve` and docker-compose run); httptools: plain uvicorn, for comparison")
+                    "serve` and docker-compose run); httptools: plain uvicorn")
+    ap.add_argument("--compare-plain", action="store_true",
+                    help="also measure plain uvicorn (--http httptools) in the same rounds")
     ap.add_argument("--no-proxy-headers", action="store_true",
                     help="uvicorn without X-Forwarded-* handling (direct exposure only)")
     args = ap.parse_args()
@@ -176,76 +192,93 @@ def main() -> None:
     work.chmod(0o755)  # nginx workers run as www-data and must read the served file
     data = work / "data"
     prepare(data)
-    api_port, nginx_port = free_port(), free_port()
-    env = {**os.environ, "MODELFLEET_DATA_DIR": str(data),
-           "MODELFLEET_PUBLIC_BASE_URL": f"http://127.0.0.1:{api_port}"}
-    api = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "bench.serve.app:make_app", "--factory",
-         "--host", "127.0.0.1", "--port", str(api_port), "--workers", str(args.workers),
-         "--http", HTTP_PROTOCOLS[args.http], "--loop", "uvloop", "--no-access-log",
-         "--log-level", "warning",
-         *(["--no-proxy-headers"] if args.no_proxy_headers else [])],
-        cwd=ROOT, env=env, start_new_session=True)
+    servers = {"api": args.http}
+    if args.compare_plain and args.http != "httptools":
+        servers["plain"] = "httptools"
+    ports = {name: free_port() for name in (*servers, "nginx")}
+    procs: list[subprocess.Popen[bytes]] = []
     nginx_dir = work / "nginx"
     (nginx_dir / "tmp").mkdir(parents=True)
     conf = nginx_dir / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(workers=args.workers, dir=nginx_dir, port=nginx_port))
-    nginx = None
+    conf.write_text(NGINX_CONF.format(workers=args.workers, dir=nginx_dir, port=ports["nginx"]))
     try:
-        api_url = f"http://127.0.0.1:{api_port}/v1/channels/prod/manifest"
-        wait_http(api_url)
-        with urllib.request.urlopen(api_url) as r:
-            body, api_etag = r.read(), r.headers["ETag"]
+        urls = {name: f"http://127.0.0.1:{port}/v1/channels/prod/manifest"
+                for name, port in ports.items()}
+        for name, http in servers.items():
+            procs.append(start_api(args, http, ports[name], data))
+        for name in servers:
+            wait_http(urls[name])
+        with urllib.request.urlopen(urls["api"]) as r:
+            body = r.read()
         target = nginx_dir / "www" / "v1" / "channels" / "prod" / "manifest"
         target.parent.mkdir(parents=True)
         target.write_bytes(body)  # the same signed bytes
-        nginx = subprocess.Popen(["nginx", "-c", str(conf), "-g", "daemon off;"],
-                                 start_new_session=True)
-        nginx_url = f"http://127.0.0.1:{nginx_port}/v1/channels/prod/manifest"
-        wait_http(nginx_url)
-        _, nginx_etag = status_and_etag(nginx_url)
-        assert status_and_etag(api_url, api_etag)[0] == 304
-        assert status_and_etag(nginx_url, nginx_etag)[0] == 304
+        procs.append(subprocess.Popen(["nginx", "-c", str(conf), "-g", "daemon off;"],
+                                      start_new_session=True))
+        wait_http(urls["nginx"])
+        cases: dict[tuple[str, int], tuple[str, dict[str, str]]] = {}
+        for name, url in urls.items():
+            with urllib.request.urlopen(url) as r:
+                assert r.read() == body, f"{name} serves other bytes"
+            status, etag = status_and_etag(url)
+            assert status_and_etag(url, etag)[0] == 304, name
+            cases[(name, 200)] = (url, {})
+            cases[(name, 304)] = (url, {"If-None-Match": etag})
         w = dict(duration=args.duration, connections=args.connections, threads=args.threads)
-        cases = {
-            ("api", 200): (api_url, {}), ("nginx", 200): (nginx_url, {}),
-            ("api", 304): (api_url, {"If-None-Match": api_etag}),
-            ("nginx", 304): (nginx_url, {"If-None-Match": nginx_etag}),
-        }
         # Short alternating rounds, median per case: the machine is shared, and background
-        # load then hits both servers alike instead of whichever ran during a burst.
+        # load then hits every server alike instead of whichever ran during a burst.
         rounds: dict[tuple[str, int], list[dict[str, float]]] = {k: [] for k in cases}
         for _ in range(args.rounds):
             for key, (url, hdrs) in cases.items():
                 rounds[key].append(run_wrk(url, headers=hdrs, **w))
         results = {k: median_of(v) for k, v in rounds.items()}
     finally:
-        for proc in (api, nginx):
-            if proc is not None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=30)
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
 
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    cmd = " ".join(["python bench/serve/run.py", *sys.argv[1:]])
+    proto = {"fastpoll": "`--http server.api.fastpoll:ManifestPollProtocol`",
+             "httptools": "`--http httptools`"}
     lines = [
         f"Run {date} on this machine ({os.cpu_count()} cores, shared with other work; load "
         f"average {os.getloadavg()[0]:.1f} at the end), loopback, wrk -t{args.threads} "
         f"-c{args.connections} -d{args.duration}s --latency, {args.rounds} alternating rounds, "
-        f"median of each; uvicorn --workers {args.workers} (httptools, uvloop"
-        f"{', --no-proxy-headers' if args.no_proxy_headers else ''}), nginx worker_processes "
-        f"{args.workers}, both without access logs; the same {len(body)}-byte signed manifest. "
-        f"`python bench/serve/run.py --write-docs` reproduces it.",
+        f"median of each (range in brackets); uvicorn --workers {args.workers} "
+        f"{proto[args.http]} --loop uvloop --no-access-log"
+        f"{' --no-proxy-headers' if args.no_proxy_headers else ''}, nginx worker_processes "
+        f"{args.workers} with access_log off; both send Date and Server headers; the same "
+        f"{len(body)}-byte signed manifest. Command: `{cmd}`.",
         "",
-        "| response | ModelFleet API req/s | p99 | nginx req/s | p99 | API / nginx |",
-        "|---|---|---|---|---|---|",
     ]
+    columns = [("api", "API fast path")]
+    if "plain" in servers:
+        columns.append(("plain", "plain uvicorn (as before)"))
+    lines.append("| response | " + " | ".join(f"{label} req/s | p99" for _, label in columns)
+                 + " | nginx req/s | p99 | "
+                 + " | ".join(f"{label} / nginx" for _, label in columns) + " |")
+    lines.append("|---" * (2 + 3 * len(columns) + 1) + "|")
+
+    def spread(key: tuple[str, int]) -> str:
+        rps = [r["rps"] for r in rounds[key]]
+        return f"{results[key]['rps']:,.0f} [{min(rps):,.0f}–{max(rps):,.0f}]"
+
     for status in (200, 304):
-        a, n = results[("api", status)], results[("nginx", status)]
-        lines.append(f"| {status} | {a['rps']:,.0f} | {a['p99_ms']:.2f} ms | {n['rps']:,.0f} | "
-                     f"{n['p99_ms']:.2f} ms | {a['rps'] / n['rps']:.0%} |")
+        n = results[("nginx", status)]
+        row = [str(status)]
+        row += [f"{spread((c, status))} | {results[(c, status)]['p99_ms']:.2f} ms"
+                for c, _ in columns]
+        row.append(f"{spread(('nginx', status))} | {n['p99_ms']:.2f} ms")
+        row += [f"{results[(c, status)]['rps'] / n['rps']:.0%}" for c, _ in columns]
+        lines.append("| " + " | ".join(row) + " |")
     ratio = results[("api", 304)]["rps"] / results[("nginx", 304)]["rps"]
+    per_round = sorted(a["rps"] / b["rps"] for a, b in
+                       zip(rounds[("api", 304)], rounds[("nginx", 304)], strict=True))
     lines += ["", f"Goal: the 304 path at ≥ 50% of nginx's rate — "
-              f"{'met' if ratio >= 0.5 else 'NOT met'} ({ratio:.0%})."]
+              f"{'met' if ratio >= 0.5 else 'NOT met'} ({ratio:.0%}; per round "
+              f"{', '.join(f'{r:.0%}' for r in per_round)})."]
     lines[0] = textwrap.fill(lines[0], width=96)
     table = "\n".join(lines)
     print(table)
