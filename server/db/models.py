@@ -236,7 +236,10 @@ class Patch(Base):
     """A delta from one artifact to another (same platform and variant)."""
 
     __tablename__ = "patches"
-    __table_args__ = (UniqueConstraint("from_artifact_id", "to_artifact_id", "algorithm"),)
+    # One patch per (base, target) pair, whatever its algorithm: a repeated or concurrent
+    # patch job (server/jobs/patch_runner.py) can then never list a pair twice.
+    __table_args__ = (UniqueConstraint("from_artifact_id", "to_artifact_id",
+                                       name="uq_patches_pair"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     from_artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id"), index=True)
@@ -246,6 +249,40 @@ class Patch(Base):
     length: Mapped[int] = mapped_column(BigInteger)
     blob_key: Mapped[str] = mapped_column(String(512))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class PatchJobState(enum.StrEnum):
+    queued = "queued"
+    running = "running"
+    done = "done"
+    failed = "failed"
+
+
+class PatchJob(Base):
+    """The durable request to make the delta patches to one version's artifacts (one row per
+    version; server/jobs/patch_runner.py claims, runs and settles it like a build)."""
+
+    __tablename__ = "patch_jobs"
+    __table_args__ = (Index("ix_patch_jobs_state_next_attempt_at", "state", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"), unique=True)
+    state: Mapped[PatchJobState] = mapped_column(_enum(PatchJobState),
+                                                 default=PatchJobState.queued)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Counts enqueues; a claim copies it to `requests_claimed`. A run that ends with more
+    # requests than it claimed goes back to queued (newer bases may have been published).
+    requests: Mapped[int] = mapped_column(Integer, default=1)
+    requests_claimed: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    locked_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    patches_added: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
 
 # --------------------------------------------------------------------------- rollout

@@ -1,8 +1,10 @@
 """The embedded default queue: a worker thread inside the API process.
 
-Durable because the queue *is* the `builds` table: `enqueue_compile` only wakes the thread,
-which claims due builds through `BuildRunner`. After a crash or restart the next process
-finds the queued builds (and running ones whose heartbeat went stale) and finishes them.
+Durable because the queue *is* the database: `enqueue_compile` only wakes the thread, which
+claims due builds through `BuildRunner`; `enqueue_patches` records a `patch_jobs` row
+(`request_patches`) and wakes it, and it runs due patch jobs through `PatchRunner` once no
+build is due. After a crash or restart the next process finds the queued jobs (and running
+ones whose heartbeat went stale) and finishes them.
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ import socket
 import threading
 import uuid
 
+from server.jobs.patch_runner import PatchRunner, request_patches
 from server.jobs.runner import BuildRunner
 
 log = logging.getLogger(__name__)
 
 
 class InProcessJobQueue:
-    def __init__(self, runner: BuildRunner, *, poll_interval_s: float = 2.0) -> None:
+    def __init__(self, runner: BuildRunner, patches: PatchRunner | None = None, *,
+                 poll_interval_s: float = 2.0) -> None:
         self.runner = runner
+        self.patches = patches
         self._poll = poll_interval_s
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -33,6 +38,15 @@ class InProcessJobQueue:
 
     def enqueue_compile(self, version_id: int) -> None:
         """Builds are already rows; wake the worker (idempotent, never raises)."""
+        self._wake.set()
+        self.start()
+
+    def enqueue_patches(self, version_id: int) -> None:
+        """Records the patch job (raises only if the database write fails) and wakes the
+        worker."""
+        if self.patches is None:
+            raise RuntimeError("this in-process queue was built without a PatchRunner")
+        request_patches(self.patches.session_factory, version_id)
         self._wake.set()
         self.start()
 
@@ -52,17 +66,29 @@ class InProcessJobQueue:
             self._thread.join(timeout=timeout_s)
 
     def drain(self) -> int:
-        """Runs every due build now, in the caller's thread; returns how many ran."""
+        """Runs every due build, then every due patch job, now, in the caller's thread;
+        returns how many ran."""
         ran = 0
-        while ids := self.runner.claimable_ids():
-            progressed = False
-            for build_id in ids:
-                if self.runner.process(build_id):
-                    ran += 1
-                    progressed = True
-            if not progressed:
-                break
+        runners: list[BuildRunner | PatchRunner] = [self.runner]
+        if self.patches is not None:
+            runners.append(self.patches)
+        for runner in runners:
+            while ids := runner.claimable_ids():
+                progressed = False
+                for job_id in ids:
+                    if runner.process(job_id):
+                        ran += 1
+                        progressed = True
+                if not progressed:
+                    break
         return ran
+
+    def _next_wakeup(self) -> float | None:
+        dues = [self.runner.next_wakeup()]
+        if self.patches is not None:
+            dues.append(self.patches.next_wakeup())
+        known = [d for d in dues if d is not None]
+        return min(known) if known else None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -71,7 +97,13 @@ class InProcessJobQueue:
                     if self._stop.is_set():
                         return
                     self.runner.process(build_id)
-                due = self.runner.next_wakeup()
+                # Builds first (devices wait for them); one patch job per pass, so a new
+                # upload never waits behind several patch jobs.
+                if self.patches is not None and not self._stop.is_set():
+                    for version_id in self.patches.claimable_ids(1):
+                        if self.patches.process(version_id):
+                            self._wake.set()  # there may be more: loop without sleeping
+                due = self._next_wakeup()
             except Exception:  # the database may be briefly unreachable; keep the thread
                 log.warning("compile worker loop failed; retrying", exc_info=True)
                 due = None

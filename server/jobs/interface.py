@@ -1,4 +1,5 @@
-"""The seam between the registry and compile jobs: what an upload calls once it committed.
+"""The seam between the API and background jobs: what an upload (compile) or a rollout start
+(delta patches) calls once its transaction committed.
 
 The registry holds a `JobQueue` on `app.state.job_queue`; the compile area swaps in its own
 implementation (in-process or procrastinate). `NullJobQueue` records the calls and does
@@ -19,12 +20,26 @@ class JobQueue(Protocol):
         may call it again) and must not raise for a transient backend problem it can retry."""
         ...
 
+    def enqueue_patches(self, version_id: int) -> None:
+        """Schedules making the delta patches to `version_id`'s artifacts (from the last K
+        published artifacts of each) and re-signing the channels that offer it.
+
+        Called after a rollout of the version started; idempotent (a second call never
+        yields a second patch for a pair). Raises only if the request could not be recorded
+        in the database; the release is served in full meanwhile."""
+        ...
+
 
 class NullJobQueue:
-    """Accepts jobs and runs none; `enqueued` lists the version ids it was given."""
+    """Accepts jobs and runs none; `enqueued` / `patches_enqueued` list the version ids it
+    was given."""
 
     def __init__(self) -> None:
         self.enqueued: list[int] = []
+        self.patches_enqueued: list[int] = []
 
     def enqueue_compile(self, version_id: int) -> None:
         self.enqueued.append(version_id)
+
+    def enqueue_patches(self, version_id: int) -> None:
+        self.patches_enqueued.append(version_id)

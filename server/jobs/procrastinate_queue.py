@@ -5,10 +5,15 @@
   so a repeated enqueue does not stack duplicates.
 - `run_worker(settings, ...)` (`modelfleet worker`) runs jobs; each job hands the build to
   `BuildRunner`, whose database claim makes a duplicate delivery harmless.
+- `enqueue_patches(version_id)` records the version's `patch_jobs` row (`request_patches`)
+  and defers one `modelfleet.make_patches` job (queueing lock per version); the worker hands
+  it to `PatchRunner`, which makes the patches and re-signs the channels offering the
+  version (it needs the release key: mount it into the workers too).
 - A killed worker stops heartbeating. Every worker periodically asks procrastinate for jobs of
   stalled workers and retries them, and re-defers builds the database still holds as queued
   (delayed retries after transient failures, or builds whose job was never deferred because
-  the database write succeeded and the defer did not) — so no build is lost.
+  the database write succeeded and the defer did not), and patch jobs likewise — so no build
+  and no patch job is lost.
 """
 
 from __future__ import annotations
@@ -24,14 +29,18 @@ from typing import Any
 import procrastinate
 from procrastinate import exceptions as pexc
 
+from server.jobs.patch_runner import PatchRunner, request_patches
 from server.jobs.runner import BuildRunner
 
 log = logging.getLogger(__name__)
 TASK_NAME = "modelfleet.compile_build"
 QUEUE = "compile"
+PATCH_TASK_NAME = "modelfleet.make_patches"
+PATCH_QUEUE = "patches"
 
-# Set by the worker process before it starts taking jobs (one runner per process).
+# Set by the worker process before it starts taking jobs (one of each per process).
 _RUNNER: BuildRunner | None = None
+_PATCH_RUNNER: PatchRunner | None = None
 
 
 def compile_build(build_id: int) -> None:
@@ -41,6 +50,16 @@ def compile_build(build_id: int) -> None:
     # A transient failure leaves the build queued with a due time; the rescue loop of any
     # worker re-defers it once due, so nothing is scheduled from inside the job.
     log.info("build %s %s", build_id, "done" if ran else "not claimable (owned or not due)")
+
+
+def make_patches(version_id: int) -> None:
+    if _PATCH_RUNNER is None:
+        raise RuntimeError("patch worker not initialised (use `modelfleet worker`)")
+    ran = _PATCH_RUNNER.process(version_id)
+    # As for builds: a failed attempt leaves the job queued with a due time, and the rescue
+    # loop re-defers it then.
+    log.info("patches for version %s %s", version_id,
+             "attempted" if ran else "not claimable (owned, not due or done)")
 
 
 def conninfo(database_url: str) -> str:
@@ -65,6 +84,7 @@ def ensure_schema(app: procrastinate.App, dsn: str) -> None:
 def _register(app: procrastinate.App) -> procrastinate.App:
     # Registered per app (not via a shared Blueprint, which binds to the first app only).
     app.task(name=TASK_NAME, queue=QUEUE, pass_context=False)(compile_build)
+    app.task(name=PATCH_TASK_NAME, queue=PATCH_QUEUE, pass_context=False)(make_patches)
     return app
 
 
@@ -76,9 +96,11 @@ def make_sync_app(database_url: str) -> procrastinate.App:
 class ProcrastinateJobQueue:
     """API-side: defers jobs; never runs them."""
 
-    def __init__(self, database_url: str, runner_ids: Callable[[int], list[int]]) -> None:
+    def __init__(self, database_url: str, runner_ids: Callable[[int], list[int]],
+                 session_factory: Any = None) -> None:
         self._url = database_url
         self._ids = runner_ids  # version_id -> ids of its queued builds
+        self._sf = session_factory  # for patch_jobs rows; None: enqueue_patches unavailable
         self._app = make_sync_app(database_url)
         self._opened = False
 
@@ -95,6 +117,21 @@ class ProcrastinateJobQueue:
         for build_id in self._ids(version_id):
             with contextlib.suppress(pexc.AlreadyEnqueued):
                 task.configure(queueing_lock=f"build-{build_id}").defer(build_id=build_id)
+
+    def enqueue_patches(self, version_id: int) -> None:
+        """Records the patch job, then defers it. A failed defer is only logged: the job is
+        in the database, and a worker's rescue pass defers it within `stalled_after_s`."""
+        if self._sf is None:
+            raise RuntimeError("ProcrastinateJobQueue needs a session_factory for patch jobs")
+        request_patches(self._sf, version_id)
+        try:
+            task = self._open().tasks[PATCH_TASK_NAME]
+            with contextlib.suppress(pexc.AlreadyEnqueued):
+                task.configure(queueing_lock=f"patches-{version_id}").defer(
+                    version_id=version_id)
+        except Exception:
+            log.warning("deferring the patch job of version %s failed; a worker's rescue "
+                        "pass will pick it up", version_id, exc_info=True)
 
     def close(self) -> None:
         if self._opened:
@@ -116,9 +153,11 @@ def queued_build_ids(session_factory: Any) -> Callable[[int], list[int]]:
 
 
 async def _rescue_loop(app: procrastinate.App, runner: BuildRunner, every_s: float,
-                       stalled_after_s: float) -> None:
-    """Retries jobs of dead workers and re-defers queued builds nobody has a job for."""
+                       stalled_after_s: float, patches: PatchRunner | None = None) -> None:
+    """Retries jobs of dead workers and re-defers queued builds and patch jobs nobody has a
+    job for."""
     task = app.tasks[TASK_NAME]
+    patch_task = app.tasks[PATCH_TASK_NAME]
     while True:
         try:
             for job in await app.job_manager.get_stalled_jobs(
@@ -130,26 +169,39 @@ async def _rescue_loop(app: procrastinate.App, runner: BuildRunner, every_s: flo
                 with contextlib.suppress(pexc.AlreadyEnqueued):
                     await task.configure(queueing_lock=f"build-{build_id}").defer_async(
                         build_id=build_id)
+            if patches is not None:
+                for version_id in await asyncio.to_thread(patches.claimable_ids, 50):
+                    with contextlib.suppress(pexc.AlreadyEnqueued):
+                        await patch_task.configure(
+                            queueing_lock=f"patches-{version_id}").defer_async(
+                            version_id=version_id)
         except Exception:
             log.warning("rescue pass failed; will retry", exc_info=True)
         await asyncio.sleep(every_s)
 
 
 def run_worker(settings: Any, *, concurrency: int = 1, heartbeat_s: float = 10.0,
-               stalled_after_s: float = 30.0, runner: BuildRunner | None = None) -> None:
-    """Blocks running compile jobs until SIGINT/SIGTERM (graceful: the current build ends)."""
-    global _RUNNER
+               stalled_after_s: float = 30.0, runner: BuildRunner | None = None,
+               patch_runner: PatchRunner | None = None) -> None:
+    """Blocks running compile and patch jobs until SIGINT/SIGTERM (graceful: the current
+    job ends)."""
+    global _RUNNER, _PATCH_RUNNER
     from server.blobstore import make_blob_store
     from server.db.session import make_engine, make_session_factory
 
     url = settings.resolved_database_url
-    if runner is None:
+    worker_id = f"worker:{socket.gethostname()}:{os.getpid()}"
+    if runner is None or patch_runner is None:
         engine = make_engine(url)
-        runner = BuildRunner(
-            make_session_factory(engine), make_blob_store(settings),
-            worker_id=f"worker:{socket.gethostname()}:{os.getpid()}",
-            heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s)
-    _RUNNER = runner
+        store = make_blob_store(settings)
+        if runner is None:
+            runner = BuildRunner(make_session_factory(engine), store, worker_id=worker_id,
+                                 heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s)
+        if patch_runner is None:
+            patch_runner = make_patch_runner(settings, make_session_factory(engine), store,
+                                             worker_id=worker_id, heartbeat_s=heartbeat_s,
+                                             stale_after_s=stalled_after_s)
+    _RUNNER, _PATCH_RUNNER = runner, patch_runner
     app = _register(procrastinate.App(connector=procrastinate.PsycopgConnector(
         conninfo=conninfo(url))))
 
@@ -163,10 +215,10 @@ def run_worker(settings: Any, *, concurrency: int = 1, heartbeat_s: float = 10.0
                 finally:
                     sync_app.close()
             rescue = asyncio.create_task(_rescue_loop(app, runner, max(stalled_after_s / 3, 1),
-                                                      stalled_after_s))
+                                                      stalled_after_s, patch_runner))
             try:
                 await app.run_worker_async(
-                    queues=[QUEUE], concurrency=concurrency, name=runner.worker_id,
+                    queues=[QUEUE, PATCH_QUEUE], concurrency=concurrency, name=runner.worker_id,
                     update_heartbeat_interval=heartbeat_s,
                     stalled_worker_timeout=stalled_after_s, delete_jobs="successful")
             finally:
@@ -174,3 +226,19 @@ def run_worker(settings: Any, *, concurrency: int = 1, heartbeat_s: float = 10.0
 
     asyncio.run(main())
 
+
+
+def make_patch_runner(settings: Any, session_factory: Any, store: Any, *, worker_id: str,
+                      **kw: Any) -> PatchRunner:
+    """The worker's `PatchRunner`: publishes with this server's release key and base URL
+    (`server.publish.service.make_publisher`), made on the first patch job."""
+    from server.publish.service import make_publisher
+
+    made: list[Any] = []
+
+    def publisher() -> Any:
+        if not made:
+            made.append(make_publisher(settings, store))
+        return made[0]
+
+    return PatchRunner(session_factory, publisher, worker_id=worker_id, **kw)

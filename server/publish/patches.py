@@ -4,10 +4,13 @@ first), made by server/delta (which verifies each one by applying it), stored in
 store and recorded in the database; then every channel offering the version is re-published
 so its manifest lists them.
 
-Runs off the request path: `PatchScheduler` hands the work to the job queue when it offers
-`enqueue_patches(version_id)` (the durable queue), else to one background thread in the API
-process (the embedded default). `generate_patches` is idempotent: pairs that already have a
-patch are skipped, so a retried or duplicated job costs nothing.
+Runs off the request path: `PatchScheduler` hands the work to the job queue's
+`enqueue_patches(version_id)` — a durable `patch_jobs` row run by the in-process worker
+thread or by `modelfleet worker` (server/jobs/patch_runner.py drives `patch_and_republish`
+with retries and takeover). Only a queue without that method (a custom embedding) falls back
+to one background thread in this process, which a crash loses. `generate_patches` is
+idempotent: pairs that already have a patch are skipped and the pair's unique constraint
+drops a racing duplicate, so a retried or duplicated job never adds a second row.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.blobstore import BlobStore
 from server.db import models as db
+from server.db.types import utcnow
 from server.delta import DeltaPolicy, make_patches
 from server.publish.publisher import PublishedManifest, Publisher, publish_channel
 from server.services import audit
@@ -62,6 +68,19 @@ def _download(store: BlobStore, key: str, path: Path) -> Path:
     return path
 
 
+def _insert_patch(session: Session, **values: object) -> int:
+    """Adds the row unless its pair already has one (1 if added). Two jobs for one version
+    racing (a duplicate delivery, a takeover from a worker presumed dead) both get here;
+    the pair's unique constraint lets exactly one row in and the loser carries on."""
+    values["created_at"] = utcnow()
+    dialect = session.get_bind().dialect.name
+    insert = pg_insert if dialect == "postgresql" else sqlite_insert
+    stmt = insert(db.Patch).values(**values).on_conflict_do_nothing(
+        index_elements=["from_artifact_id", "to_artifact_id"]).returning(db.Patch.id)
+    # RETURNING, not rowcount: psycopg reports no reliable rowcount for ON CONFLICT inserts.
+    return 0 if session.execute(stmt).scalar() is None else 1
+
+
 def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_id: int, *,
                      policy: DeltaPolicy | None = None, workdir: Path | None = None) -> int:
     """Make and store the missing patches to every artifact of `version_id`; returns how many
@@ -87,11 +106,11 @@ def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_i
                     key = f"patches/{result.sha256}"
                     with open(result.path, "rb") as f:
                         store.put(key, f, expected_sha256=result.sha256)
-                    session.add(db.Patch(
-                        from_artifact_id=by_sha[result.from_sha256].id, to_artifact_id=art.id,
-                        algorithm=result.algorithm, sha256=result.sha256,
-                        length=result.length, blob_key=key))
-                    added += 1
+                    added += _insert_patch(
+                        session, from_artifact_id=by_sha[result.from_sha256].id,
+                        to_artifact_id=art.id, algorithm=result.algorithm,
+                        sha256=result.sha256, length=result.length, blob_key=key)
+                session.commit()  # per artifact: a crash later keeps what is done
                 for path in (new_path, *(p for _, p in base_paths)):
                     path.unlink(missing_ok=True)
             session.commit()
@@ -109,22 +128,28 @@ def channels_offering(session: Session, version_id: int) -> list[str]:
 
 
 def patch_and_republish(factory: sessionmaker[Session], pub: Publisher, version_id: int, *,
-                        policy: DeltaPolicy | None = None) -> list[PublishedManifest]:
-    """The whole job: generate the patches, then re-publish the channels that offer them."""
+                        policy: DeltaPolicy | None = None,
+                        republish: bool = False) -> list[PublishedManifest]:
+    """The whole job: generate the patches, then re-publish the channels that offer them.
+
+    Without new patches nothing is re-published, unless `republish` (a retried job: the
+    attempt that stored the patches may have died before re-signing)."""
     added = generate_patches(factory, pub.blob_store, version_id, policy=policy)
-    if not added:
+    if not added and not republish:
         return []
     with factory() as session:
         names = channels_offering(session, version_id)
-        audit.record(session, "system", "patches.create", f"version:{version_id}", count=added)
-        session.commit()
+        if added:
+            audit.record(session, "system", "patches.create", f"version:{version_id}",
+                         count=added)
+            session.commit()
     return [publish_channel(factory, pub, name, actor="system", action="manifest.patches")
             for name in names]
 
 
 class PatchScheduler:
-    """Runs `patch_and_republish` off the request path: via the durable job queue when it
-    has `enqueue_patches`, else on one background thread of this process."""
+    """Runs `patch_and_republish` off the request path: via the job queue's durable
+    `enqueue_patches`, else (a queue without it) on one background thread of this process."""
 
     def __init__(self, factory: sessionmaker[Session], pub: Publisher, job_queue: object,
                  on_published: Callable[[str], None] | None = None) -> None:
@@ -138,7 +163,11 @@ class PatchScheduler:
     def schedule(self, version_id: int) -> None:
         enqueue = getattr(self.job_queue, "enqueue_patches", None)
         if callable(enqueue):
-            enqueue(version_id)
+            try:
+                enqueue(version_id)
+            except Exception:  # the rollout is live already; devices download in full
+                log.exception("recording the patch job of version %d failed; start the "
+                              "rollout again to retry", version_id)
             return
         with self._lock:
             if self._executor is None:
