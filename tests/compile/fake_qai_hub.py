@@ -18,8 +18,7 @@ class FakeModel:
     def __init__(self, payload: bytes) -> None:
         self.payload = payload
 
-    def download(self, filename: str | None = None) -> Any:
-        assert filename is not None
+    def download(self, filename: str, timeout: int | None = None) -> Any:
         Path(filename).write_bytes(self.payload)
         return filename
 
@@ -50,7 +49,7 @@ class FakeHub:
     def submit_compile_job(self, model: Any, device: Any, name: str | None = None,
                            input_specs: Any = None, options: str = "",
                            single_compile: bool = True, calibration_data: Any = None,
-                           retry: bool = True) -> Any:
+                           retry: bool = True, project: Any = None) -> Any:
         if self.raise_error is not None:
             raise self.raise_error
         data = Path(model).read_bytes() if isinstance(model, str) else b"<ExportedProgram>"

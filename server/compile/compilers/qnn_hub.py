@@ -46,7 +46,7 @@ class HubClient(Protocol):
     def submit_compile_job(self, model: Any, device: Any, name: str | None = None,
                            input_specs: Any = None, options: str = "",
                            single_compile: bool = True, calibration_data: Any = None,
-                           retry: bool = True) -> Any: ...
+                           retry: bool = True, project: Any = None) -> Any: ...
 
 
 def config_path() -> Path:
