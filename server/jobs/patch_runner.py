@@ -107,7 +107,7 @@ class PatchRunner:
                 attempts=PatchJob.attempts + 1, requests_claimed=PatchJob.requests,
                 updated_at=now).execution_options(synchronize_session=False))
             s.commit()
-            return res.rowcount == 1  # type: ignore[attr-defined]
+            return bool(res.rowcount == 1)  # type: ignore[attr-defined]
 
     def claimable_ids(self, limit: int = 10) -> list[int]:
         """Version ids whose patch job is due (or abandoned by a dead worker)."""
