@@ -215,3 +215,18 @@ def test_a_job_whose_worker_died_after_storing_patches_is_taken_over_and_resigne
     assert len(patch_rows(factory)) == 1
     with factory() as s:  # the takeover re-signed although it made no new patch
         assert s.query(db.SignedManifest).count() == serial + 1
+
+
+def test_a_patch_job_left_queued_by_a_stopped_api_is_run_by_the_next_one(
+        settings, factory, store, tmp_path):
+    pub = make_publisher(settings, store)
+    v1, v2 = edited_series(2)
+    ids = _prod_with(factory, pub, store, [v1, v2])
+    request_patches(factory, ids[1])  # recorded, then the process that did it went away
+    app = create_app(settings)  # starts the in-process worker, which finds the job
+    with TestClient(app) as client:
+        root = manifests.load_trusted_root(client.get("/v1/root/1.json").content)
+        assert wait_for(lambda: manifest_patches(client, root) != [], 30, 0.1)
+        (patch,) = manifest_patches(client, root)
+        check_patch_applies(client, patch, v1, v2, tmp_path)
+    assert job_row(factory, ids[1]).state == db.PatchJobState.done
