@@ -77,7 +77,8 @@ def register(app: typer.Typer) -> None:
                                  "heartbeat after which another worker takes a job "
                                  "over")] = 30.0,
     ) -> None:
-        """Run compile jobs (needs MODELFLEET_DATABASE_URL pointing at PostgreSQL)."""
+        """Run compile and delta-patch jobs (needs MODELFLEET_DATABASE_URL pointing at PostgreSQL
+        and, since patch jobs re-sign manifests, the release key under MODELFLEET_KEYS_DIR)."""
         import logging
 
         from server.settings import Settings
