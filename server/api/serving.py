@@ -5,7 +5,8 @@ presigned URL on S3).
 Manifest bytes are served exactly as signed and stored. Each process keeps the current bytes
 of a channel for MANIFEST_CACHE_SECONDS so a poll (and above all a 304) costs no database or
 storage round trip; changes made through this process invalidate its entry at once. Hits are
-answered by `ServingFastAPI` (the app class) before the framework's per-request work.
+answered by `ServingFastAPI` (the app class) before the framework's per-request work, and
+fresh hits under uvicorn earlier still, in the HTTP protocol (server/api/fastpoll.py).
 
 The router's lifespan imports signed roots from DATA_DIR/roots and runs the re-sign loop.
 """
@@ -24,6 +25,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, FastAPI, Path, Request, Response
 from fastapi.responses import RedirectResponse, StreamingResponse
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
@@ -234,9 +236,17 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def import_roots(app: FastAPI) -> list[int]:
-    with app.state.session_factory() as session:
-        added = rootstore.sync_roots(session, key_paths(app.state.settings))
-        session.commit()
+    for attempt in (1, 2):
+        try:
+            with app.state.session_factory() as session:
+                added = rootstore.sync_roots(session, key_paths(app.state.settings))
+                session.commit()
+            break
+        except IntegrityError:
+            # Workers and replicas start together and import the same roots: another one
+            # stored them first. The second pass sees (and checks) what it stored.
+            if attempt == 2:
+                raise
     if added:
         log.info("imported signed root versions %s", added)
     return added

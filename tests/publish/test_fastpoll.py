@@ -281,3 +281,75 @@ def test_head_and_logged_polls_go_through_the_app(settings, monkeypatch):
         srv.raw(get())
         srv.raw(get())
         assert len(srv.app.calls) == 2
+
+
+def serve_cli_log(data: Path, *extra: str) -> str:
+    """Runs `modelfleet serve` as a user would, polls twice and fetches /v1/root; its log."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from modelfleet.cli import main; main()", "serve",
+         "--data-dir", str(data), "--port", str(port), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=Path(__file__).resolve().parents[2])
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(base + "/v1/root", timeout=2).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "serve did not start"
+                time.sleep(0.2)
+        for _ in range(2):
+            urllib.request.urlopen(base + MANIFEST, timeout=5).read()
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    return out
+
+
+def test_modelfleet_serve_answers_polls_unlogged_unless_log_polls(settings):
+    publish_prod(settings, "1.0")
+    out = serve_cli_log(settings.data_dir)
+    assert '"GET /v1/root HTTP/1.1" 200' in out
+    assert out.count(f'"GET {MANIFEST} HTTP/1.1" 200') == 1  # the miss only; the hit is not
+    out = serve_cli_log(settings.data_dir, "--log-polls")
+    assert out.count(f'"GET {MANIFEST} HTTP/1.1" 200') == 2
+
+
+def test_workers_starting_together_import_the_roots_once_without_failing(settings, monkeypatch):
+    """Another worker stores the same root between this one's read and its insert: the
+    unique constraint fires, and the retry finds and checks the stored root."""
+    import hashlib
+
+    from server.api import serving
+    from server.publish import rootstore
+
+    real_chain = rootstore.load_root_chain
+    app = create_app(settings)
+    raced = []
+
+    def chain_after_another_worker(paths: KeyPaths) -> Any:
+        chain = list(real_chain(paths))
+        if not raced:
+            raced.append(True)
+            with app.state.session_factory() as other:
+                for root, data in chain:
+                    other.add(db.RootDocument(version=root.version, data=data,
+                                              sha256=hashlib.sha256(data).hexdigest()))
+                other.commit()
+        return chain
+
+    monkeypatch.setattr(rootstore, "load_root_chain", chain_after_another_worker)
+    assert serving.import_roots(app) == []  # nothing left to add: the other worker did
+    assert raced
+    with app.state.session_factory() as s:
+        assert rootstore.latest_root_version(s) == 1
+    app.state.engine.dispose()
