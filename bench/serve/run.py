@@ -143,6 +143,21 @@ def run_wrk(url: str, duration: int, connections: int, threads: int,
     return {"rps": rps, "p99_ms": float(p99.group(1)) * scale, "errors": float(errors)}
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU time of every live process in a process group (a server's master
+    and workers), from /proc: the server's own cost, apart from wrk's on the same cores."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
@@ -228,9 +243,15 @@ def main() -> None:
         # Short alternating rounds, median per case: the machine is shared, and background
         # load then hits every server alike instead of whichever ran during a burst.
         rounds: dict[tuple[str, int], list[dict[str, float]]] = {k: [] for k in cases}
+        pgids = {name: proc.pid for name, proc in zip((*servers, "nginx"), procs, strict=True)}
         for _ in range(args.rounds):
             for key, (url, hdrs) in cases.items():
-                rounds[key].append(run_wrk(url, headers=hdrs, **w))
+                cpu = group_cpu_seconds(pgids[key[0]])
+                run = run_wrk(url, headers=hdrs, **w)
+                # server CPU per request, in µs (requests = rate × duration)
+                run["cpu_us"] = ((group_cpu_seconds(pgids[key[0]]) - cpu) * 1e6
+                                 / (run["rps"] * args.duration))
+                rounds[key].append(run)
         results = {k: median_of(v) for k, v in rounds.items()}
     finally:
         for proc in procs:
@@ -258,8 +279,10 @@ def main() -> None:
         columns.append(("plain", "plain uvicorn (as before)"))
     lines.append("| response | " + " | ".join(f"{label} req/s | p99" for _, label in columns)
                  + " | nginx req/s | p99 | "
-                 + " | ".join(f"{label} / nginx" for _, label in columns) + " |")
-    lines.append("|---" * (2 + 3 * len(columns) + 1) + "|")
+                 + " | ".join(f"{label} / nginx" for _, label in columns)
+                 + " | server CPU µs per request: " + ", ".join(label for _, label in columns)
+                 + ", nginx |")
+    lines.append("|---" * (2 + 3 * len(columns) + 2) + "|")
 
     def spread(key: tuple[str, int]) -> str:
         rps = [r["rps"] for r in rounds[key]]
@@ -272,6 +295,8 @@ def main() -> None:
                 for c, _ in columns]
         row.append(f"{spread(('nginx', status))} | {n['p99_ms']:.2f} ms")
         row += [f"{results[(c, status)]['rps'] / n['rps']:.0%}" for c, _ in columns]
+        row.append(", ".join(f"{results[(c, status)]['cpu_us']:.0f}"
+                             for c in (*(c for c, _ in columns), "nginx")))
         lines.append("| " + " | ".join(row) + " |")
     ratio = results[("api", 304)]["rps"] / results[("nginx", 304)]["rps"]
     per_round = sorted(a["rps"] / b["rps"] for a, b in
