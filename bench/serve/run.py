@@ -315,7 +315,8 @@ def main() -> None:
 def write_section(path: Path, heading: str, body: str) -> None:
     """Replace (or append) the `## heading` section, leaving every other section as it is."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^## {re.escape(heading)}\n.*?(?=^## |\Z)", re.M | re.S)
+    # ends at the next heading or at another section's marker comment (<!-- delta:begin -->)
+    pattern = re.compile(rf"^## {re.escape(heading)}\n.*?(?=^## |^<!-- |\Z)", re.M | re.S)
     section = f"## {heading}\n\n{body}\n\n"
     text = pattern.sub(lambda _m: section, text) if pattern.search(text) else (
         text.rstrip("\n") + "\n\n" + section)
