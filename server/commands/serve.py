@@ -48,11 +48,12 @@ def register(app: typer.Typer) -> None:
 
         if log_polls:  # also read by worker processes
             os.environ[LOG_POLLS_ENV] = "1"
-        fast = {"http": ManifestPollProtocol, "loop": "auto", "log_level": "info"}
         if workers == 1:
-            uvicorn.run(create_app(settings), host=host, port=port, **fast)
+            uvicorn.run(create_app(settings), host=host, port=port, http=ManifestPollProtocol,
+                        loop="auto", log_level="info")
             return
         # Worker processes build the app themselves, from the environment.
         os.environ["MODELFLEET_DATA_DIR"] = str(settings.data_dir)
         uvicorn.run("server.asgi:app", host=host, port=port, workers=workers,
-                    **{**fast, "http": "server.api.fastpoll:ManifestPollProtocol"})
+                    http="server.api.fastpoll:ManifestPollProtocol", loop="auto",
+                    log_level="info")
