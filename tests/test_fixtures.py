@@ -17,3 +17,16 @@ def test_s3_bucket_round_trip_over_http(s3_bucket) -> None:
     client = s3_bucket.client()
     client.put_object(Bucket=s3_bucket.bucket, Key="k", Body=b"hello")
     assert client.get_object(Bucket=s3_bucket.bucket, Key="k")["Body"].read() == b"hello"
+
+
+def test_no_test_module_imports_from_conftest() -> None:
+    """Several folders have a conftest.py; `from conftest import …` binds to whichever one
+    pytest imported first, so it passes alone and fails in the full run. Share helpers through
+    uniquely named modules instead."""
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    offenders = [str(p.relative_to(tests)) for p in tests.rglob("*.py")
+                 if "from conftest import" in p.read_text(encoding="utf-8")
+                 and p.name != "test_fixtures.py"]
+    assert offenders == []
