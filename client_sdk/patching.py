@@ -34,6 +34,8 @@ import numpy as np
 import numpy.typing as npt
 import zstandard
 
+from client_sdk.fsutil import fsync_dir
+
 __all__ = [
     "ALGORITHMS",
     "BaseMismatchError",
@@ -220,21 +222,7 @@ def apply_patch(algorithm: str, base: Path, patch: Path, out: Path, *, max_outpu
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_directory(out.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    # Makes the rename durable; some platforms cannot open directories, which is fine.
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    fsync_dir(out.parent)  # makes the rename durable
 
 
 def _read_exact(source: BinaryIO, size: int, what: str) -> bytes:

@@ -10,7 +10,6 @@ full artifact). It runs in job workers, off the request path.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import bsdiff4
 
+from client_sdk.fsutil import sha256_file
 from client_sdk.patching import PatchError, apply_patch
 from server.delta.errors import DeltaInputError
 from server.delta.mfdelta1 import create_mfdelta1
@@ -69,14 +69,6 @@ class PatchResult:
     sha256: str
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1024 * 1024):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _size(path: Path, what: str, policy: DeltaPolicy) -> int:
     try:
         size = path.stat().st_size
@@ -96,7 +88,7 @@ def _verified(
     check = patch.with_name(patch.name + ".verify")
     try:
         apply_patch(algorithm, base, patch, check, max_output=new_size)
-        return _sha256(check) == new_sha256
+        return sha256_file(check) == new_sha256
     except PatchError as e:
         log.warning("%s patch %s failed verification: %s", algorithm, patch, e)
         return False
@@ -128,11 +120,11 @@ def choose_best(
     policy = policy or DeltaPolicy()
     new_size = _size(new, "new artifact", policy)
     base_size = _size(base, "base artifact", policy)
-    if _sha256(base) != base_sha256:
+    if sha256_file(base) != base_sha256:
         raise DeltaInputError(
             f"base artifact {base} does not hash to {base_sha256}; re-fetch it from the store"
         )
-    new_sha256 = new_sha256 or _sha256(new)
+    new_sha256 = new_sha256 or sha256_file(new)
     workdir.mkdir(parents=True, exist_ok=True)
     best: PatchResult | None = None
     for algorithm in policy.algorithms:
@@ -147,7 +139,8 @@ def choose_best(
         if not _verified(algorithm, base, new, new_sha256, path, new_size):
             path.unlink(missing_ok=True)
             continue
-        candidate = PatchResult(base_sha256, algorithm, path, path.stat().st_size, _sha256(path))
+        candidate = PatchResult(base_sha256, algorithm, path, path.stat().st_size,
+                                sha256_file(path))
         if best is None or candidate.length < best.length:
             if best is not None:
                 best.path.unlink(missing_ok=True)
@@ -174,7 +167,7 @@ def make_patches(
     """
     policy = policy or DeltaPolicy()
     _size(new, "new artifact", policy)
-    new_sha256 = _sha256(new)
+    new_sha256 = sha256_file(new)
     results: list[PatchResult] = []
     seen = {new_sha256}
     for base_sha256, base_path in bases:
