@@ -27,19 +27,11 @@ def register(app: typer.Typer) -> None:
         import os
 
         import uvicorn
-        from pydantic import ValidationError
 
         from server.app import create_app
-        from server.db.migrate import upgrade
-        from server.settings import Settings
+        from server.commands.common import migrated_settings
 
-        try:
-            settings = Settings(data_dir=data_dir)
-        except ValidationError as e:
-            typer.echo(f"error: invalid settings: {e}", err=True)
-            raise typer.Exit(2) from None
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        upgrade(settings.resolved_database_url)
+        settings = migrated_settings(data_dir)
         typer.echo(f"ModelFleet API on http://{host}:{port} (data: {settings.data_dir}, "
                    f"blobs: {settings.blob_store}, docs: /docs)")
         # Fresh manifest polls are answered inside the HTTP protocol, unlogged unless

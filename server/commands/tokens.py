@@ -19,19 +19,10 @@ DataDir = Annotated[
 def _open(data_dir: Path):  # type: ignore[no-untyped-def]
     """(settings, session factory) for the database the server at `data_dir` uses; the
     schema is migrated first so tokens can be created before the first `serve`."""
-    from pydantic import ValidationError
-
-    from server.db.migrate import upgrade
+    from server.commands.common import migrated_settings
     from server.db.session import make_engine, make_session_factory
-    from server.settings import Settings
 
-    try:
-        settings = Settings(data_dir=data_dir)
-    except ValidationError as e:
-        typer.echo(f"error: invalid settings: {e}", err=True)
-        raise typer.Exit(2) from None
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    upgrade(settings.resolved_database_url)
+    settings = migrated_settings(data_dir)
     return settings, make_session_factory(make_engine(settings.resolved_database_url))
 
 
