@@ -29,7 +29,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
@@ -38,7 +38,7 @@ from server.db.models import Artifact, Patch, PatchJob, PatchJobState
 from server.db.types import utcnow
 from server.delta import DeltaPolicy
 from server.delta.errors import DeltaInputError
-from server.jobs.runner import RetryPolicy
+from server.jobs.runner import RetryPolicy, claimable
 from server.publish.patches import patch_and_republish
 from server.publish.publisher import Publisher
 
@@ -89,13 +89,8 @@ class PatchRunner:
     # ---- claiming ------------------------------------------------------------------------
 
     def _claimable(self, now: datetime) -> Any:
-        stale = now - timedelta(seconds=self.stale_after_s)
-        return or_(
-            (PatchJob.state == PatchJobState.queued)
-            & or_(PatchJob.next_attempt_at.is_(None), PatchJob.next_attempt_at <= now),
-            (PatchJob.state == PatchJobState.running)
-            & or_(PatchJob.heartbeat_at.is_(None), PatchJob.heartbeat_at < stale),
-        )
+        return claimable(PatchJob, PatchJobState.queued, PatchJobState.running, now,
+                         self.stale_after_s)
 
     def claim(self, version_id: int) -> bool:
         now = utcnow()

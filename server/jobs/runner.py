@@ -55,6 +55,19 @@ log = logging.getLogger(__name__)
 MAX_LOG_CHARS = 64 * 1024
 
 
+def claimable(table: Any, queued: Any, running: Any, now: datetime,
+              stale_after_s: float) -> Any:
+    """SQL condition for rows of a leased job table (builds, patch jobs) a worker may claim:
+    queued and due, or running with a heartbeat older than `stale_after_s` (its worker died)."""
+    stale = now - timedelta(seconds=stale_after_s)
+    return or_(
+        (table.state == queued)
+        & or_(table.next_attempt_at.is_(None), table.next_attempt_at <= now),
+        (table.state == running)
+        & or_(table.heartbeat_at.is_(None), table.heartbeat_at < stale),
+    )
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     max_attempts: int = 4
@@ -107,13 +120,7 @@ class BuildRunner:
     # ---- claiming ------------------------------------------------------------------------
 
     def _claimable(self, now: datetime) -> Any:
-        stale = now - timedelta(seconds=self.stale_after_s)
-        return or_(
-            (Build.state == BuildState.queued)
-            & or_(Build.next_attempt_at.is_(None), Build.next_attempt_at <= now),
-            (Build.state == BuildState.running)
-            & or_(Build.heartbeat_at.is_(None), Build.heartbeat_at < stale),
-        )
+        return claimable(Build, BuildState.queued, BuildState.running, now, self.stale_after_s)
 
     def claim(self, build_id: int) -> bool:
         """Takes ownership of a queued (or abandoned running) build; False if not claimable."""
