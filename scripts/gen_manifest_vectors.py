@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # a script run by path: make manifests and tests.support importable
 
 from manifests import (  # noqa: E402
     MANIFEST_PAYLOAD_TYPE,
@@ -32,9 +32,7 @@ from manifests import (  # noqa: E402
     ManifestError,
     ModelEntry,
     Patch,
-    PublicKey,
     Release,
-    Role,
     Rollout,
     Root,
     ShadowThresholds,
@@ -50,12 +48,13 @@ from manifests import (  # noqa: E402
     verify_root_update,
 )
 from manifests.versions import VersionRange  # noqa: E402
+from tests.support.signing import make_root, seeded_key  # noqa: E402
 
 VECTORS_DIR = ROOT / "manifests" / "vectors"
 
 
 def _key(label: str) -> SigningKey:
-    return SigningKey.from_seed(hashlib.sha256(f"modelfleet-vector-key:{label}".encode()).digest())
+    return seeded_key(f"modelfleet-vector-key:{label}")
 
 
 def _dump(value: Any) -> bytes:
@@ -283,13 +282,8 @@ def _sha(text: str) -> str:
 
 
 def _root(version: int, root_keys: list[SigningKey], root_threshold: int,
-          release_keys: list[SigningKey], expires: int = NOW + YEAR) -> Root:
-    return Root(
-        version=version, expires=expires,
-        keys={k.keyid: PublicKey.ed25519(k.public_key) for k in [*root_keys, *release_keys]},
-        roles={"root": Role([k.keyid for k in root_keys], root_threshold),
-               "release": Role([k.keyid for k in release_keys], 1)},
-    )
+          release_keys: list[SigningKey]) -> Root:
+    return make_root(version, root_keys, root_threshold, release_keys, expires=NOW + YEAR)
 
 
 def _in_share(name: str, salt: str = "detector-2.0", share: int = 300_000) -> str:

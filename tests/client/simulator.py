@@ -18,19 +18,17 @@ from client_sdk.errors import FetchError
 from client_sdk.transport import Response
 from manifests import (
     MANIFEST_PAYLOAD_TYPE,
-    ROOT_PAYLOAD_TYPE,
     Artifact,
     Filters,
     Manifest,
     ModelEntry,
     Patch,
-    PublicKey,
     Release,
-    Role,
     Rollout,
     Root,
     SigningKey,
 )
+from tests.support.signing import make_root, seeded_key, sign_root
 
 BASE = "https://updates.example.test"
 DAY = 86400
@@ -56,10 +54,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.sleep(seconds)
-
-
-def _seed(label: str) -> SigningKey:
-    return SigningKey.from_seed(hashlib.sha256(label.encode()).digest())
 
 
 @dataclass
@@ -88,8 +82,8 @@ class RepositorySimulator:
     def __init__(self, clock: FakeClock, *, root_keys: int = 2, root_threshold: int = 2,
                  release_keys: int = 2, release_threshold: int = 1) -> None:
         self.clock = clock
-        self.root_keys = [_seed(f"root-{i}") for i in range(root_keys)]
-        self.release_keys = [_seed(f"release-{i}") for i in range(release_keys)]
+        self.root_keys = [seeded_key(f"root-{i}") for i in range(root_keys)]
+        self.release_keys = [seeded_key(f"release-{i}") for i in range(release_keys)]
         self.root_threshold = root_threshold
         self.release_threshold = release_threshold
         self.roots: dict[int, bytes] = {}
@@ -107,17 +101,12 @@ class RepositorySimulator:
     # -- roots -------------------------------------------------------------------------
 
     def root_doc(self, version: int, root_keys: list[SigningKey]) -> Root:
-        keys = {k.keyid: PublicKey.ed25519(k.public_key) for k in root_keys + self.release_keys}
-        roles = {
-            "root": Role([k.keyid for k in root_keys], self.root_threshold),
-            "release": Role([k.keyid for k in self.release_keys], self.release_threshold),
-        }
-        return Root(version, START + 365 * DAY, keys, roles)
+        return make_root(version, root_keys, self.root_threshold, self.release_keys,
+                         self.release_threshold, expires=START + 365 * DAY)
 
     def publish_root(self, version: int, root_keys: list[SigningKey],
                      signers: list[SigningKey]) -> bytes:
-        data = manifests.sign_envelope(self.root_doc(version, root_keys).to_bytes(),
-                                       ROOT_PAYLOAD_TYPE, signers)
+        data = sign_root(self.root_doc(version, root_keys), signers)
         self.roots[version] = data
         return data
 

@@ -22,7 +22,8 @@ from client_sdk import (
 from manifests import MANIFEST_PAYLOAD_TYPE, Filters
 from tests.client.conftest import trusted_state
 from tests.client.onnx_models import scaled_model
-from tests.client.simulator import DAY, RepositorySimulator, _seed
+from tests.client.simulator import DAY, RepositorySimulator
+from tests.support.signing import seeded_key, sign_root
 
 
 @pytest.fixture
@@ -98,7 +99,7 @@ def test_unsigned_manifest_is_refused(installed, sim):
 
 def test_manifest_signed_by_unknown_key_is_refused(installed, sim):
     sim.publish("clf", [])
-    sim.sign_with = [_seed("attacker")]
+    sim.sign_with = [seeded_key("attacker")]
     _refused_untouched(installed, "SignatureError")
 
 
@@ -156,9 +157,9 @@ def test_manifest_for_another_channel_is_refused(installed, sim):
 # -- root rotation ---------------------------------------------------------------------------
 
 def test_root_rotation_good_chain_is_followed_link_by_link(installed, sim):
-    new_keys = [_seed("root-new-0"), _seed("root-new-1")]
+    new_keys = [seeded_key("root-new-0"), seeded_key("root-new-1")]
     sim.publish_root(2, new_keys, sim.root_keys + new_keys)
-    newer = [_seed("root-newer-0"), _seed("root-newer-1")]
+    newer = [seeded_key("root-newer-0"), seeded_key("root-newer-1")]
     sim.publish_root(3, newer, new_keys + newer)
     sim.publish("clf", [])
     sim.fetches.clear()
@@ -171,21 +172,20 @@ def test_root_rotation_good_chain_is_followed_link_by_link(installed, sim):
 
 
 def test_root_rotation_skipped_version_is_refused(installed, sim):
-    new_keys = [_seed("root-new-0"), _seed("root-new-1")]
+    new_keys = [seeded_key("root-new-0"), seeded_key("root-new-1")]
     doc = sim.root_doc(3, new_keys)  # served as 2.json but claims version 3
-    sim.roots[2] = manifests.sign_envelope(doc.to_bytes(), manifests.ROOT_PAYLOAD_TYPE,
-                                           sim.root_keys + new_keys)
+    sim.roots[2] = sign_root(doc, sim.root_keys + new_keys)
     _refused_untouched(installed, "RootRotationError")
 
 
 def test_root_rotation_missing_old_key_signatures_is_refused(installed, sim):
-    new_keys = [_seed("root-new-0"), _seed("root-new-1")]
+    new_keys = [seeded_key("root-new-0"), seeded_key("root-new-1")]
     sim.publish_root(2, new_keys, new_keys)  # the attacker's keys only
     _refused_untouched(installed, "SignatureError")
 
 
 def test_root_rotation_missing_new_key_signatures_is_refused(installed, sim):
-    new_keys = [_seed("root-new-0"), _seed("root-new-1")]
+    new_keys = [seeded_key("root-new-0"), seeded_key("root-new-1")]
     sim.publish_root(2, new_keys, sim.root_keys)  # new keys never proved possession
     _refused_untouched(installed, "SignatureError")
 

@@ -15,7 +15,8 @@ import pytest
 
 from tests.client.http_repo import serve
 from tests.client.onnx_models import scaled_model
-from tests.client.simulator import FakeClock, RepositorySimulator, _seed
+from tests.client.simulator import FakeClock, RepositorySimulator
+from tests.support.signing import seeded_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,7 +70,7 @@ def test_verification_failure_exits_nonzero_with_one_line_and_keeps_the_model(se
     data = tmp_path / "device"
     assert cli(*update_args(base, root, data), "--once").returncode == 0
     sim.publish("clf", [sim.release("2.0", [sim.artifact(scaled_model(2.0))])])
-    sim.sign_with = [_seed("attacker")]
+    sim.sign_with = [seeded_key("attacker")]
     bad = cli(*update_args(base, root, data), "--once")
     assert bad.returncode == 1
     assert len(bad.stderr.strip().splitlines()) == 1 and "SignatureError" in bad.stderr

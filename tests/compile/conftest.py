@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from compile_models import ModelFiles, build_model, onnx_model, torch_models
 
 from server.compile import InputSpec
+from tests.compile.compile_models import ModelFiles, build_model, onnx_model, torch_models
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ import sys
 
 import numpy as np
 import pytest
-from fake_qai_hub import FakeHub
 
 from server.compile import Compiler, CompileRequest, SourceFormat
 from server.compile.compilers.coreml import CoreMLCompiler
@@ -14,6 +13,7 @@ from server.compile.compilers.onnx import OnnxCompiler
 from server.compile.compilers.qnn import QnnCompiler
 from server.compile.compilers.qnn_hub import QnnHubCompiler
 from server.compile.source import load_samples
+from tests.compile.fake_qai_hub import FakeHub
 
 COMPILERS = {
     "onnx": OnnxCompiler,

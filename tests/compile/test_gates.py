@@ -7,12 +7,12 @@ import math
 
 import numpy as np
 import pytest
-from compile_models import onnx_model
 from onnx import TensorProto, helper
 
 from server.compile.gates import numeric
 from server.compile.gates.operators import check_mil_spec, check_onnx, deny_list
 from server.compile.types import Precision
+from tests.compile.compile_models import onnx_model
 
 
 def f32(name, shape):  # type: ignore[no-untyped-def]

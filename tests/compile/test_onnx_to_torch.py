@@ -6,13 +6,13 @@ import sys
 
 import numpy as np
 import pytest
-from compile_models import onnx_model
 from onnx import TensorProto, helper
 
 from server.compile import CompileRequest, ConversionError, InputSpec, SourceFormat
 from server.compile.compilers.coreml import CoreMLCompiler
 from server.compile.onnx_to_torch import load_onnx2torch, onnx_to_torch
 from server.compile.source import load_samples, run_onnx_cpu
+from tests.compile.compile_models import onnx_model
 
 
 def test_onnx2torch_imports_without_torchvision_and_leaves_no_stand_in_behind():

@@ -164,7 +164,8 @@ def test_shape_variants_build_one_artifact_each(convnet, tmp_path):
     assert "fixed at (1, 3, 16, 16)" in outs[1].error
     # A program exported with a dynamic batch is specialised once per declared variant.
     import torch
-    from compile_models import torch_models
+
+    from tests.compile.compile_models import torch_models
 
     conv, _ = torch_models()
     batch = torch.export.Dim("batch", min=1, max=8)

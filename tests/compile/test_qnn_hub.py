@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_qai_hub import FakeHub, FakeJob, FakeModel
 
 from server.compile import CompileRequest, CompilerUnavailableError, SourceFormat
 from server.compile.compilers.qnn_hub import HubClient, QnnHubCompiler, _translate
 from server.compile.errors import ConversionError, TransientCompileError
+from tests.compile.fake_qai_hub import FakeHub, FakeJob, FakeModel
 
 
 def _params(fn: Any) -> list[tuple[str, Any]]:

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-# bench/ is not an installed package; the pair generator is shared with the benchmark.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from bench.delta.models import SCENARIOS, write_pair  # noqa: E402
+# bench/ is not an installed package: it is imported from the repository root, which pytest
+# puts on sys.path because tests/ is a package.
+from bench.delta.models import SCENARIOS, write_pair
 
 PAIR_BYTES = 1_500_000
 

@@ -3,16 +3,12 @@ through the real registry API. Model files come from tests/compile/compile_model
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "compile"))
-
-from compile_models import ModelFiles, build_model, onnx_model, torch_models
-
 from server.compile import InputSpec
+from tests.compile.compile_models import ModelFiles, build_model, onnx_model, torch_models
 
 
 @pytest.fixture(scope="session")

@@ -7,12 +7,12 @@ import json
 
 import schemathesis
 from fastapi.testclient import TestClient
-from jobs_helpers import make_settings
-from openapi_fuzz import fuzz_operations
 
 from server.app import create_app
 from server.auth import create_token
 from server.jobs.interface import NullJobQueue
+from tests.jobs.jobs_helpers import make_settings
+from tests.support.openapi_fuzz import fuzz_operations
 
 CONFIG = schemathesis.Config.from_dict({
     "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", 401, 403, 404]}},

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from jobs_helpers import make_settings, publish_token, uploader
 from sqlalchemy import select, update
 
 from server.app import create_app
@@ -22,6 +21,7 @@ from server.db.types import utcnow
 from server.jobs.inprocess import InProcessJobQueue
 from server.jobs.interface import NullJobQueue
 from server.jobs.runner import BuildRunner, RetryPolicy, _JobLog, wait_for
+from tests.jobs.jobs_helpers import make_settings, publish_token, uploader
 
 CONV_INPUTS = [{"name": "image", "dtype": "float32", "shape": [1, 3, 16, 16]}]
 

@@ -10,15 +10,6 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from patch_helpers import (
-    add_ready_version,
-    check_patch_applies,
-    edited_series,
-    job_row,
-    manifest_patches,
-    patch_rows,
-    patch_settings,
-)
 
 import manifests
 from server.app import create_app
@@ -33,6 +24,15 @@ from server.jobs.runner import RetryPolicy, wait_for
 from server.publish import rollouts as ro
 from server.publish.patches import generate_patches
 from server.publish.service import make_publisher
+from tests.jobs.patch_helpers import (
+    add_ready_version,
+    check_patch_applies,
+    edited_series,
+    job_row,
+    manifest_patches,
+    patch_rows,
+    patch_settings,
+)
 
 
 @pytest.fixture

@@ -11,7 +11,15 @@ import sys
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
-from patch_helpers import (
+from sqlalchemy import select
+
+import manifests
+from server.app import create_app
+from server.blobstore import LocalBlobStore
+from server.db import models as db
+from server.jobs.procrastinate_queue import PATCH_TASK_NAME, ProcrastinateJobQueue
+from server.jobs.runner import wait_for
+from tests.jobs.patch_helpers import (
     add_ready_version,
     check_patch_applies,
     edited_series,
@@ -20,16 +28,8 @@ from patch_helpers import (
     patch_rows,
     patch_settings,
 )
-from sqlalchemy import select
-from test_patch_jobs import _headers
-from test_procrastinate import ROOT, _env, _spawn, _stop
-
-import manifests
-from server.app import create_app
-from server.blobstore import LocalBlobStore
-from server.db import models as db
-from server.jobs.procrastinate_queue import PATCH_TASK_NAME, ProcrastinateJobQueue
-from server.jobs.runner import wait_for
+from tests.jobs.test_patch_jobs import _headers
+from tests.jobs.test_procrastinate import ROOT, _env, _spawn, _stop
 
 pytestmark = pytest.mark.postgres
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from jobs_helpers import make_settings, publish_token, uploader
 from sqlalchemy import select
 
 from server.app import create_app
@@ -19,6 +18,7 @@ from server.db.models import Build, BuildState
 from server.db.session import make_engine, make_session_factory
 from server.jobs.procrastinate_queue import ProcrastinateJobQueue
 from server.jobs.runner import wait_for
+from tests.jobs.jobs_helpers import make_settings, publish_token, uploader
 
 pytestmark = pytest.mark.postgres
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,12 +26,12 @@ def test_builds_command_shows_gates_and_json(convnet_files, tmp_path):
     import json
 
     from fastapi.testclient import TestClient
-    from jobs_helpers import make_settings, publish_token, uploader
 
     from server.app import create_app
     from server.jobs.inprocess import InProcessJobQueue
     from server.jobs.interface import NullJobQueue
     from server.jobs.runner import BuildRunner
+    from tests.jobs.jobs_helpers import make_settings, publish_token, uploader
 
     data = tmp_path / "data"
     data.mkdir()

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import pytest
-from manifest_builders import key, make_root
 
 from manifests import MANIFEST_PAYLOAD_TYPE, Manifest, Root, SigningKey, sign_envelope
+from tests.manifests.manifest_builders import key
+from tests.support.signing import make_root
 
 
 @pytest.fixture

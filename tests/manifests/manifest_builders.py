@@ -1,5 +1,5 @@
-"""Builders for manifest tests: deterministic keys and sample documents (imported by tests;
-the module name is unique so it cannot collide with other areas' helpers)."""
+"""Builders for manifest tests: numbered keys and sample documents (keys and roots come from
+tests.support.signing, the one root builder)."""
 
 from __future__ import annotations
 
@@ -9,48 +9,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from manifests import (
-    ROOT_PAYLOAD_TYPE,
     Artifact,
     Filters,
     Manifest,
     ModelEntry,
     Patch,
-    PublicKey,
     Release,
-    Role,
     Rollout,
-    Root,
     ShadowThresholds,
     SigningKey,
-    sign_envelope,
 )
-
-NOW = 1_800_000_000
-DAY = 86_400
+from tests.support.signing import DAY, NOW, seeded_key
 
 
 def key(n: int) -> SigningKey:
-    """Key number n, the same in every run (seed = sha256 of a label)."""
-    return SigningKey.from_seed(hashlib.sha256(f"test-key-{n}".encode()).digest())
-
-
-def make_root(version: int, root_keys: Sequence[SigningKey], root_threshold: int,
-              release_keys: Sequence[SigningKey], release_threshold: int = 1,
-              expires: int = NOW + 365 * DAY) -> Root:
-    keys = {k.keyid: PublicKey.ed25519(k.public_key) for k in [*root_keys, *release_keys]}
-    return Root(
-        version=version,
-        expires=expires,
-        keys=keys,
-        roles={
-            "root": Role([k.keyid for k in root_keys], root_threshold),
-            "release": Role([k.keyid for k in release_keys], release_threshold),
-        },
-    )
-
-
-def sign_root(root: Root, signers: Sequence[SigningKey]) -> bytes:
-    return sign_envelope(root.to_bytes(), ROOT_PAYLOAD_TYPE, signers)
+    """Key number n, the same in every run."""
+    return seeded_key(f"test-key-{n}")
 
 
 def sha(text: str) -> str:

@@ -6,9 +6,10 @@ import json
 from typing import Any
 
 import pytest
-from manifest_builders import key, make_manifest, make_root, manifest_json, set_path
 
 from manifests import MalformedError, Manifest, Root, WrongTypeError
+from tests.manifests.manifest_builders import key, make_manifest, manifest_json, set_path
+from tests.support.signing import make_root
 
 
 def test_manifest_round_trips_through_bytes() -> None:

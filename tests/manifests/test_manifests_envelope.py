@@ -6,7 +6,6 @@ import base64
 import json
 
 import pytest
-from manifest_builders import key
 
 from manifests import (
     MAX_SIGNATURES,
@@ -22,6 +21,7 @@ from manifests import (
     verify_envelope,
     verify_signature,
 )
+from tests.manifests.manifest_builders import key
 
 T = "application/vnd.modelfleet.manifest+json"
 

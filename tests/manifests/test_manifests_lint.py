@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from manifest_builders import make_manifest, make_release, sha
-
 from manifests import Filters, Patch, lint_manifest
+from tests.manifests.manifest_builders import make_manifest, make_release, sha
 
 
 def _codes(manifest) -> list[str]:

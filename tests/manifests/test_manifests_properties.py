@@ -8,8 +8,6 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from manifest_builders import key, make_manifest, make_root
-from manifest_strategies import json_values, manifests_st, texts
 
 from manifests import (
     ROOT_PAYLOAD_TYPE,
@@ -30,6 +28,9 @@ from manifests import (
     verify_root_update,
 )
 from manifests.strictjson import dumps, loads
+from tests.manifests.manifest_builders import key, make_manifest
+from tests.manifests.manifest_strategies import json_values, manifests_st, texts
+from tests.support.signing import make_root
 
 T = "application/vnd.modelfleet.manifest+json"
 KEYS = [key(1), key(2)]

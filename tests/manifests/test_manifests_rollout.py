@@ -6,7 +6,6 @@ import hashlib
 from dataclasses import replace
 
 import pytest
-from manifest_builders import make_manifest, make_release
 
 from manifests import (
     Artifact,
@@ -21,6 +20,7 @@ from manifests import (
     select_artifact,
     select_release,
 )
+from tests.manifests.manifest_builders import make_manifest, make_release
 
 
 def test_bucket_follows_the_documented_formula() -> None:

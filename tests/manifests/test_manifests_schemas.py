@@ -10,10 +10,11 @@ from typing import Any
 import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
-from manifest_builders import key, make_manifest, make_root, manifest_json, set_path, sign_root
-from manifest_strategies import manifests_st
 
 from manifests import MANIFEST_PAYLOAD_TYPE, Manifest, sign_envelope
+from tests.manifests.manifest_builders import key, make_manifest, manifest_json, set_path
+from tests.manifests.manifest_strategies import manifests_st
+from tests.support.signing import make_root, sign_root
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "manifests" / "schema"

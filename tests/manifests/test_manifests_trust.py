@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
-from manifest_builders import DAY, NOW, key, make_manifest, make_root, sign_root
 
 from manifests import (
     MANIFEST_PAYLOAD_TYPE,
@@ -32,6 +31,8 @@ from manifests import (
     verify_manifest,
     verify_root_update,
 )
+from tests.manifests.manifest_builders import key, make_manifest
+from tests.support.signing import DAY, NOW, make_root, sign_root
 
 Sign = Callable[..., bytes]
 

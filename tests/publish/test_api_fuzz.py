@@ -10,7 +10,6 @@ import pytest
 import schemathesis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from openapi_fuzz import fuzz_operations
 
 from server.app import create_app
 from server.auth import create_token
@@ -20,6 +19,7 @@ from server.jobs.interface import NullJobQueue
 from server.publish.keys import KeyPaths, init_keys
 from server.settings import Settings
 from tests.publish.conftest import version_maker
+from tests.support.openapi_fuzz import fuzz_operations
 
 FUZZED_TAGS = {"serving", "rollouts"}
 EXAMPLES_PER_OPERATION = 15

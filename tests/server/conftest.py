@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from server_testdata import make_onnx_bytes
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.app import create_app
@@ -17,6 +16,7 @@ from server.db.migrate import upgrade
 from server.db.session import make_engine, make_session_factory
 from server.jobs.interface import NullJobQueue
 from server.settings import Settings
+from tests.server.server_testdata import make_onnx_bytes
 
 
 @pytest.fixture

@@ -11,14 +11,14 @@ import pytest
 import schemathesis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from openapi_fuzz import fuzz_operations
-from server_testdata import make_onnx_bytes
 
 from server.app import create_app
 from server.auth import create_token
 from server.db.migrate import upgrade
 from server.jobs.interface import NullJobQueue
 from server.settings import Settings
+from tests.server.server_testdata import make_onnx_bytes
+from tests.support.openapi_fuzz import fuzz_operations
 
 FUZZED_TAGS = {"health", "audit", "models", "versions"}
 EXAMPLES_PER_OPERATION = 30  # ~8 operations → a few hundred cases

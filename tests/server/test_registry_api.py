@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from server_testdata import make_onnx_bytes, npz_bytes
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.blobstore import BlobBackendError, LocalBlobStore
 from server.db.models import ModelVersion, SourceUpload
+from tests.server.server_testdata import make_onnx_bytes, npz_bytes
 
 # Pure input validation does not depend on the database: run those cases on SQLite only.
 sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

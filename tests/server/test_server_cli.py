@@ -16,7 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_testdata import make_onnx_bytes
+
+from tests.server.server_testdata import make_onnx_bytes
 
 MODELFLEET = [sys.executable, "-m", "modelfleet"]
 

@@ -11,7 +11,6 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from server_testdata import make_onnx_bytes, npz_bytes
 
 from server.errors import UnsupportedFileError
 from server.services.sourcefiles import (
@@ -19,6 +18,7 @@ from server.services.sourcefiles import (
     check_onnx_self_contained,
     detect_model_format,
 )
+from tests.server.server_testdata import make_onnx_bytes, npz_bytes
 
 
 def big_onnx(path: Path, mib: int) -> None:

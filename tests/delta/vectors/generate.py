@@ -1,6 +1,6 @@
 """Regenerate mfdelta1.json: hand-built mfdelta1 patches, one op kind each, plus a mixed one.
 
-    python tests/delta/vectors/generate.py   (from the repository root)
+    python -m tests.delta.vectors.generate   (from the repository root)
 
 The vectors are for other SDKs (Swift, Kotlin) implementing docs/delta.md: apply ``patch`` to
 ``base`` and expect ``new``. They are checked in; regenerate only when the format changes.
@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import zstandard
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-
-from client_sdk import patching as fmt  # noqa: E402
-from server.delta.mfdelta1 import Encoded, _bit_planes, _byte_planes, _zigzag  # noqa: E402
+from client_sdk import patching as fmt
+from server.delta.mfdelta1 import Encoded, _bit_planes, _byte_planes, _zigzag
 
 ZSTD = zstandard.ZstdCompressor(level=19, write_checksum=False)
 
