@@ -24,6 +24,7 @@ _CHUNK = 64 * 1024
 class _LimitedRedirects(urllib.request.HTTPRedirectHandler):
     def __init__(self, max_redirects: int) -> None:
         super().__init__()
+        # typeshed declares max_redirections a ClassVar; urllib reads it per instance too
         self.max_redirections = max_redirects  # type: ignore[misc]
 
     def redirect_request(

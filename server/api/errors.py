@@ -126,6 +126,7 @@ def use_error_body_for_validation_errors(app: FastAPI) -> None:
             app.openapi_schema = spec
         return app.openapi_schema
 
+    # FastAPI documents replacing app.openapi to customise the schema; mypy sees a method.
     app.openapi = openapi  # type: ignore[method-assign]
 
 

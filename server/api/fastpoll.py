@@ -38,7 +38,7 @@ _STATUS_304 = STATUS_LINE[304]
 _CLOSE = b"connection: close\r\n"
 
 
-def find_manifest_cache(app: Any) -> ManifestCache | None:
+def find_manifest_cache(app: object) -> ManifestCache | None:
     """The ServingFastAPI's cache under uvicorn's wrappers (ProxyHeadersMiddleware, …)."""
     for _ in range(16):  # wrappers keep the inner app in `.app`; never loop forever
         if isinstance(app, ServingFastAPI):

@@ -25,6 +25,7 @@ from server.blobstore.interface import (
     validate_key,
 )
 from server.blobstore.local import LocalBlobStore
+from server.settings import Settings
 
 __all__ = [
     "CHUNK_SIZE",
@@ -42,11 +43,8 @@ __all__ = [
 ]
 
 
-def make_blob_store(settings: object) -> BlobStore:
+def make_blob_store(settings: Settings) -> BlobStore:
     """The store chosen by `Settings.blob_store` (`local` or `s3`)."""
-    from server.settings import Settings
-
-    assert isinstance(settings, Settings)
     if settings.blob_store == "s3":
         from server.blobstore.s3 import S3BlobStore
 

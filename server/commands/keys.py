@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:  # imported lazily at run time: the CLI starts without the server stack
+    from server.publish.keys import KeysResult
 
 keys_app = typer.Typer(no_args_is_help=True, help="Signing keys and root versions.")
 
@@ -58,7 +61,7 @@ def _import_into_database(data_dir: Path, keys_dir: Path | None) -> str:
             "them at start"
 
 
-def _report(result: Any, note: str, as_json: bool, what: str) -> None:
+def _report(result: KeysResult, note: str, as_json: bool, what: str) -> None:
     root = result.root
     doc = {
         "root_version": root.version, "root_path": str(result.root_path),

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:  # imported lazily at run time: the CLI starts without the server stack
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from server.settings import Settings
 
 tokens_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke API tokens.")
 
@@ -16,7 +21,7 @@ DataDir = Annotated[
 ]
 
 
-def _open(data_dir: Path):  # type: ignore[no-untyped-def]
+def _open(data_dir: Path) -> tuple[Settings, sessionmaker[Session]]:
     """(settings, session factory) for the database the server at `data_dir` uses; the
     schema is migrated first so tokens can be created before the first `serve`."""
     from server.commands.common import migrated_settings

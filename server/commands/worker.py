@@ -35,7 +35,7 @@ def _snapshot(data_dir: Path | None, model: str, version: str) -> dict[str, Any]
         engine.dispose()
 
 
-def _fmt(x: Any) -> str:
+def _fmt(x: object) -> str:
     return f"{x:.6g}" if isinstance(x, float) else str(x)
 
 

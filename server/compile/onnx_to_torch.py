@@ -50,11 +50,8 @@ def _stand_in_torchvision() -> dict[str, types.ModuleType]:
 
     tv = types.ModuleType("torchvision")
     ops = types.ModuleType("torchvision.ops")
-    ops.nms = unavailable  # type: ignore[attr-defined]
-    ops.box_convert = unavailable  # type: ignore[attr-defined]
-    ops.roi_align = unavailable  # type: ignore[attr-defined]
-    tv.ops = ops  # type: ignore[attr-defined]
-    tv.__modelfleet_stand_in__ = True  # type: ignore[attr-defined]
+    ops.__dict__.update(nms=unavailable, box_convert=unavailable, roi_align=unavailable)
+    tv.__dict__.update(ops=ops, __modelfleet_stand_in__=True)
     return {"torchvision": tv, "torchvision.ops": ops}
 
 

@@ -28,7 +28,8 @@ def qnn_version() -> str:
     return str(onnxruntime_qnn.__version__)
 
 
-def _devices() -> tuple[Any, Any]:
+def _devices() -> tuple[Any, list[Any], Any]:
+    """(onnxruntime, its QNN EP devices, onnxruntime_qnn), registering the EP once."""
     global _REGISTERED
     try:
         import onnxruntime as ort
@@ -49,7 +50,7 @@ def _devices() -> tuple[Any, Any]:
     devices = [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
     if not devices:
         raise CompilerUnavailableError("the QNN EP registered but exposes no device")
-    return ort, devices, onnxruntime_qnn  # type: ignore[return-value]
+    return ort, devices, onnxruntime_qnn
 
 
 def session(model: Path, *, provider_options: dict[str, str] | None = None,
@@ -59,7 +60,7 @@ def session(model: Path, *, provider_options: dict[str, str] | None = None,
     With `context_out`, the session also writes an EPContext model there with the compiled
     QNN context binary embedded (`ep.context_enable=1`, embed mode 1).
     """
-    ort, devices, qnn = _devices()  # type: ignore[misc]
+    ort, devices, qnn = _devices()
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")

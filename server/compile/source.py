@@ -107,6 +107,7 @@ def load_exported_program(path: Path, fmt: SourceFormat, specs: tuple[InputSpec,
             # TorchScript is the legacy format; convert once to an ExportedProgram.
             from torch._export.converter import TS2EPConverter
 
+            # torch.jit.load has no annotations (torch 2.13)
             scripted = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
             ep = TS2EPConverter(scripted, args).convert()
         else:

@@ -10,8 +10,9 @@ database enums) so adding a state later needs no ALTER TYPE on PostgreSQL.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -66,7 +67,11 @@ def _enum(cls: type[enum.Enum]) -> Enum:
     )
 
 
-def _check(kind: str, allowed: dict[Any, frozenset[Any]], current: Any, new: Any) -> None:
+_State = TypeVar("_State", bound=enum.Enum)
+
+
+def _check(kind: str, allowed: Mapping[_State, frozenset[_State]], current: _State,
+           new: _State) -> None:
     if new not in allowed.get(current, frozenset()):
         raise InvalidTransitionError(kind, current, new)
 

@@ -7,12 +7,17 @@ procrastinate (production): the API only defers jobs; `modelfleet worker` proces
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI
 
 from server.jobs.interface import JobQueue
 
+if TYPE_CHECKING:
+    from server.publish.publisher import Publisher
 
-def make_job_queue(app: Any) -> JobQueue:
+
+def make_job_queue(app: FastAPI) -> JobQueue:
     settings = app.state.settings
     if settings.job_backend == "procrastinate":
         from server.jobs.procrastinate_queue import ProcrastinateJobQueue, queued_build_ids
@@ -35,13 +40,13 @@ def make_job_queue(app: Any) -> JobQueue:
 
 # The API layer owns the app's publisher and manifest cache; looked up at call time so the
 # queue can be built before them (create_app makes the queue first).
-def _publisher(app: Any) -> Any:
+def _publisher(app: FastAPI) -> Publisher:
     from server.api.serving import publisher
 
     return publisher(app)
 
 
-def _invalidate(app: Any, channel: str) -> None:
+def _invalidate(app: FastAPI, channel: str) -> None:
     from server.api.serving import manifest_cache
 
     manifest_cache(app).invalidate(channel)

@@ -95,14 +95,15 @@ class PatchRunner:
     def claim(self, version_id: int) -> bool:
         now = utcnow()
         with self._sf() as s:
-            res = s.execute(update(PatchJob).where(
+            claimed = s.scalar(update(PatchJob).where(
                 PatchJob.version_id == version_id, self._claimable(now)).values(
                 state=PatchJobState.running, locked_by=self.worker_id, heartbeat_at=now,
                 started_at=now, finished_at=None, next_attempt_at=None,
                 attempts=PatchJob.attempts + 1, requests_claimed=PatchJob.requests,
-                updated_at=now).execution_options(synchronize_session=False))
+                updated_at=now).returning(PatchJob.id)
+                .execution_options(synchronize_session=False))
             s.commit()
-            return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+            return claimed is not None
 
     def claimable_ids(self, limit: int = 10) -> list[int]:
         """Version ids whose patch job is due (or abandoned by a dead worker)."""

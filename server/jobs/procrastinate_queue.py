@@ -24,13 +24,19 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import procrastinate
 from procrastinate import exceptions as pexc
+from sqlalchemy.orm import Session, sessionmaker
 
+from server.blobstore import BlobStore
 from server.jobs.patch_runner import PatchRunner, request_patches
 from server.jobs.runner import BuildRunner
+from server.settings import Settings
+
+if TYPE_CHECKING:
+    from server.publish.publisher import Publisher
 
 log = logging.getLogger(__name__)
 TASK_NAME = "modelfleet.compile_build"
@@ -97,7 +103,7 @@ class ProcrastinateJobQueue:
     """API-side: defers jobs; never runs them."""
 
     def __init__(self, database_url: str, runner_ids: Callable[[int], list[int]],
-                 session_factory: Any = None) -> None:
+                 session_factory: sessionmaker[Session] | None = None) -> None:
         self._url = database_url
         self._ids = runner_ids  # version_id -> ids of its queued builds
         self._sf = session_factory  # for patch_jobs rows; None: enqueue_patches unavailable
@@ -139,7 +145,7 @@ class ProcrastinateJobQueue:
             self._opened = False
 
 
-def queued_build_ids(session_factory: Any) -> Callable[[int], list[int]]:
+def queued_build_ids(session_factory: sessionmaker[Session]) -> Callable[[int], list[int]]:
     from sqlalchemy import select
 
     from server.db.models import Build, BuildState
@@ -180,7 +186,7 @@ async def _rescue_loop(app: procrastinate.App, runner: BuildRunner, every_s: flo
         await asyncio.sleep(every_s)
 
 
-def run_worker(settings: Any, *, concurrency: int = 1, heartbeat_s: float = 10.0,
+def run_worker(settings: Settings, *, concurrency: int = 1, heartbeat_s: float = 10.0,
                stalled_after_s: float = 30.0, runner: BuildRunner | None = None,
                patch_runner: PatchRunner | None = None) -> None:
     """Blocks running compile and patch jobs until SIGINT/SIGTERM (graceful: the current
@@ -228,15 +234,15 @@ def run_worker(settings: Any, *, concurrency: int = 1, heartbeat_s: float = 10.0
 
 
 
-def make_patch_runner(settings: Any, session_factory: Any, store: Any, *, worker_id: str,
-                      **kw: Any) -> PatchRunner:
+def make_patch_runner(settings: Settings, session_factory: sessionmaker[Session],
+                      store: BlobStore, *, worker_id: str, **kw: Any) -> PatchRunner:
     """The worker's `PatchRunner`: publishes with this server's release key and base URL
     (`server.publish.service.make_publisher`), made on the first patch job."""
     from server.publish.service import make_publisher
 
-    made: list[Any] = []
+    made: list[Publisher] = []
 
-    def publisher() -> Any:
+    def publisher() -> Publisher:
         if not made:
             made.append(make_publisher(settings, store))
         return made[0]

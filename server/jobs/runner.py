@@ -126,13 +126,13 @@ class BuildRunner:
         """Takes ownership of a queued (or abandoned running) build; False if not claimable."""
         now = utcnow()
         with self._sf() as s:
-            res = s.execute(
+            claimed = s.scalar(
                 update(Build).where(Build.id == build_id, self._claimable(now)).values(
                     state=BuildState.running, locked_by=self.worker_id, heartbeat_at=now,
                     started_at=now, finished_at=None, next_attempt_at=None,
                     attempts=Build.attempts + 1, updated_at=now)
-                .execution_options(synchronize_session=False))
-            if res.rowcount != 1:  # type: ignore[attr-defined]
+                .returning(Build.id).execution_options(synchronize_session=False))
+            if claimed is None:
                 s.rollback()
                 return False
             version_id = s.scalar(select(Build.version_id).where(Build.id == build_id))

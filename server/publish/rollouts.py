@@ -8,7 +8,7 @@ Used by the HTTP API (server/api/rollouts.py) and by the telemetry area's automa
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -220,14 +220,15 @@ def _view(factory: sessionmaker[Session], rollout_id: int,
 
 
 def _change_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
-                    action: str, apply: object, *, actor: str, **details: object) -> RolloutView:
+                    action: str, apply: Callable[[db.Release], bool], *, actor: str,
+                    **details: object) -> RolloutView:
     """Run `apply(release) -> bool (changed?)` under the channel lock, audit, publish."""
     with factory() as session:
         channel, _, _ = _names(session, _release(session, rollout_id))
 
     def change(session: Session, ch: db.Channel) -> Audited:
         release = _release(session, rollout_id)
-        changed = apply(release)  # type: ignore[operator]
+        changed = apply(release)
         if changed:
             _, model, version = _names(session, release)
             audit.record(session, actor, action, f"{ch.name}/{model}/{version}",

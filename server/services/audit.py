@@ -3,8 +3,6 @@ as the write itself (so a rolled-back write leaves no audit row and vice versa).
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -14,7 +12,7 @@ MAX_AUDIT_PAGE = 500
 
 
 def record(
-    session: Session, actor: str, action: str, target: str = "", **details: Any
+    session: Session, actor: str, action: str, target: str = "", **details: object
 ) -> AuditEvent:
     event = AuditEvent(actor=actor, action=action, target=target, details=details)
     session.add(event)

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
@@ -125,7 +125,7 @@ def version_counts(session: Session, model_ids: list[int]) -> dict[int, int]:
 # --------------------------------------------------------------------------- versions
 
 
-def _version_query(model_id: int) -> Any:
+def _version_query(model_id: int) -> Select[ModelVersion]:
     return (
         select(ModelVersion).where(ModelVersion.model_id == model_id)
         .options(selectinload(ModelVersion.uploads), selectinload(ModelVersion.builds))

@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from numpy.typing import NDArray
 
+from server.compile.errors import InvalidSourceError
 from server.compile.types import CompiledArtifact, CompileRequest
 
 Feeds = list[dict[str, NDArray[Any]]]
@@ -51,6 +52,18 @@ def settings_for(request: CompileRequest, platform: str) -> dict[str, object]:
     """The platform's own block of the version's compile settings (may be empty)."""
     block = request.settings.get(platform, {})
     return dict(block) if isinstance(block, dict) else {}
+
+
+def int_setting(opts: dict[str, object], name: str, default: int) -> int:
+    """`opts[name]` as an int (settings arrive as strings or numbers)."""
+    value = opts.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | str | float):
+        raise InvalidSourceError(f"compile setting {name} must be a number, not {value!r}")
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidSourceError(f"compile setting {name} must be a number, not {value!r}") \
+            from None
 
 
 def ensure_onnx(request: CompileRequest, workdir: Path) -> Path:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from server.compile.compilers.base import Feeds, Outputs, settings_for
+from server.compile.compilers.base import Feeds, Outputs, int_setting, settings_for
 from server.compile.errors import CompilerUnavailableError, ConversionError, InvalidSourceError
 from server.compile.source import load_exported_program, quiet
 from server.compile.types import (
@@ -84,6 +84,7 @@ def _program_from_onnx(request: CompileRequest) -> tuple[Any, dict[str, Any] | N
     except Exception as export_error:
         try:
             with quiet(), torch.no_grad():
+                # torch.jit.trace has no annotations (torch 2.13)
                 traced = torch.jit.trace(  # type: ignore[no-untyped-call]
                     module, args, check_trace=False)
                 return traced, check
@@ -124,7 +125,7 @@ class CoreMLCompiler:
                 "macOS14") from None
         compression = str(opts.get("weight_compression", "none"))
         # Weights with fewer elements stay uncompressed (coremltools' default: 2048).
-        threshold = int(opts.get("weight_threshold", 2048))  # type: ignore[call-overload]
+        threshold = int_setting(opts, "weight_threshold", 2048)
         palette_mode = str(opts.get("palettize_mode", "uniform"))
         if palette_mode not in ("uniform", "kmeans"):
             raise InvalidSourceError("palettize_mode must be uniform or kmeans")

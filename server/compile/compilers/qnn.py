@@ -17,7 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from server.compile.compilers.base import Feeds, Outputs, ensure_onnx, settings_for
+from server.compile.compilers.base import (
+    Feeds,
+    Outputs,
+    ensure_onnx,
+    int_setting,
+    settings_for,
+)
 from server.compile.errors import CalibrationError, ConversionError, InvalidSourceError
 from server.compile.qnn_runtime import qnn_version, session
 from server.compile.types import CompiledArtifact, CompileRequest, Precision, Target
@@ -60,6 +66,14 @@ def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
     return out
 
 
+def _targets(opts: dict[str, object]) -> list[dict[str, str]]:
+    """The SoCs to build for, as `settings_map` wrote them (name, soc_model, htp_arch)."""
+    targets = opts.get("targets") or DEFAULT_TARGETS
+    if not isinstance(targets, list) or not all(isinstance(t, dict) for t in targets):
+        raise InvalidSourceError("qnn targets must be a list of {soc_model, htp_arch} blocks")
+    return [{str(k): str(v) for k, v in t.items()} for t in targets]
+
+
 class QnnCompiler:
     platform = "qnn"
 
@@ -70,7 +84,7 @@ class QnnCompiler:
         wanted = str(opts.get("precision", "auto"))
         if wanted not in ("auto", "int8", "fp16"):
             raise InvalidSourceError("qnn precision must be auto, int8 or fp16")
-        act_bits = int(opts.get("activation_bits", 16))  # type: ignore[call-overload]
+        act_bits = int_setting(opts, "activation_bits", 16)
         if act_bits not in (8, 16):
             raise InvalidSourceError("qnn activation_bits must be 8 or 16")
         if wanted == "int8" and request.calibration_path is None:
@@ -88,9 +102,8 @@ class QnnCompiler:
             model, precision = src, Precision.FP16
             if wanted != "fp16":
                 notes.append(NEEDS_CALIBRATION)
-        targets = opts.get("targets") or DEFAULT_TARGETS
         artifacts = []
-        for t in targets:  # type: ignore[attr-defined]
+        for t in _targets(opts):
             soc, arch = str(t["soc_model"]), str(t["htp_arch"])
             name = str(t.get("name", f"soc{soc}"))
             label = "int8" if precision is Precision.INT8 and act_bits == 8 else \
