@@ -7,12 +7,11 @@ Two local workarounds, both deliberate:
    Before importing onnx2torch we register, for the duration of that import only, a stand-in
    `torchvision` whose ops raise a clear error. Those two operators are rejected by the
    operator gate before conversion anyway.
-2. onnx2torch registers converters up to opset ~17, while torch's dynamo exporter writes opset
-   18+. Where a newer opset only widened the accepted types we alias the newest converter;
-   the opset-18 reductions (axes moved from attribute to a constant input) get a converter
-   that reads the constant axes. Reshape's `allowzero=1` (written by the exporter, refused by
-   onnx2torch) is reset when the target shape is a constant with no zero, where it has no
-   effect. Everything else fails with the operator named.
+2. onnx2torch registers converters up to opset ~17 and lacks operators real exporters emit
+   (Gelu, Trilu, Mish, Resize 18/19, …): `server/compile/onnx_converters.py` adds them.
+   Reshape's `allowzero=1` (written by the exporter, refused by onnx2torch) is reset when the
+   target shape is a constant with no zero, where it has no effect. Every node that still
+   cannot be converted is named with its operator and the converter's reason.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from __future__ import annotations
 import sys
 import threading
 import types
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +27,6 @@ from server.compile.errors import CompilerUnavailableError, ConversionError
 
 _LOCK = threading.Lock()
 _MODULE: Any = None
-
-# (op, newer since_version, existing converter version): semantics unchanged for float graphs.
-_ALIASES = [
-    ("Cast", 19, 13), ("Cast", 21, 13), ("Constant", 19, 13), ("Constant", 21, 13),
-    ("Identity", 19, 16), ("Identity", 21, 16), ("Reshape", 19, 14), ("Reshape", 21, 14),
-    ("Shape", 19, 15), ("Shape", 21, 15), ("Equal", 19, 13), ("Flatten", 21, 13),
-    ("Transpose", 21, 13), ("Unsqueeze", 21, 13), ("Pad", 18, 13), ("Pad", 19, 13),
-    ("Pad", 21, 13), ("Split", 18, 13), ("ConstantOfShape", 20, 9), ("ConstantOfShape", 21, 9),
-    ("Where", 16, 16), ("ReduceMax", 20, 13), ("ReduceMin", 20, 13),
-]
-_REDUCE_18 = ["ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax",
-              "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSumSquare"]
 
 
 def _stand_in_torchvision() -> dict[str, types.ModuleType]:
@@ -53,45 +41,6 @@ def _stand_in_torchvision() -> dict[str, types.ModuleType]:
     ops.__dict__.update(nms=unavailable, box_convert=unavailable, roi_align=unavailable)
     tv.__dict__.update(ops=ops, __modelfleet_stand_in__=True)
     return {"torchvision": tv, "torchvision.ops": ops}
-
-
-def _register_extra_converters(o2t: Any) -> None:
-    import torch
-    from onnx2torch.node_converters.reduce import OnnxReduceStaticAxes
-    from onnx2torch.node_converters.registry import (
-        _CONVERTER_REGISTRY,
-        OperationDescription,
-        add_converter,
-    )
-    from onnx2torch.utils.common import OnnxMapping, OperationConverterResult, get_const_value
-
-    for op, new, old in _ALIASES:
-        existing = _CONVERTER_REGISTRY.get(OperationDescription("", op, old))
-        if existing is not None and OperationDescription("", op, new) not in _CONVERTER_REGISTRY:
-            add_converter(operation_type=op, version=new)(existing)
-
-    def reduce_with_axes_input(node: Any, graph: Any) -> Any:
-        axes = None
-        if len(node.input_values) > 1 and node.input_values[1]:
-            try:
-                axes = torch.as_tensor(get_const_value(node.input_values[1], graph)).tolist()
-            except KeyError:
-                raise ConversionError(
-                    f"{node.operation_type} with non-constant axes cannot be converted",
-                    [node.operation_type]) from None
-        if not axes and node.attributes.get("noop_with_empty_axes", 0):
-            raise ConversionError(f"{node.operation_type} with noop_with_empty_axes=1",
-                                  [node.operation_type])
-        return OperationConverterResult(
-            torch_module=OnnxReduceStaticAxes(operation_type=node.operation_type, axes=axes,
-                                              keepdims=node.attributes.get("keepdims", 1)),
-            onnx_mapping=OnnxMapping(inputs=(node.input_values[0],), outputs=node.output_values),
-        )
-
-    for op in _REDUCE_18:
-        for version in (18, 20):
-            if OperationDescription("", op, version) not in _CONVERTER_REGISTRY:
-                add_converter(operation_type=op, version=version)(reduce_with_axes_input)
 
 
 def load_onnx2torch() -> Any:
@@ -119,7 +68,9 @@ def load_onnx2torch() -> Any:
             for name, mod in added.items():
                 if sys.modules.get(name) is mod:
                     del sys.modules[name]
-        _register_extra_converters(onnx2torch)
+        from server.compile.onnx_converters import register
+
+        register()
         _MODULE = onnx2torch
         return _MODULE
 
@@ -151,23 +102,56 @@ def normalize(model: Any) -> Any:
     return model
 
 
-def unsupported_operators(model: Any) -> list[str]:
-    """Operators of `model` (top graph) that onnx2torch has no converter for, in graph order."""
+@dataclass(frozen=True)
+class Unconvertible:
+    """A node the ONNX → torch step cannot convert, and why (the converter's own words)."""
+
+    op: str
+    node: str
+    reason: str
+
+    def label(self) -> str:
+        return f"{self.op} node {self.node!r}: {self.reason}"
+
+
+def unconvertible_nodes(model: Any) -> list[Unconvertible]:
+    """Every node of the top graph the converter registry cannot take: no converter for its
+    operator at the model's opset, or a converter that refuses its attributes/inputs. It
+    runs the very converters the compile runs, so the gate and the compile agree."""
     load_onnx2torch()
     from onnx2torch.node_converters.registry import get_converter
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.utils.safe_shape_inference import safe_shape_inference
 
+    model = safe_shape_inference(model)
+    inits = {t.name for t in model.graph.initializer}
+    for vi in [i for i in model.graph.input if i.name in inits]:
+        model.graph.input.remove(vi)
     opsets = {o.domain or "": o.version for o in model.opset_import}
-    missing: list[str] = []
-    for node in model.graph.node:
+    graph = OnnxGraph(model.graph)
+    out: list[Unconvertible] = []
+    for name, node in graph.nodes.items():
         domain = node.domain or ""
+        opset = opsets.get(domain, 1)
         try:
-            get_converter(operation_type=node.op_type, version=opsets.get(domain, 1),
-                          domain=domain)
+            converter = get_converter(operation_type=node.operation_type, version=opset,
+                                      domain=domain)
         except NotImplementedError:
-            label = f"{node.op_type} (opset {opsets.get(domain, 1)})"
-            if label not in missing:
-                missing.append(label)
-    return missing
+            out.append(Unconvertible(node.operation_type, name,
+                                     f"no converter at opset {opset}"))
+            continue
+        try:
+            converter(node, graph)
+        except (NotImplementedError, ConversionError) as e:
+            out.append(Unconvertible(node.operation_type, name, str(e) or "not supported"))
+        except Exception as e:  # a converter bug is still this node's problem
+            out.append(Unconvertible(node.operation_type, name, f"{type(e).__name__}: {e}"))
+    return out
+
+
+def unsupported_operators(model: Any) -> list[str]:
+    """Operator types among `unconvertible_nodes`, in graph order (no duplicates)."""
+    return list(dict.fromkeys(u.op for u in unconvertible_nodes(model)))
 
 
 def onnx_to_torch(path: Path) -> Any:
@@ -176,13 +160,15 @@ def onnx_to_torch(path: Path) -> Any:
 
     o2t = load_onnx2torch()
     model = normalize(onnx.load(str(path)))
-    missing = unsupported_operators(model)
+    missing = unconvertible_nodes(model)
     if missing:
+        shown = "; ".join(u.label() for u in missing[:8])
+        more = f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""
         raise ConversionError(
-            f"ONNX → torch conversion (needed for Core ML) has no converter for: "
-            f"{', '.join(missing)}. Upload the model as a torch ExportedProgram "
+            f"ONNX → torch conversion (needed for Core ML) cannot convert {len(missing)} "
+            f"node(s): {shown}{more}. Upload the model as a torch ExportedProgram "
             "(torch.export.save) instead of ONNX to compile it for Core ML.",
-            [m.split(" ")[0] for m in missing],
+            list(dict.fromkeys(u.op for u in missing)),
         )
     try:
         return o2t.convert(model).eval()
