@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -74,6 +74,30 @@ def _check(kind: str, allowed: Mapping[_State, frozenset[_State]], current: _Sta
            new: _State) -> None:
     if new not in allowed.get(current, frozenset()):
         raise InvalidTransitionError(kind, current, new)
+
+
+class LeasedJob(Generic[_State]):
+    """The columns every leased job table shares (builds, patch jobs, and the jobs to come):
+    `server/jobs/lease.py` claims, heartbeats, backs off and settles rows through them. Each
+    table adds its own `state` column (an enum with `queued` and `running`) and checked
+    `transition`."""
+
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    locked_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    error: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+    if TYPE_CHECKING:  # declared by each table (`state` with its own enum)
+        __tablename__: str
+        id: Mapped[int]
+        state: Mapped[_State]
+
+        def transition(self, new: _State) -> None: ...
 
 
 # --------------------------------------------------------------------------- registry
@@ -183,7 +207,7 @@ BUILD_TRANSITIONS: dict[BuildState, frozenset[BuildState]] = {
 }
 
 
-class Build(Base):
+class Build(LeasedJob[BuildState], Base):
     """One compile of a version for one platform and one input-shape variant."""
 
     __tablename__ = "builds"
@@ -200,15 +224,6 @@ class Build(Base):
     compile_settings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     log: Mapped[str] = mapped_column(Text, default="")
     gates_report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    error: Mapped[str] = mapped_column(Text, default="")
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    locked_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
     version: Mapped[ModelVersion] = relationship(back_populates="builds")
 
@@ -263,7 +278,18 @@ class PatchJobState(enum.StrEnum):
     failed = "failed"
 
 
-class PatchJob(Base):
+PATCH_JOB_TRANSITIONS: dict[PatchJobState, frozenset[PatchJobState]] = {
+    PatchJobState.queued: frozenset({PatchJobState.running}),
+    # running -> queued: a retry after a failure, or asked again while it ran.
+    PatchJobState.running: frozenset({PatchJobState.done, PatchJobState.failed,
+                                      PatchJobState.queued}),
+    # A finished job is queued again by the next request (a newly published base).
+    PatchJobState.done: frozenset({PatchJobState.queued}),
+    PatchJobState.failed: frozenset({PatchJobState.queued}),
+}
+
+
+class PatchJob(LeasedJob[PatchJobState], Base):
     """The durable request to make the delta patches to one version's artifacts (one row per
     version; server/jobs/patch_runner.py claims, runs and settles it like a build)."""
 
@@ -274,20 +300,15 @@ class PatchJob(Base):
     version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"), unique=True)
     state: Mapped[PatchJobState] = mapped_column(_enum(PatchJobState),
                                                  default=PatchJobState.queued)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
     # Counts enqueues; a claim copies it to `requests_claimed`. A run that ends with more
     # requests than it claimed goes back to queued (newer bases may have been published).
     requests: Mapped[int] = mapped_column(Integer, default=1)
     requests_claimed: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    locked_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     patches_added: Mapped[int] = mapped_column(Integer, default=0)
-    error: Mapped[str] = mapped_column(Text, default="")
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+    def transition(self, new: PatchJobState) -> None:
+        _check("patch job", PATCH_JOB_TRANSITIONS, self.state, new)
+        self.state = new
 
 
 # --------------------------------------------------------------------------- rollout

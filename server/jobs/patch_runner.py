@@ -2,11 +2,13 @@
 
 The job is the `patch_jobs` row of a version (one per version), written by
 `request_patches` when a rollout starts. Every queue backend (in-process thread,
-procrastinate workers) drives it through `PatchRunner`, with the rules `BuildRunner` uses:
+procrastinate workers) drives it through `PatchRunner`, leased like a build
+(`server.jobs.lease`):
 
 - Claimed with one conditional UPDATE (queued and due, or running with a heartbeat older
   than `stale_after_s` — its worker died), so two workers never both own it; the owner
-  heartbeats while it works, for at most `max_job_s`.
+  heartbeats while it works, for at most `max_job_s`. State changes are checked
+  (`PATCH_JOB_TRANSITIONS`).
 - The work is `server.publish.patches.patch_and_republish`: patches are stored and recorded
   per artifact, a pair that already has a patch is skipped and the pair's unique constraint
   turns a racing duplicate into a no-op — so a retry or a duplicate job never adds a second
@@ -22,12 +24,8 @@ procrastinate workers) drives it through `PatchRunner`, with the rules `BuildRun
 from __future__ import annotations
 
 import logging
-import threading
-import time
 import traceback
 from collections.abc import Callable
-from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -38,7 +36,7 @@ from server.db.models import Artifact, Patch, PatchJob, PatchJobState
 from server.db.types import utcnow
 from server.delta import DeltaPolicy
 from server.delta.errors import DeltaInputError
-from server.jobs.runner import RetryPolicy, claimable
+from server.jobs.lease import Lease, RetryPolicy
 from server.publish.patches import patch_and_republish
 from server.publish.publisher import Publisher
 
@@ -80,43 +78,27 @@ class PatchRunner:
         self._publisher = publisher  # called per job: made lazily, key read at each publish
         self.worker_id = worker_id
         self.policy = policy or DeltaPolicy()
-        self.retry = retry or RetryPolicy()
-        self._heartbeat_s = heartbeat_s
-        self.stale_after_s = stale_after_s
-        self.max_job_s = max_job_s
+        self.lease: Lease[PatchJob, PatchJobState] = Lease(
+            session_factory, PatchJob, PatchJob.version_id, queued=PatchJobState.queued,
+            running=PatchJobState.running, worker_id=worker_id, retry=retry,
+            heartbeat_s=heartbeat_s, stale_after_s=stale_after_s, max_run_s=max_job_s)
+        self.retry = self.lease.retry
         self.on_published = on_published
 
     # ---- claiming ------------------------------------------------------------------------
 
-    def _claimable(self, now: datetime) -> Any:
-        return claimable(PatchJob, PatchJobState.queued, PatchJobState.running, now,
-                         self.stale_after_s)
-
     def claim(self, version_id: int) -> bool:
-        now = utcnow()
-        with self._sf() as s:
-            claimed = s.scalar(update(PatchJob).where(
-                PatchJob.version_id == version_id, self._claimable(now)).values(
-                state=PatchJobState.running, locked_by=self.worker_id, heartbeat_at=now,
-                started_at=now, finished_at=None, next_attempt_at=None,
-                attempts=PatchJob.attempts + 1, requests_claimed=PatchJob.requests,
-                updated_at=now).returning(PatchJob.id)
-                .execution_options(synchronize_session=False))
+        with self._sf() as s:  # the claim snapshots the request count it will satisfy
+            claimed = self.lease.claim(s, version_id, requests_claimed=PatchJob.requests)
             s.commit()
-            return claimed is not None
+            return claimed
 
     def claimable_ids(self, limit: int = 10) -> list[int]:
         """Version ids whose patch job is due (or abandoned by a dead worker)."""
-        with self._sf() as s:
-            return list(s.scalars(select(PatchJob.version_id).where(self._claimable(utcnow()))
-                                  .order_by(PatchJob.id).limit(limit)))
+        return self.lease.claimable_keys(limit)
 
     def next_wakeup(self) -> float | None:
-        with self._sf() as s:
-            at = s.scalar(select(PatchJob.next_attempt_at).where(
-                PatchJob.state == PatchJobState.queued, PatchJob.next_attempt_at.is_not(None))
-                .order_by(PatchJob.next_attempt_at).limit(1))
-        return None if at is None else max((at - utcnow()).total_seconds(), 0.0)
+        return self.lease.next_wakeup()
 
     def process(self, version_id: int) -> bool:
         """Claims and runs the version's patch job; False if owned elsewhere or not due."""
@@ -127,35 +109,14 @@ class PatchRunner:
 
     # ---- running -------------------------------------------------------------------------
 
-    def _heartbeat(self, version_id: int, stop: threading.Event) -> None:
-        started = time.monotonic()
-        while not stop.wait(self._heartbeat_s):
-            if time.monotonic() - started > self.max_job_s:
-                log.error("patch job of version %s exceeded %.0fs; no longer heartbeating so "
-                          "another worker can take it over", version_id, self.max_job_s)
-                return
-            try:
-                with self._sf() as s:
-                    s.execute(update(PatchJob).where(
-                        PatchJob.version_id == version_id,
-                        PatchJob.locked_by == self.worker_id,
-                        PatchJob.state == PatchJobState.running).values(heartbeat_at=utcnow())
-                        .execution_options(synchronize_session=False))
-                    s.commit()
-            except Exception:  # a missed beat only risks a takeover, which is harmless
-                log.warning("heartbeat of patch job %s failed", version_id, exc_info=True)
-
     def run_claimed(self, version_id: int) -> None:
         with self._sf() as s:
             attempts = s.scalar(select(PatchJob.attempts).where(
                 PatchJob.version_id == version_id)) or 1
-        stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(version_id, stop), daemon=True,
-                                name=f"patch-heartbeat-{version_id}")
-        beat.start()
         try:
-            published = patch_and_republish(self._sf, self._publisher(), version_id,
-                                             policy=self.policy, republish=attempts > 1)
+            with self.lease.heartbeat(version_id):
+                published = patch_and_republish(self._sf, self._publisher(), version_id,
+                                                 policy=self.policy, republish=attempts > 1)
         except DeltaInputError as e:
             log.error("patch job of version %s failed: %s", version_id, e)
             self._settle(version_id, error=str(e), retry=False)
@@ -168,34 +129,24 @@ class PatchRunner:
             for manifest in published:
                 if self.on_published is not None:
                     self.on_published(manifest.channel)
-        finally:
-            stop.set()
-            beat.join(timeout=5)
 
     def _settle(self, version_id: int, *, error: str | None, retry: bool) -> None:
         with self._sf() as s:
-            job = s.execute(select(PatchJob).where(PatchJob.version_id == version_id)
-                            .with_for_update()).scalar_one_or_none()
-            if job is None or job.locked_by != self.worker_id or \
-                    job.state != PatchJobState.running:
+            job = self.lease.owned(s, version_id)
+            if job is None:
                 return  # lost the claim; the new owner settles the job
-            now = utcnow()
-            job.locked_by, job.finished_at, job.updated_at = None, now, now
             job.patches_added = s.scalar(
                 select(func.count(Patch.id)).join(Artifact, Artifact.id == Patch.to_artifact_id)
                 .where(Artifact.version_id == version_id)) or 0
             if error is None:
-                job.error = ""
                 if job.requests > job.requests_claimed:  # asked again while running
-                    job.state, job.attempts = PatchJobState.queued, 0
+                    self.lease.finish(job, PatchJobState.queued)
+                    job.attempts = 0
                 else:
-                    job.state = PatchJobState.done
-            elif retry and job.attempts < self.retry.max_attempts:
-                job.error = error[:MAX_ERROR_CHARS]
-                job.state = PatchJobState.queued
-                job.next_attempt_at = now + timedelta(seconds=self.retry.delay(job.attempts))
+                    self.lease.finish(job, PatchJobState.done)
+            elif retry and self.lease.may_retry(job):
+                self.lease.back_off(job, error[:MAX_ERROR_CHARS])
             else:
                 suffix = f" (gave up after {job.attempts} attempts)" if retry else ""
-                job.error = (error + suffix)[:MAX_ERROR_CHARS]
-                job.state = PatchJobState.failed
+                self.lease.finish(job, PatchJobState.failed, (error + suffix)[:MAX_ERROR_CHARS])
             s.commit()

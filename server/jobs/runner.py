@@ -3,10 +3,10 @@
 Every queue backend (in-process thread, procrastinate workers) drives builds through
 `BuildRunner`, so both share the same durability rules:
 
-- State lives in the `builds` row. A build is claimed with one conditional UPDATE (queued, or
-  running with a heartbeat older than `stale_after_s` — its worker died), so two workers can
-  never both own it. While compiling, the owner refreshes `heartbeat_at`, for at most
-  `max_build_s` (a hung compile then becomes claimable by another worker).
+- State lives in the `builds` row, leased like every job (`server.jobs.lease`): one
+  conditional UPDATE claims it (queued, or running with a stale heartbeat — its worker died),
+  and the owner heartbeats — publishing the log so far — for at most `max_build_s` (a hung
+  compile then becomes claimable by another worker).
 - Transient failures (`TransientCompileError`, blob backend errors) put the build back to
   queued with exponential backoff (`next_attempt_at`) until `max_attempts`; anything else
   fails the build with its reason. Gate failures are normal outcomes, not errors.
@@ -22,16 +22,12 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.blobstore.interface import BlobBackendError, BlobStore
@@ -50,32 +46,12 @@ from server.db.models import (
     VersionState,
 )
 from server.db.types import utcnow
+from server.jobs.lease import Lease, RetryPolicy
+
+__all__ = ["BuildRunner", "RetryPolicy", "wait_for"]
 
 log = logging.getLogger(__name__)
 MAX_LOG_CHARS = 64 * 1024
-
-
-def claimable(table: Any, queued: Any, running: Any, now: datetime,
-              stale_after_s: float) -> Any:
-    """SQL condition for rows of a leased job table (builds, patch jobs) a worker may claim:
-    queued and due, or running with a heartbeat older than `stale_after_s` (its worker died)."""
-    stale = now - timedelta(seconds=stale_after_s)
-    return or_(
-        (table.state == queued)
-        & or_(table.next_attempt_at.is_(None), table.next_attempt_at <= now),
-        (table.state == running)
-        & or_(table.heartbeat_at.is_(None), table.heartbeat_at < stale),
-    )
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int = 4
-    base_delay_s: float = 5.0
-    max_delay_s: float = 300.0
-
-    def delay(self, attempts: int) -> float:
-        return float(min(self.base_delay_s * 2 ** max(attempts - 1, 0), self.max_delay_s))
 
 
 class _JobLog:
@@ -110,29 +86,20 @@ class BuildRunner:
         self.worker_id = worker_id
         self._work_root = work_root
         self._pipeline_factory = pipeline_factory or (lambda log_fn: Pipeline(log=log_fn))
-        self.retry = retry or RetryPolicy()
-        self._heartbeat_s = heartbeat_s
-        self.stale_after_s = stale_after_s
-        # A compile still running after this long is presumed hung: its heartbeat stops so
+        # A compile still running after `max_build_s` is presumed hung: its heartbeat stops so
         # another worker can take the build over (this one's late result is then discarded).
-        self.max_build_s = max_build_s
+        self.lease: Lease[Build, BuildState] = Lease(
+            session_factory, Build, Build.id, queued=BuildState.queued,
+            running=BuildState.running, worker_id=worker_id, retry=retry,
+            heartbeat_s=heartbeat_s, stale_after_s=stale_after_s, max_run_s=max_build_s)
+        self.retry = self.lease.retry
 
     # ---- claiming ------------------------------------------------------------------------
 
-    def _claimable(self, now: datetime) -> Any:
-        return claimable(Build, BuildState.queued, BuildState.running, now, self.stale_after_s)
-
     def claim(self, build_id: int) -> bool:
         """Takes ownership of a queued (or abandoned running) build; False if not claimable."""
-        now = utcnow()
         with self._sf() as s:
-            claimed = s.scalar(
-                update(Build).where(Build.id == build_id, self._claimable(now)).values(
-                    state=BuildState.running, locked_by=self.worker_id, heartbeat_at=now,
-                    started_at=now, finished_at=None, next_attempt_at=None,
-                    attempts=Build.attempts + 1, updated_at=now)
-                .returning(Build.id).execution_options(synchronize_session=False))
-            if claimed is None:
+            if not self.lease.claim(s, build_id):
                 s.rollback()
                 return False
             version_id = s.scalar(select(Build.version_id).where(Build.id == build_id))
@@ -145,19 +112,11 @@ class BuildRunner:
             return True
 
     def claimable_ids(self, limit: int = 10) -> list[int]:
-        with self._sf() as s:
-            return list(s.scalars(select(Build.id).where(self._claimable(utcnow()))
-                                  .order_by(Build.id).limit(limit)))
+        return self.lease.claimable_keys(limit)
 
     def next_wakeup(self) -> float | None:
         """Seconds until the earliest delayed retry is due (None if nothing is waiting)."""
-        with self._sf() as s:
-            at = s.scalar(select(Build.next_attempt_at).where(
-                Build.state == BuildState.queued, Build.next_attempt_at.is_not(None))
-                .order_by(Build.next_attempt_at).limit(1))
-        if at is None:
-            return None
-        return max((at - utcnow()).total_seconds(), 0.0)
+        return self.lease.next_wakeup()
 
     def process(self, build_id: int) -> bool:
         """Claims and runs one build; False if someone else owns it or it is not due."""
@@ -168,52 +127,32 @@ class BuildRunner:
 
     # ---- running -------------------------------------------------------------------------
 
-    def _heartbeat(self, build_id: int, stop: threading.Event, job_log: _JobLog) -> None:
-        started = time.monotonic()
-        while not stop.wait(self._heartbeat_s):
-            if time.monotonic() - started > self.max_build_s:
-                log.error("build %s exceeded %.0fs; no longer heartbeating so another worker "
-                          "can take it over", build_id, self.max_build_s)
-                return
-            try:
-                with self._sf() as s:
-                    s.execute(update(Build).where(Build.id == build_id,
-                                                  Build.locked_by == self.worker_id,
-                                                  Build.state == BuildState.running)
-                              .values(heartbeat_at=utcnow(), log=job_log.text())
-                              .execution_options(synchronize_session=False))
-                    s.commit()
-            except Exception:  # a missed beat only risks a takeover, which is safe
-                log.warning("heartbeat for build %s failed", build_id, exc_info=True)
-
     def run_claimed(self, build_id: int) -> None:
         with self._sf() as s:  # the log shows every attempt; each beat publishes progress
             job_log = _JobLog(s.scalar(select(Build.log).where(Build.id == build_id)) or "")
         job_log(f"attempt started on worker {self.worker_id}")
-        stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(build_id, stop, job_log), daemon=True,
-                                name=f"heartbeat-{build_id}")
-        beat.start()
         work = Path(tempfile.mkdtemp(prefix=f"build-{build_id}-", dir=self._work_root))
         try:
-            try:
-                spec, names = self._prepare(build_id, work)
-                outcomes = self._pipeline_factory(job_log).build(spec, work / "out")
-                self._finish(build_id, names, outcomes, job_log)
-            except (TransientCompileError, BlobBackendError) as e:
-                job_log(f"transient failure: {e}")
-                self._retry_or_fail(build_id, str(e), job_log)
-            except CompileError as e:
-                job_log(f"failed: {e}")
-                self._fail(build_id, str(e), job_log)
-            except Exception as e:
-                job_log(f"internal error: {type(e).__name__}: {e}")
-                log.error("build %s crashed:\n%s", build_id, traceback.format_exc())
-                self._fail(build_id, f"internal error: {type(e).__name__}: {e}", job_log)
+            with self.lease.heartbeat(build_id, lambda: {"log": job_log.text()}):
+                self._attempt(build_id, work, job_log)
         finally:
-            stop.set()
-            beat.join(timeout=5)
             shutil.rmtree(work, ignore_errors=True)
+
+    def _attempt(self, build_id: int, work: Path, job_log: _JobLog) -> None:
+        try:
+            spec, names = self._prepare(build_id, work)
+            outcomes = self._pipeline_factory(job_log).build(spec, work / "out")
+            self._finish(build_id, names, outcomes, job_log)
+        except (TransientCompileError, BlobBackendError) as e:
+            job_log(f"transient failure: {e}")
+            self._retry_or_fail(build_id, str(e), job_log)
+        except CompileError as e:
+            job_log(f"failed: {e}")
+            self._fail(build_id, str(e), job_log)
+        except Exception as e:
+            job_log(f"internal error: {type(e).__name__}: {e}")
+            log.error("build %s crashed:\n%s", build_id, traceback.format_exc())
+            self._fail(build_id, f"internal error: {type(e).__name__}: {e}", job_log)
 
     def _prepare(self, build_id: int, work: Path) -> tuple[BuildSpec, tuple[str, str]]:
         with self._sf() as s:
@@ -247,14 +186,6 @@ class BuildRunner:
             reference_path=paths.get(UploadKind.reference))
         return spec, (str(model_name), ver)
 
-    def _owned(self, s: Session, build_id: int) -> Build | None:
-        build = s.execute(select(Build).where(Build.id == build_id).with_for_update()
-                          ).scalar_one_or_none()
-        if build is None or build.locked_by != self.worker_id or \
-                build.state != BuildState.running:
-            return None
-        return build
-
     def _finish(self, build_id: int, names: tuple[str, str], outcomes: list[BuildOutcome],
                 job_log: _JobLog) -> None:
         model_name, version = names
@@ -272,7 +203,7 @@ class BuildRunner:
             job_log(f"stored {o.platform}/{o.variant} as {key}")
         ok = bool(outcomes) and all(o.state == "ready" for o in outcomes)
         with self._sf() as s:
-            build = self._owned(s, build_id)
+            build = self.lease.owned(s, build_id)
             if build is None:
                 job_log("lost the claim to another worker; results discarded")
                 return
@@ -289,45 +220,38 @@ class BuildRunner:
                 row.sha256, row.length = o.artifact.sha256, o.artifact.length
                 row.target, row.compile_settings = o.target, o.compile_settings
             build.gates_report = {"outcomes": [o.to_dict() for o in outcomes]}
-            build.error = "" if ok else "; ".join(
+            error = "" if ok else "; ".join(
                 f"{o.variant}: {o.error}" for o in outcomes if o.state != "ready")[:4000]
-            job_log("build succeeded" if ok else f"build failed: {build.error}")
+            job_log("build succeeded" if ok else f"build failed: {error}")
             build.log = job_log.text()
-            build.transition(BuildState.succeeded if ok else BuildState.failed)
-            build.finished_at, build.locked_by = utcnow(), None
+            self.lease.finish(build, BuildState.succeeded if ok else BuildState.failed, error)
             self._settle_version(s, build.version_id)
             s.commit()
 
     def _fail(self, build_id: int, error: str, job_log: _JobLog) -> None:
         with self._sf() as s:
-            build = self._owned(s, build_id)
+            build = self.lease.owned(s, build_id)
             if build is None:
                 return
-            build.error = error[:4000]
             build.log = job_log.text()
-            build.transition(BuildState.failed)
-            build.finished_at, build.locked_by = utcnow(), None
+            self.lease.finish(build, BuildState.failed, error[:4000])
             self._settle_version(s, build.version_id)
             s.commit()
 
     def _retry_or_fail(self, build_id: int, error: str, job_log: _JobLog) -> None:
         with self._sf() as s:
-            build = self._owned(s, build_id)
+            build = self.lease.owned(s, build_id)
             if build is None:
                 return
-            if build.attempts >= self.retry.max_attempts:
+            if not self.lease.may_retry(build):
                 job_log(f"giving up after {build.attempts} attempts")
                 s.rollback()
                 self._fail(build_id, f"{error} (gave up after {build.attempts} attempts)",
                            job_log)
                 return
-            delay = self.retry.delay(build.attempts)
-            job_log(f"retrying in {delay:.0f}s")
-            build.error = error[:4000]
+            job_log(f"retrying in {self.retry.delay(build.attempts):.0f}s")
             build.log = job_log.text()
-            build.transition(BuildState.queued)
-            build.next_attempt_at = utcnow() + timedelta(seconds=delay)
-            build.locked_by = None
+            self.lease.back_off(build, error[:4000])
             s.commit()
 
     @staticmethod

@@ -6,12 +6,15 @@ import pytest
 
 from server.db.models import (
     BUILD_TRANSITIONS,
+    PATCH_JOB_TRANSITIONS,
     RELEASE_TRANSITIONS,
     VERSION_TRANSITIONS,
     Build,
     BuildState,
     InvalidTransitionError,
     ModelVersion,
+    PatchJob,
+    PatchJobState,
     Release,
     ReleaseState,
     VersionState,
@@ -21,6 +24,7 @@ CASES = [
     (ModelVersion, VersionState, VERSION_TRANSITIONS),
     (Build, BuildState, BUILD_TRANSITIONS),
     (Release, ReleaseState, RELEASE_TRANSITIONS),
+    (PatchJob, PatchJobState, PATCH_JOB_TRANSITIONS),
 ]
 
 
