@@ -127,6 +127,7 @@ class Expand(nn.Module):
         self.shape = shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # torch.broadcast_shapes has no annotations (torch 2.13)
         shape = torch.broadcast_shapes(tuple(x.shape), tuple(self.shape))  # type: ignore[no-untyped-call]
         return torch.broadcast_to(x, shape)
 
@@ -313,6 +314,7 @@ def register() -> None:
             _CONVERTER_REGISTRY[key] = fn
 
     def existing(op: str, version: int) -> Converter:
+        # onnx2torch's registry is an untyped dict
         return _CONVERTER_REGISTRY[OperationDescription("", op, version)]  # type: ignore[no-any-return]
 
     for op, new, old in ALIASES:
