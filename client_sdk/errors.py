@@ -6,6 +6,7 @@
     │   └── DeadlineExceededError     the overall update deadline passed (slow server)
     ├── OversizeError                 a response exceeded its cap (endless-data attack)
     ├── TrustError                    a root or manifest failed verification (security failure)
+    │   └── MetadataExpiredError      the trusted root or the manifest is past its expiry
     ├── IntegrityError                a download's length or sha256 differs from the manifest
     ├── PatchFailedError              a patch could not be applied (the updater falls back to full)
     ├── InstallError                  the bundle store on disk could not be written or read
@@ -50,6 +51,17 @@ class TrustError(ClientSDKError):
     def __init__(self, message: str, kind: str = "TrustError") -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class MetadataExpiredError(TrustError):
+    """The trusted root or the channel manifest has expired (a freeze attack, or a server that
+    stopped re-signing): nothing newer is trusted until the server publishes fresh metadata.
+
+    ``kind`` stays ``"ExpiredError"`` (the ``manifests`` name) for callers that compare kinds.
+    """
+
+    def __init__(self, message: str, kind: str = "ExpiredError") -> None:
+        super().__init__(message, kind)
 
 
 class IntegrityError(ClientSDKError):

@@ -166,8 +166,9 @@ class BundleStore:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise InstallError(f"bundle {path} is unreadable: {e}") from e
 
-    def active(self, model: str) -> Bundle | None:
-        p = self.pointer(model)
+    def active(self, model: str, pointer: Pointer | None = None) -> Bundle | None:
+        """The active bundle (``pointer``: the model's pointer if the caller already read it)."""
+        p = pointer if pointer is not None else self.pointer(model)
         return self.bundle(model, p.active) if p.active else None
 
     def verify(self, bundle: Bundle) -> bool:
@@ -178,10 +179,10 @@ class BundleStore:
                 return False
         return True
 
-    def held_files(self, model: str) -> dict[str, Path]:
+    def held_files(self, model: str, pointer: Pointer | None = None) -> dict[str, Path]:
         """sha256 → path of the artifact files this device holds for ``model`` (patch bases)."""
         held: dict[str, Path] = {}
-        p = self.pointer(model)
+        p = pointer if pointer is not None else self.pointer(model)
         for bid in (p.candidate, p.previous, p.active):
             if bid is None:
                 continue
@@ -258,9 +259,13 @@ class BundleStore:
              "candidate": pointer.candidate},
         )
 
-    def activate(self, model: str, bundle_id: str) -> Pointer:
-        """Make ``bundle_id`` active; the old active one becomes previous (instant rollback)."""
-        old = self.pointer(model)
+    def activate(self, model: str, bundle_id: str, current: Pointer | None = None) -> Pointer:
+        """Make ``bundle_id`` active; the old active one becomes previous (instant rollback).
+
+        ``current`` is the model's pointer when the caller already holds it (the updater reads
+        it once per cycle); returns the new pointer.
+        """
+        old = current if current is not None else self.pointer(model)
         if old.active == bundle_id:
             return old
         new = Pointer(active=bundle_id, previous=old.active or old.previous,
@@ -273,23 +278,26 @@ class BundleStore:
         journal.unlink()
         fsync_dir(journal.parent)
         self._step("journal_cleared")
-        self.gc(model)
+        self.gc(model, new)
         self._step("gc_done")
         return new
 
-    def set_candidate(self, model: str, bundle_id: str | None) -> Pointer:
-        """Record (or clear) the candidate bundle; one atomic pointer write, then GC."""
-        old = self.pointer(model)
+    def set_candidate(self, model: str, bundle_id: str | None,
+                      current: Pointer | None = None) -> Pointer:
+        """Record (or clear) the candidate bundle; one atomic pointer write, then GC.
+        ``current`` as in ``activate``; returns the new pointer."""
+        old = current if current is not None else self.pointer(model)
         if old.candidate == bundle_id:
             return old
         new = Pointer(active=old.active, previous=old.previous, candidate=bundle_id)
         self._write_pointer(model, new)
-        self.gc(model)
+        self.gc(model, new)
         return new
 
-    def gc(self, model: str) -> None:
-        """Delete bundles that are not active, previous or candidate, and leftovers in tmp/."""
-        keep = self.pointer(model).kept()
+    def gc(self, model: str, pointer: Pointer | None = None) -> None:
+        """Delete bundles that are not active, previous or candidate, and leftovers in tmp/
+        (``pointer``: the pointer just written, if the caller has it)."""
+        keep = (pointer if pointer is not None else self.pointer(model)).kept()
         bundles = self.model_dir(model) / "bundles"
         if bundles.exists():
             for d in bundles.iterdir():

@@ -2,8 +2,10 @@
 
 ``TrustStore`` persists the newest verified root envelope and, per channel, the last trusted
 manifest (serial, sha256, bytes, ETag), each written atomically. ``TrustedMetadata`` is the
-I/O-free core: it takes bytes and returns verified documents through the ``manifests`` contract,
-translating its errors into ``TrustError``; nothing is persisted until verification succeeded.
+I/O-free core: it takes bytes (and the time, as a value) and returns verified documents through
+the ``manifests`` contract, translating its errors into ``TrustError`` — expiry of the root or
+of a manifest into its subclass ``MetadataExpiredError``; nothing is persisted until
+verification succeeded.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import manifests
-from client_sdk.errors import InstallError, TrustError
+from client_sdk.errors import InstallError, MetadataExpiredError, TrustError
 from client_sdk.fsutil import atomic_write_bytes, atomic_write_json, check_name
 from manifests import Manifest, Root, TrustedManifest
 
@@ -34,7 +36,10 @@ class ChannelState:
 
 
 def _trust_error(what: str, e: manifests.ManifestError) -> TrustError:
-    return TrustError(f"{what} rejected ({type(e).__name__}): {e}", kind=type(e).__name__)
+    message = f"{what} rejected ({type(e).__name__}): {e}"
+    if isinstance(e, manifests.ExpiredError):
+        return MetadataExpiredError(message)
+    return TrustError(message, kind=type(e).__name__)
 
 
 class TrustedMetadata:
@@ -62,6 +67,15 @@ class TrustedMetadata:
             raise _trust_error(f"root v{self.root.version + 1}", e) from e
         self.root, self.root_bytes = new, data
         return new
+
+    def check_root_unexpired(self, now: int) -> None:
+        """Raise MetadataExpiredError when the root in force has expired at ``now`` (call it
+        after following every rotation link: intermediate roots may be expired, the last not)."""
+        if self.root.is_expired(now):
+            raise MetadataExpiredError(
+                f"trusted root v{self.root.version} expired at {self.root.expires}; "
+                "the server must publish a new root"
+            )
 
     def verify_manifest(
         self, data: bytes, *, now: int, channel: str, previous: ChannelState | None, max_size: int

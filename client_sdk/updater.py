@@ -2,13 +2,18 @@
 
     refresh()  poll the channel (ETag/304), follow root rotation link by link, verify the
                manifest against the trusted root and last trusted serial, persist atomically
-    plan()     pick, per model, the release and artifacts for this device (pure)
+    plan()     pick, per model, the release and artifacts for this device
+               (``client_sdk.selection.select``: pure, no I/O)
     fetch()    get each member's bytes: already held, via a patch from a held base, or full
-    install()  stage (compile on device), load in the runtime, activate, swap
+    _apply()   one path for the active and the candidate slot: reuse a held bundle or fetch
+               and stage it (compile on device), load it in the runtime, point the slot at it,
+               swap it in
     check_once() runs them all under one deadline; run() repeats on a jittered schedule.
 
-Trust decisions live in ``client_sdk.trust`` and ``manifests``; this module only moves bytes.
-A failure never touches the active bundle or the trusted state unless verification passed.
+Trust decisions (signatures, rollback, root and manifest expiry) live in ``client_sdk.trust``
+and ``manifests``, selection in ``client_sdk.selection``; this module only moves bytes. Each
+model's ``pointer.json`` is read once per cycle. A failure never touches the active bundle or
+the trusted state unless verification passed.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import sys
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import manifests
@@ -40,19 +45,27 @@ from client_sdk.errors import (
 )
 from client_sdk.events import Event, EventKind, emit
 from client_sdk.fetcher import Deadline, download_file, fetch_bytes
-from client_sdk.fsutil import check_name, sha256_file
+from client_sdk.fsutil import sha256_file
 from client_sdk.http_transport import UrllibTransport
-from client_sdk.install import Bundle, BundleStore, Member, bundle_id_for
+from client_sdk.install import Bundle, BundleStore, Member, Pointer
 from client_sdk.runtime import ACTIVE, CANDIDATE
 from client_sdk.schedule import PollSchedule
+from client_sdk.selection import (
+    PORTABLE_PLATFORM,
+    Direction,
+    Plan,
+    Selection,
+    direction,
+    drops_candidate,
+    select,
+)
 from client_sdk.transport import Transport
 from client_sdk.trust import ChannelState, TrustedMetadata, TrustStore
-from manifests import Artifact, Manifest, Release
+from manifests import Artifact, Manifest
 
-_EXT = {FORMAT_ONNX: ".onnx", **{f: ".onnx" for f in QNN_FORMATS},
-        **{f: ".mlpackage.tar" for f in COREML_FORMATS}}
-# The platform of the portable CPU artifacts the server compiles for every model.
-PORTABLE_PLATFORM = "onnx"
+__all__ = ["PORTABLE_PLATFORM", "VERIFICATION_ERRORS", "ModelResult", "Outcome", "Plan",
+           "State", "UpdateResult", "Updater", "default_formats"]
+
 # Errors that mean "these bytes are bad / untrusted", as opposed to "try again later".
 VERIFICATION_ERRORS = (TrustError, IntegrityError, OversizeError)
 
@@ -72,17 +85,6 @@ class Outcome(enum.Enum):
     ROLLED_BACK = "rolled_back"
     REFUSED = "refused"
     FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one model should become on this device."""
-
-    model: str
-    release: Release
-    artifacts: tuple[tuple[Member, Artifact], ...]
-    bundle_id: str
-    slot: str = ACTIVE  # or CANDIDATE: a shadow-mode release staged beside the active one
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,7 @@ class Updater:
         for note in self.store.recover_all():
             emit(config.on_event, Event(EventKind.ROLLED_BACK, reason=note))
         self.trusted = TrustedMetadata(config.pinned_root, self.trust_store.load_root())
+        self._pointers: dict[str, Pointer] = {}  # this cycle's pointer per model (see _pointer)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -175,13 +178,7 @@ class Updater:
             self.trusted.update_root(got.body)
             self.trust_store.save_root(got.body)
             rotated = True
-        now = int(self.config.clock.time())
-        if self.trusted.root.is_expired(now):
-            raise TrustError(
-                f"trusted root v{self.trusted.root.version} expired at "
-                f"{self.trusted.root.expires}; the server must publish a new root",
-                kind="ExpiredError",
-            )
+        self.trusted.check_root_unexpired(int(self.config.clock.time()))
         return rotated
 
     def refresh(self, deadline: Deadline | None = None) -> Manifest:
@@ -220,116 +217,21 @@ class Updater:
         self._step("manifest_verified")
         return manifest
 
-    # -- step 2: select ------------------------------------------------------------------
+    # -- step 2: select (pure: client_sdk.selection) ---------------------------------------
 
-    def plan(self, manifest: Manifest) -> tuple[list[Plan], list[ModelResult]]:
+    def plan(self, manifest: Manifest) -> Selection:
         """Choose, per model, the release and members for this device (no I/O)."""
         self.state = State.SELECTING
-        device = self.config.device
-        plans: list[Plan] = []
-        refused: list[ModelResult] = []
-        names = list(self.config.models) if self.config.models is not None else list(
-            manifest.models
-        )
-        for model in names:
-            try:
-                check_name("model", model)
-            except ClientSDKError as e:
-                refused.append(ModelResult(model, Outcome.REFUSED, str(e)))
-                continue
-            entry = manifest.models.get(model)
-            if entry is None:
-                refused.append(ModelResult(model, Outcome.REFUSED, "not offered on this channel"))
-                continue
-            # Shadow releases run as candidates beside the active model (next capability); the
-            # active bundle comes from the first *active-mode* release that includes us.
-            active_view = replace(manifest, models={model: replace(
-                entry, releases=[r for r in entry.releases
-                                 if r.rollout.mode == "active"])})
-            release = manifests.select_release(active_view, model, device)
-            if release is None:
-                refused.append(ModelResult(model, Outcome.REFUSED, (
-                    f"no release of {model} includes this device (id={device.device_id}, "
-                    f"platform={device.platform}, soc={device.soc or '-'}, "
-                    f"os={device.os_version or '-'}, app={device.app_version or '-'})")))
-                continue
-            chosen = self._members(model, release)
-            if not chosen:
-                offered = sorted({a.format for a in release.artifacts})
-                refused.append(ModelResult(model, Outcome.REFUSED, (
-                    f"{model} {release.version} has no artifact this device can run "
-                    f"(offered {offered}, supported {self.formats})")))
-                continue
-            members = tuple(m for m, _ in chosen)
-            plans.append(Plan(model, release, tuple(chosen),
-                              bundle_id_for(model, release.version, members)))
-            candidate = self._candidate(manifest, model, release)
-            if candidate is not None:
-                plans.append(candidate)
-        return plans, refused
-
-    def _candidate(self, manifest: Manifest, model: str, active: Release) -> Plan | None:
-        """The shadow-mode release this device should run beside ``active``, if any: the
-        first release that includes the device, when that one is in shadow mode."""
-        entry = manifest.models[model]
-        view = replace(manifest, models={model: replace(
-            entry, releases=list(entry.releases))})
-        first = manifests.select_release(view, model, self.config.device)
-        if first is None or first.rollout.mode != "shadow" or first.version == active.version:
-            return None
-        chosen = self._members(model, first)
-        if not chosen:
-            return None
-        members = tuple(m for m, _ in chosen)
-        return Plan(model, first, tuple(chosen), bundle_id_for(model, first.version, members),
-                    slot=CANDIDATE)
-
-    def _members(self, model: str, release: Release) -> list[tuple[Member, Artifact]]:
-        device = self.config.device
-        usable = [a for a in release.artifacts
-                  if manifests.artifact_matches(a, device) and a.format in self.formats]
-        wanted_variant = self.config.variants.get(model)
-        if wanted_variant is not None:
-            usable = [a for a in usable if a.variant == wanted_variant]
-        if not usable:
-            return []
-        primary = usable[0]
-        chosen = [(self._member("primary", primary), primary)]
-        if primary.format != FORMAT_ONNX:
-            cpu = self._cpu_fallback(release, primary)
-            if cpu is not None:
-                chosen.append((self._member("fallback", cpu), cpu))
-        return chosen
-
-    def _cpu_fallback(self, release: Release, primary: Artifact) -> Artifact | None:
-        """The ONNX artifact the runtime falls back to when ``primary``'s backend fails: one
-        for this device's platform with the same variant, else the portable CPU artifact
-        (platform "onnx", which any device runs) compiled for the same input shapes."""
-        device = self.config.device
-        same_variant = next((a for a in release.artifacts if a.format == FORMAT_ONNX
-                             and manifests.artifact_matches(a, device)
-                             and a.variant == primary.variant), None)
-        if same_variant is not None:
-            return same_variant
-        portable = replace(device, platform=PORTABLE_PLATFORM)
-        shapes = primary.target.get("shape_variant", "")
-        return next((a for a in release.artifacts if a.format == FORMAT_ONNX
-                     and manifests.artifact_matches(a, portable)
-                     and a.target.get("shape_variant", "") == shapes), None)
-
-    @staticmethod
-    def _member(role: str, a: Artifact) -> Member:
-        return Member(role=role, format=a.format, platform=a.platform, variant=a.variant,
-                      file=f"{role}{_EXT.get(a.format, '.bin')}", sha256=a.sha256,
-                      length=a.length, target=dict(a.target),
-                      compile_settings=dict(a.compile_settings))
+        return select(manifest, self.config.device, formats=self.formats,
+                      variants=self.config.variants, models=self.config.models)
 
     # -- step 3: fetch -------------------------------------------------------------------
 
-    def fetch(self, plan: Plan, deadline: Deadline) -> list[tuple[Member, Path]]:
-        """Get every member's verified bytes into downloads/; returns (member, file) pairs."""
+    def fetch(self, plan: Plan, held: dict[str, Path],
+              deadline: Deadline) -> list[tuple[Member, Path]]:
+        """Get every member's verified bytes into downloads/ (``held``: sha256 → file of what
+        the device already has, reused or patched from); returns (member, file) pairs."""
         self.state = State.DOWNLOADING
-        held = self.store.held_files(plan.model)
         out: list[tuple[Member, Path]] = []
         for member, artifact in plan.artifacts:
             target = self.downloads / f"{artifact.sha256}.ready"
@@ -414,7 +316,7 @@ class Updater:
             raise FetchError(f"stopped while downloading {model} {version}; will resume")
         self._event(EventKind.DOWNLOADING, model, version, what, done, total)
 
-    def _gc_downloads(self, plans: list[Plan]) -> None:
+    def _gc_downloads(self, plans: tuple[Plan, ...]) -> None:
         """Drop partial downloads no plan wants any more: a resume is only valid while the
         expected sha256 is unchanged, and the file name *is* that sha256."""
         wanted = {a.sha256 for p in plans for _, a in p.artifacts}
@@ -425,22 +327,87 @@ class Updater:
             if f.name.split(".", 1)[0] not in wanted or not f.name.endswith(".part"):
                 f.unlink(missing_ok=True)
 
-    # -- step 4: install -----------------------------------------------------------------
+    # -- step 4: install (one path for the active and the candidate slot) -----------------
 
-    def install(self, plan: Plan, files: list[tuple[Member, Path]]) -> Bundle:
-        """Stage (with on-device compile), load in the runtime, then activate and swap."""
-        self.state = State.INSTALLING
-        bundle = self.store.stage(plan.model, plan.release.version, files, compile_bundle)
-        self._event(EventKind.STAGED, plan.model, plan.release.version)
-        self._activate(bundle)
-        return bundle
+    def _pointer(self, model: str) -> Pointer:
+        """The model's pointer: read from disk once per cycle, then kept in step with our own
+        writes (the cycle holds the data dir's lock, so nobody else writes it)."""
+        if model not in self._pointers:
+            self._pointers[model] = self.store.pointer(model)
+        return self._pointers[model]
 
-    def _activate(self, bundle: Bundle) -> None:
+    def _apply(self, plan: Plan, deadline: Deadline) -> ModelResult:
+        """Bring one slot of one model to ``plan``: reuse the bundle if the device holds it
+        (instant rollback, promotion of a candidate), else fetch → stage (compile on device);
+        then prepare it in the runtime, record it in the pointer and swap it in."""
+        model = plan.model
+        pointer = self._pointer(model)
+        active_version = None
+        if plan.slot == ACTIVE and pointer.active not in (None, plan.bundle_id):
+            active_version = self.store.bundle(model, str(pointer.active)).version
+        way = direction(plan, pointer, active_version)
+        if way is Direction.CURRENT:
+            return self._report(plan, way)
+        try:
+            bundle = self.store.find(model, plan.bundle_id)
+            if bundle is None:
+                files = self.fetch(plan, self.store.held_files(model, pointer), deadline)
+                self.state = State.INSTALLING
+                bundle = self.store.stage(model, plan.version, files, compile_bundle)
+                if plan.slot == ACTIVE:
+                    self._event(EventKind.STAGED, model, plan.version)
+            self._switch(bundle, plan.slot)
+        except ClientSDKError as e:
+            return self._report(plan, way, e)
+        return self._report(plan, way)
+
+    def _switch(self, bundle: Bundle, slot: str) -> None:
+        """Load ``bundle`` in the runtime (off the inference path), point ``slot`` at it on
+        disk (atomic), then swap it into the runtime's slot."""
         runtime = self.config.runtime
         loaded = runtime.prepare(bundle) if runtime is not None else None
-        self.store.activate(bundle.model, bundle.bundle_id)
+        current = self._pointer(bundle.model)
+        if slot == ACTIVE:
+            new = self.store.activate(bundle.model, bundle.bundle_id, current)
+        else:
+            new = self.store.set_candidate(bundle.model, bundle.bundle_id, current)
+        self._pointers[bundle.model] = new
         if runtime is not None and loaded is not None:
-            runtime.swap(loaded)
+            runtime.swap(loaded, slot)
+
+    def _report(self, plan: Plan, way: Direction,
+                error: ClientSDKError | None = None) -> ModelResult:
+        """The event and result of applying ``plan`` (``error``: why it failed)."""
+        model, version, sha = plan.model, plan.version, plan.sha256
+        candidate = plan.slot == CANDIDATE
+        if error is not None:
+            outcome = Outcome.REFUSED if isinstance(error, VERIFICATION_ERRORS) else Outcome.FAILED
+            self._event(EventKind.FAILED, model, version,
+                        f"candidate: {error}" if candidate else str(error))
+            return ModelResult(model, outcome, str(error), type(error).__name__,
+                               version if candidate else "")
+        if way is Direction.CURRENT:
+            if not candidate:
+                self._event(EventKind.UP_TO_DATE, model, version)
+            return ModelResult(model, Outcome.UP_TO_DATE, version=version, sha256=sha)
+        if candidate:
+            self._event(EventKind.STAGED, model, version, "candidate (shadow mode)")
+            return ModelResult(model, Outcome.UPDATED, version=version, sha256=sha)
+        back = way is Direction.BACK
+        self._event(EventKind.ROLLED_BACK if back else EventKind.ACTIVE, model, version)
+        return ModelResult(model, Outcome.ROLLED_BACK if back else Outcome.UPDATED,
+                           version=version, sha256=sha)
+
+    def _drop_stale_candidates(self, plans: tuple[Plan, ...]) -> None:
+        """Models whose channel no longer offers a shadow release to this device lose their
+        candidate (on disk and in the runtime); a promoted candidate was already cleared."""
+        runtime = self.config.runtime
+        for model in [p.model for p in plans if p.slot == ACTIVE]:
+            pointer = self._pointer(model)
+            if drops_candidate(model, plans, pointer):
+                pointer = self._pointers[model] = self.store.set_candidate(model, None, pointer)
+            if runtime is not None and pointer.candidate is None:
+                runtime.clear(model, CANDIDATE)
 
     # -- the cycle -----------------------------------------------------------------------
 
@@ -452,88 +419,28 @@ class Updater:
             return self._cycle(deadline)
 
     def _cycle(self, deadline: Deadline) -> UpdateResult:
+        self._pointers = {}
         try:
             manifest = self.refresh(deadline)
-            plans, results = self.plan(manifest)
+            chosen = self.plan(manifest)
+            results = [ModelResult(r.model, Outcome.REFUSED, r.reason) for r in chosen.refused]
             for r in results:
                 self._event(EventKind.REFUSED, r.model, reason=r.reason)
-            self._gc_downloads(plans)
+            self._gc_downloads(chosen.plans)
             candidates: list[ModelResult] = []
-            for plan in plans:
-                if plan.slot == CANDIDATE:
-                    candidates.append(self._apply_candidate(plan, deadline))
-                else:
-                    results.append(self._apply(plan, deadline))
-            self._drop_stale_candidates(plans, [p.model for p in plans if p.slot == ACTIVE])
+            for plan in chosen.plans:
+                applied = self._apply(plan, deadline)
+                (candidates if plan.slot == CANDIDATE else results).append(applied)
+            self._drop_stale_candidates(chosen.plans)
         finally:
             self.state = State.IDLE
+            self._pointers = {}
         order = [Outcome.FAILED, Outcome.ROLLED_BACK, Outcome.UPDATED, Outcome.REFUSED]
         overall = next((o for o in order if any(r.outcome is o for r in results)),
                        Outcome.UP_TO_DATE)
         if any(r.error and r.outcome is Outcome.REFUSED for r in results):
             overall = Outcome.REFUSED
         return UpdateResult(overall, manifest.serial, tuple(results), tuple(candidates))
-
-    def _apply_candidate(self, plan: Plan, deadline: Deadline) -> ModelResult:
-        """Stage a shadow-mode release and load it in the runtime's candidate slot."""
-        model, version = plan.model, plan.release.version
-        sha = plan.artifacts[0][1].sha256
-        if self.store.pointer(model).candidate == plan.bundle_id:
-            return ModelResult(model, Outcome.UP_TO_DATE, version=version, sha256=sha)
-        try:
-            bundle = self.store.find(model, plan.bundle_id)
-            if bundle is None:
-                files = self.fetch(plan, deadline)
-                self.state = State.INSTALLING
-                bundle = self.store.stage(model, version, files, compile_bundle)
-            runtime = self.config.runtime
-            loaded = runtime.prepare(bundle) if runtime is not None else None
-            self.store.set_candidate(model, bundle.bundle_id)
-            if runtime is not None and loaded is not None:
-                runtime.swap(loaded, CANDIDATE)
-        except ClientSDKError as e:
-            self._event(EventKind.FAILED, model, version, f"candidate: {e}")
-            verification = isinstance(e, VERIFICATION_ERRORS)
-            return ModelResult(model, Outcome.REFUSED if verification else Outcome.FAILED,
-                               str(e), type(e).__name__, version)
-        self._event(EventKind.STAGED, model, version, "candidate (shadow mode)")
-        return ModelResult(model, Outcome.UPDATED, version=version, sha256=sha)
-
-    def _drop_stale_candidates(self, plans: list[Plan], models: list[str]) -> None:
-        """Models whose channel no longer offers a shadow release to this device lose their
-        candidate (on disk and in the runtime); a promoted candidate was already cleared."""
-        wanted = {p.model for p in plans if p.slot == CANDIDATE}
-        runtime = self.config.runtime
-        for model in models:
-            if model not in wanted and self.store.pointer(model).candidate is not None:
-                self.store.set_candidate(model, None)
-            if runtime is not None and self.store.pointer(model).candidate is None:
-                runtime.clear(model, CANDIDATE)
-
-    def _apply(self, plan: Plan, deadline: Deadline) -> ModelResult:
-        model, version = plan.model, plan.release.version
-        pointer = self.store.pointer(model)
-        if pointer.active == plan.bundle_id:
-            self._event(EventKind.UP_TO_DATE, model, version)
-            return ModelResult(model, Outcome.UP_TO_DATE, version=version,
-                               sha256=plan.artifacts[0][1].sha256)
-        current = self.store.active(model) if pointer.active else None
-        going_back = pointer.previous == plan.bundle_id or (
-            current is not None and _older(version, current.version))
-        try:
-            held = self.store.find(model, plan.bundle_id)
-            if held is not None:  # instant rollback / switch: the bundle is already here
-                self._activate(held)
-            else:
-                self.install(plan, self.fetch(plan, deadline))
-        except ClientSDKError as e:
-            verification = isinstance(e, VERIFICATION_ERRORS)
-            self._event(EventKind.FAILED, model, version, str(e))
-            return ModelResult(model, Outcome.REFUSED if verification else Outcome.FAILED,
-                               str(e), type(e).__name__)
-        outcome = Outcome.ROLLED_BACK if going_back else Outcome.UPDATED
-        self._event(EventKind.ROLLED_BACK if going_back else EventKind.ACTIVE, model, version)
-        return ModelResult(model, outcome, version=version, sha256=plan.artifacts[0][1].sha256)
 
     def run(self, stop: threading.Event,
             on_result: Callable[[UpdateResult | ClientSDKError], None] | None = None) -> None:
@@ -556,14 +463,6 @@ class Updater:
             if on_result is not None:
                 on_result(outcome)
             stop.wait(schedule.next_delay(ok))
-
-
-def _older(a: str, b: str) -> bool:
-    """True when version ``a`` is lower than ``b`` (non-numeric versions never compare)."""
-    try:
-        return manifests.compare_versions(a, b) < 0
-    except ValueError:
-        return False
 
 
 @contextlib.contextmanager

@@ -106,7 +106,10 @@ def _report(
         reason = str(result).splitlines()[0]
         failure: dict[str, Any] = {
             "outcome": "refused" if verification else "failed", "reason": reason,
-            "error": type(result).__name__, "active": _active(store), "models": [],
+            # A TrustError subclass (MetadataExpiredError) keeps reporting as "TrustError":
+            # the JSON names the error family, the reason says which check failed.
+            "error": "TrustError" if isinstance(result, TrustError) else type(result).__name__,
+            "active": _active(store), "models": [],
         }
         return failure, EXIT_VERIFICATION if verification else EXIT_OTHER, reason
     models = [{"model": m.model, "outcome": m.outcome.value, "reason": m.reason,

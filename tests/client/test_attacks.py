@@ -15,6 +15,7 @@ from client_sdk import (
     FetchError,
     IntegrityError,
     Limits,
+    MetadataExpiredError,
     Outcome,
     OversizeError,
     TrustError,
@@ -40,9 +41,9 @@ def _sign(sim: RepositorySimulator, keys, channel="prod") -> bytes:
                                    keys)
 
 
-def _refused_untouched(up, kind: str) -> None:
+def _refused_untouched(up, kind: str, error: type[TrustError] = TrustError) -> None:
     before = trusted_state(up.config.data_dir)
-    with pytest.raises(TrustError) as info:
+    with pytest.raises(error) as info:
         up.check_once()
     assert info.value.kind == kind, str(info.value)
     assert trusted_state(up.config.data_dir) == before
@@ -145,7 +146,17 @@ def test_same_serial_with_different_bytes_is_refused(installed, sim, v2):
 
 def test_expired_manifest_is_refused_freeze_attack(installed, sim, clock):
     clock.advance(2 * DAY)  # the server stopped re-signing; the attacker freezes serial 1
-    _refused_untouched(installed, "ExpiredError")
+    _refused_untouched(installed, "ExpiredError", MetadataExpiredError)
+
+
+def test_expired_root_is_refused_freeze_attack(installed, sim, clock):
+    """No newer root is served once the trusted one expires: a fresh, validly signed manifest
+    is still refused, by the trust core's typed error, before the manifest is fetched."""
+    clock.advance(366 * DAY)
+    sim.publish("clf", [sim.release("9.0", [sim.artifact(b"x" * 10)])])
+    sim.fetches.clear()
+    _refused_untouched(installed, "ExpiredError", MetadataExpiredError)
+    assert sim.fetched("/v1/channels/") == []
 
 
 def test_manifest_for_another_channel_is_refused(installed, sim):

@@ -78,6 +78,20 @@ def test_verification_failure_exits_nonzero_with_one_line_and_keeps_the_model(se
     assert out["outcome"] == "refused" and out["active"][0]["version"] == "1.0"
 
 
+def test_expired_manifest_exits_1_and_the_json_still_names_trust_error(served, tmp_path):
+    """Expiry is a MetadataExpiredError now; the agent's JSON keeps reporting "TrustError"."""
+    sim, base, root = served
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(scaled_model(1.0))])])
+    data = tmp_path / "device"
+    assert cli(*update_args(base, root, data), "--once").returncode == 0
+    sim.publish("clf", [sim.release("2.0", [sim.artifact(scaled_model(2.0))])], expires_in=-60)
+    bad = cli(*update_args(base, root, data), "--once")
+    assert bad.returncode == 1 and "ExpiredError" in bad.stderr
+    out = json.loads(bad.stdout)
+    assert (out["outcome"], out["error"], out["models"]) == ("refused", "TrustError", [])
+    assert out["active"][0]["version"] == "1.0"
+
+
 def test_tampered_artifact_exits_nonzero_and_keeps_the_model(served, tmp_path):
     sim, base, root = served
     sim.publish("clf", [sim.release("1.0", [sim.artifact(scaled_model(1.0))])])

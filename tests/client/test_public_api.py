@@ -17,6 +17,7 @@ EXPECTED = {
     "Response", "UrllibTransport", "Clock", "SystemClock", "Event", "EventKind",
     "UpdateResult", "ModelResult", "Outcome", "DeviceProfile", "ClientSDKError",
     "ConfigError", "FetchError", "DeadlineExceededError", "OversizeError", "TrustError",
+    "MetadataExpiredError",
     "IntegrityError", "PatchFailedError", "InstallError", "RuntimeSDKError",
     "ModelNotLoadedError", "BackendUnavailableError", "BackendError", "__version__",
 }
