@@ -16,12 +16,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx_op_cases import CASES, OpCase
 
 from server.compile import CompileRequest, ConversionError, InputSpec, SourceFormat
 from server.compile.compilers.coreml import CoreMLCompiler
 from server.compile.onnx_to_torch import onnx_to_torch, unconvertible_nodes
 from server.compile.source import run_onnx_cpu
+from tests.compile.onnx_op_cases import CASES, OpCase
 
 # Opset variants of one operator convert to the same torch module: coremltools sees the
 # newest opset of each operator variant only (keeps this file fast).
