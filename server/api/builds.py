@@ -19,6 +19,7 @@ from sqlalchemy import select
 from server.api.deps import JobQueueDep, PublishPrincipal, SessionDep, StrictQuery
 from server.api.errors import AUTH_ERRORS, NOT_FOUND
 from server.api.models import ModelName
+from server.db import versions
 from server.db.models import Artifact, Build, BuildState, VersionState
 from server.services import audit, registry
 
@@ -122,9 +123,8 @@ def retry_failed_builds(
         b.transition(BuildState.queued)
         b.next_attempt_at, b.locked_by = None, None
         b.log = (b.log or "") + "--- re-queued by " + principal.actor + "\n"
-    if failed and v.state == VersionState.failed:
-        v.transition(VersionState.compiling)  # clients polling see it is being rebuilt
-        v.error = ""
+    if failed:  # clients polling see it is being rebuilt
+        versions.begin_compiling(session, v.id)
     if failed:
         audit.record(session, principal.actor, "builds.retry", f"{name}/{v.version}",
                      builds=[f"{b.platform}/{b.variant}" for b in failed])

@@ -13,7 +13,7 @@ Every queue backend (in-process thread, procrastinate workers) drives builds thr
 - Artifacts go to the blob store first (content-addressed keys), rows after; a final write
   happens only if this worker still owns the build, so a worker that lost its claim cannot
   overwrite the new owner.
-- After each build the version's state is recomputed under a row lock:
+- After each build the version's state is recomputed (`server.db.versions.settle`):
   uploaded → compiling → ready (every build succeeded) | failed (any build failed).
 """
 
@@ -31,10 +31,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.blobstore.interface import BlobBackendError, BlobStore
+from server.blobstore.keys import artifact_key
 from server.compile.errors import CompileError, TransientCompileError
 from server.compile.pipeline import BuildOutcome, BuildSpec, Pipeline
 from server.compile.settings_map import pipeline_settings
 from server.compile.types import InputSpec, SourceFormat
+from server.db import versions
 from server.db.models import (
     Artifact,
     Build,
@@ -43,7 +45,6 @@ from server.db.models import (
     ModelVersion,
     SourceUpload,
     UploadKind,
-    VersionState,
 )
 from server.db.types import utcnow
 from server.jobs.lease import Lease, RetryPolicy
@@ -103,11 +104,8 @@ class BuildRunner:
                 s.rollback()
                 return False
             version_id = s.scalar(select(Build.version_id).where(Build.id == build_id))
-            version = s.execute(select(ModelVersion).where(ModelVersion.id == version_id)
-                                .with_for_update()).scalar_one()
-            if version.state in (VersionState.uploaded, VersionState.failed):
-                version.transition(VersionState.compiling)
-                version.error = ""
+            assert version_id is not None
+            versions.begin_compiling(s, version_id)
             s.commit()
             return True
 
@@ -195,8 +193,8 @@ class BuildRunner:
                 continue
             # Content-addressed: a worker that lost its claim can never overwrite the blob
             # a newer owner recorded (same bytes land on the same key, other bytes elsewhere).
-            key = f"artifacts/{model_name}/{version}/{o.platform}/{o.variant}/" \
-                  f"{o.artifact.sha256}/{o.artifact.path.name}"
+            key = artifact_key(model_name, version, o.platform, o.variant,
+                               o.artifact.sha256, o.artifact.path.name)
             with o.artifact.path.open("rb") as f:
                 self._store.put(key, f, expected_sha256=o.artifact.sha256)
             stored.append((o, key))
@@ -225,7 +223,7 @@ class BuildRunner:
             job_log("build succeeded" if ok else f"build failed: {error}")
             build.log = job_log.text()
             self.lease.finish(build, BuildState.succeeded if ok else BuildState.failed, error)
-            self._settle_version(s, build.version_id)
+            versions.settle(s, build.version_id)
             s.commit()
 
     def _fail(self, build_id: int, error: str, job_log: _JobLog) -> None:
@@ -235,7 +233,7 @@ class BuildRunner:
                 return
             build.log = job_log.text()
             self.lease.finish(build, BuildState.failed, error[:4000])
-            self._settle_version(s, build.version_id)
+            versions.settle(s, build.version_id)
             s.commit()
 
     def _retry_or_fail(self, build_id: int, error: str, job_log: _JobLog) -> None:
@@ -253,28 +251,6 @@ class BuildRunner:
             build.log = job_log.text()
             self.lease.back_off(build, error[:4000])
             s.commit()
-
-    @staticmethod
-    def _settle_version(s: Session, version_id: int) -> None:
-        """ready when every build succeeded, failed when all finished and any failed."""
-        s.flush()
-        version = s.execute(select(ModelVersion).where(ModelVersion.id == version_id)
-                            .with_for_update()).scalar_one()
-        states = [b.state for b in s.scalars(select(Build).where(
-            Build.version_id == version_id))]
-        if any(st in (BuildState.queued, BuildState.running) for st in states):
-            return
-        target = VersionState.ready if all(st == BuildState.succeeded for st in states) \
-            else VersionState.failed
-        if version.state == VersionState.uploaded:
-            version.transition(VersionState.compiling)
-        if version.state != target:
-            version.transition(target)
-        if target is VersionState.failed:
-            failed = s.scalars(select(Build).where(Build.version_id == version_id,
-                                                   Build.state == BuildState.failed))
-            version.error = "; ".join(f"{b.platform}/{b.variant}: {b.error}"
-                                      for b in failed)[:4000]
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:

@@ -29,6 +29,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.blobstore import BlobStore
+from server.blobstore.keys import patch_key
 from server.db import models as db
 from server.db.types import utcnow
 from server.delta import DeltaPolicy, make_patches
@@ -103,7 +104,7 @@ def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_i
                               for b in bases]
                 by_sha = {b.sha256: b for b in bases}
                 for result in make_patches(new_path, base_paths, tmp / "work", policy):
-                    key = f"patches/{result.sha256}"
+                    key = patch_key(result.sha256)
                     with open(result.path, "rb") as f:
                         store.put(key, f, expected_sha256=result.sha256)
                     added += _insert_patch(

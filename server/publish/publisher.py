@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import manifests
 from server.blobstore import BlobStore
+from server.blobstore.keys import current_manifest_key, manifest_key
 from server.db import models as db
 from server.publish import records
 from server.publish.builder import build_manifest, join_url
@@ -42,14 +43,6 @@ log = logging.getLogger("modelfleet.publish")
 T = TypeVar("T")
 MANIFEST_MAX_BYTES = manifests.MANIFEST_MAX_SIZE
 PUBLISH_ATTEMPTS = 8
-
-
-def current_blob_key(channel: str) -> str:
-    return f"manifests/{channel}.json"
-
-
-def serial_blob_key(channel: str, serial: int) -> str:
-    return f"manifests/{channel}/{serial}.json"
 
 
 def artifact_path(sha256: str) -> str:
@@ -193,7 +186,7 @@ def sign_and_store(session: Session, pub: Publisher, channel: db.Channel) -> Pub
             f"{MANIFEST_MAX_BYTES}-byte cap devices enforce",
             fix="bring in-flight rollouts to 100% or halt them, or shorten pin lists",
         )
-    key = serial_blob_key(channel.name, serial)
+    key = manifest_key(channel.name, serial)
     info = pub.blob_store.put(key, [signed], content_type="application/json")
     sha = hashlib.sha256(signed).hexdigest()
     session.add(db.SignedManifest(channel_id=channel.id, serial=serial, blob_key=key,
@@ -242,10 +235,10 @@ def _update_current(pub: Publisher, published: PublishedManifest) -> None:
     try:
         with pub.blob_store.open(published.blob_key) as f:
             data = f.read(MANIFEST_MAX_BYTES + 1)
-        pub.blob_store.put(current_blob_key(published.channel), [data],
+        pub.blob_store.put(current_manifest_key(published.channel), [data],
                            content_type="application/json")
     except Exception:  # the DB is the source of truth; the next publish repairs the pointer
-        log.exception("could not update %s", current_blob_key(published.channel))
+        log.exception("could not update %s", current_manifest_key(published.channel))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -20,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
 from server.blobstore import BlobStore
+from server.blobstore.keys import source_key
 from server.db.models import (
     Build,
     Model,
@@ -227,7 +227,7 @@ def upload_version(
     keys: list[str] = []
     try:
         for f in files:
-            key = f"sources/{model.name}/{meta.version}/{uuid.uuid4().hex}/{f.field}"
+            key = source_key(model.name, meta.version, f.field)
             # Key first: if put fails midway the store has published nothing, and deleting
             # a key that was never written is harmless.
             keys.append(key)
