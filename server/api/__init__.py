@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from server.api import audit, builds, health, models, rollouts, serving, versions
+from server.api import audit, builds, devices, health, models, rollouts, serving, ui, versions
 
 ROUTERS: list[APIRouter] = [
     health.router,
@@ -15,4 +15,6 @@ ROUTERS: list[APIRouter] = [
     builds.router,
     serving.router,
     rollouts.router,
+    devices.router,
+    ui.router,
 ]

@@ -35,35 +35,6 @@ def _snapshot(data_dir: Path | None, model: str, version: str) -> dict[str, Any]
         engine.dispose()
 
 
-def _fmt(x: object) -> str:
-    return f"{x:.6g}" if isinstance(x, float) else str(x)
-
-
-def _print_table(snap: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"{snap['model']} {snap['version']}: {snap['state']}")
-    for col in ("platform", "variant", "state", "artifact", "operators", "numeric", "error"):
-        table.add_column(col)
-    for b in snap["builds"]:
-        gates = b.get("gates") or {}
-        ops = gates.get("operators") or []
-        num = gates.get("numeric") or {}
-        art = b.get("artifact") or {}
-        metrics = (num.get("outputs") or [{}])[0]
-        numeric = num.get("status", "")
-        if metrics.get("cosine") is not None:
-            numeric += f" (cos {_fmt(metrics['cosine'])}, SNR {_fmt(metrics['snr_db'])} dB)"
-        table.add_row(
-            b["platform"], art.get("variant", b["variant"]), b["state"],
-            f"{art['sha256'][:12]}… {art['length']:,} B" if art else "",
-            "passed" if ops and all(o["passed"] for o in ops) else
-            "; ".join(o["summary"] for o in ops if not o["passed"]),
-            numeric, b["error"][:120])
-    Console().print(table)
-
-
 def register(app: typer.Typer) -> None:
     @app.command()
     def worker(
@@ -104,11 +75,11 @@ def register(app: typer.Typer) -> None:
         version: Annotated[str, typer.Argument(help="version, e.g. 1.0.0")],
         data_dir: Annotated[Path | None, typer.Option("--data-dir", help="overrides "
                             "MODELFLEET_DATA_DIR")] = None,
-        wait: Annotated[bool, typer.Option("--wait", help="show progress until the version "
-                        "is ready or failed")] = False,
+        wait: Annotated[bool, typer.Option("--wait", metavar="", help="show progress until "
+                        "the version is ready or failed")] = False,
         timeout: Annotated[float, typer.Option(help="seconds --wait gives up after")] = 3600,
-        as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")]
-        = False,
+        as_json: Annotated[bool, typer.Option("--json", metavar="",
+                                              help="machine-readable output")] = False,
     ) -> None:
         """Show a version's compile builds and gate results (exit 1 if the version failed)."""
         snap = _snapshot(data_dir, model, version)
@@ -131,6 +102,10 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(snap, indent=2))
         else:
-            _print_table(snap)
+            from rich.console import Console
+
+            from server.commands.buildreport import print_builds
+
+            print_builds(Console(markup=False, highlight=False), snap)
         if snap["state"] == "failed":
             raise typer.Exit(1)

@@ -1,0 +1,88 @@
+"""A version's builds and gate reports for a person: one block per build, wrapped to the
+terminal (80 columns in a pipe), nothing cut — errors, fix hints and why a gate did not run are
+shown whole. Shared by `modelfleet builds` (database) and `modelfleet publish|versions show`
+(HTTP); it reads only the JSON document of GET …/builds, so it needs rich and nothing else.
+
+"shape variant" is the input-shape set a build compiled (metadata `shapes`, `default` when
+there is one); "build variant" is what the compiler made of it (precision, SoC target).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+
+def _fmt(x: Any) -> str:
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+def _artifact(art: dict[str, Any]) -> str:
+    return (f"build variant {art['variant']}, {art['format']}, {art['sha256'][:12]}…, "
+            f"{art['length']:,} B")
+
+
+def _operators(gates: dict[str, Any]) -> str | None:
+    ops = gates.get("operators") or []
+    if not ops:
+        return None
+    if all(o.get("passed") for o in ops):
+        return "passed"
+    return "; ".join(f"{o.get('summary', 'rejected')}" + (f" — {o['advice']}"
+                                                          if o.get("advice") else "")
+                     for o in ops if not o.get("passed"))
+
+
+def _numeric(gates: dict[str, Any]) -> str | None:
+    num = gates.get("numeric")
+    if not num:
+        return None
+    text = str(num.get("status", ""))
+    metrics = (num.get("outputs") or [{}])[0]
+    if metrics.get("cosine") is not None:
+        text += f" (cos {_fmt(metrics['cosine'])}, SNR {_fmt(metrics.get('snr_db'))} dB)"
+    reason = str(num.get("reason") or "")
+    if text == "not_run":
+        # The reason usually says "not run (…)" itself.
+        if reason.startswith("not run"):
+            return reason
+        return f"not run: {reason or 'no reason recorded'}"
+    return f"{text}: {reason}" if reason else text
+
+
+def build_block(build: dict[str, Any]) -> Group:
+    """One build: a heading line, then label/value rows whose values wrap under themselves
+    (as Text: server strings such as "[ONNXRuntimeError]" are never read as rich markup)."""
+    attempts = build.get("attempts", 0)
+    head = Text.assemble(
+        (build["platform"], "bold"), f" · shape variant {build['variant']} · ",
+        (build["state"], "green" if build["state"] == "succeeded" else
+         "red" if build["state"] == "failed" else "yellow"),
+        f" ({attempts} attempt{'s' if attempts != 1 else ''})" if attempts else "")
+    rows = Table.grid(padding=(0, 2))
+    rows.add_column(no_wrap=True)
+    rows.add_column(overflow="fold")
+    arts = build.get("artifacts") or ([build["artifact"]] if build.get("artifact") else [])
+    for art in arts:
+        rows.add_row("  artifact", Text(_artifact(art)))
+    gates = build.get("gates") or {}
+    by_artifact = gates.get("by_artifact") or {}
+    for label, gate_set in ([("", gates)] if not by_artifact else
+                            [(f" {name}", g) for name, g in by_artifact.items()]):
+        for name, value in (("operators", _operators(gate_set)), ("numeric", _numeric(gate_set))):
+            if value is not None:
+                rows.add_row(Text(f"  {name}{label}"), Text(value))
+    if build.get("error"):
+        rows.add_row("  error", Text(build["error"]))
+    return Group(head, rows)
+
+
+def print_builds(console: Console, doc: dict[str, Any]) -> None:
+    """`doc`: {"model", "version", "state", "builds": [GET …/builds entries]}."""
+    console.print(Text.assemble((f"{doc['model']} {doc['version']}", "bold"),
+                                f": {doc['state']}"))
+    for build in doc["builds"]:
+        console.print(build_block(build))
