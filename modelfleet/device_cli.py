@@ -147,7 +147,7 @@ def update(
     app_version: Annotated[str, typer.Option(help="App version, e.g. 3.1.0.")] = "",
     model: Annotated[list[str] | None, typer.Option(help="Only these models (repeat).")] = None,
     variant: Annotated[list[str] | None, typer.Option(help="MODEL=VARIANT (repeat).")] = None,
-    once: Annotated[bool, typer.Option(help="Run one cycle and exit.")] = False,
+    once: Annotated[bool, typer.Option(metavar="", help="Run one cycle and exit.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 300.0,
     deadline: Annotated[float, typer.Option(help="Overall deadline per cycle, seconds.")] = 900.0,
 ) -> None:
@@ -240,7 +240,9 @@ def predict(
                   "`modelfleet device update` to repair it")
         p = runtime.predict(model, inputs)
     except ClientSDKError as e:
-        _fail(EXIT_OTHER, str(e).splitlines()[0])
+        # The whole message on one line: onnxruntime puts the useful part ("index: 2 Got: 32
+        # Expected: 64") on the lines after the first.
+        _fail(EXIT_OTHER, " ".join(str(e).split()))
         return
     outputs = {k: {"shape": list(v.shape), "dtype": str(v.dtype), "data": v.tolist()}
                for k, v in p.outputs.items()}

@@ -64,6 +64,19 @@ def test_update_once_then_predict_prints_json(served, tmp_path):
     assert body["version"] == "1.0" and body["outputs"]["y"]["data"] == [[3.0] * 4]
 
 
+def test_predict_with_a_wrong_input_shape_keeps_onnxruntimes_whole_error(served, tmp_path):
+    sim, base, root = served
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(scaled_model(3.0))])])
+    data = tmp_path / "device"
+    assert cli(*update_args(base, root, data), "--once").returncode == 0
+    np.savez(tmp_path / "x.npz", x=np.ones((1, 5), dtype=np.float32))  # the model takes [1, 4]
+    pred = cli("predict", "--data-dir", str(data), "--model", "clf", "--input",
+               str(tmp_path / "x.npz"))
+    assert pred.returncode == 2
+    [line] = pred.stderr.strip().splitlines()  # one line, and all of it
+    assert "index: 1 Got: 5 Expected: 4" in line, line
+
+
 def test_verification_failure_exits_nonzero_with_one_line_and_keeps_the_model(served, tmp_path):
     sim, base, root = served
     sim.publish("clf", [sim.release("1.0", [sim.artifact(scaled_model(1.0))])])
