@@ -26,7 +26,7 @@ KeysDir = Annotated[
     typer.Option("--keys-dir", envvar="MODELFLEET_KEYS_DIR",
                  help="Where key files live (default DATA_DIR/keys)"),
 ]
-AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output")]
+AsJson = Annotated[bool, typer.Option("--json", metavar="", help="Machine-readable output")]
 
 
 def _fail(e: Exception) -> typer.Exit:
@@ -114,7 +114,8 @@ def rotate(
     root_keys: Annotated[int | None, typer.Option(min=1, max=16,
                                                   help="Number of new root keys")] = None,
     threshold: Annotated[int | None, typer.Option(min=1, max=16)] = None,
-    rotate_release: Annotated[bool, typer.Option(help="Also replace the release key")] = False,
+    rotate_release: Annotated[bool, typer.Option(
+        metavar="", help="Also replace the release key")] = False,
     as_json: AsJson = False,
 ) -> None:
     """Make root N+1 with new root keys, signed by a threshold of root N's keys and its own."""

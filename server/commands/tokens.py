@@ -36,8 +36,8 @@ def create(
     scope: Annotated[list[str], typer.Option("--scope", help="publish, rollout or admin; repeat")],
     data_dir: DataDir = Path("data"),
     name: Annotated[str, typer.Option("--name", help="Who or what the token is for")] = "",
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead")]
-    = False,
+    as_json: Annotated[bool, typer.Option("--json", metavar="",
+                                          help="Print one JSON object instead")] = False,
 ) -> None:
     """Create a token. The secret is printed once, alone on the last line of stdout."""
     from server.auth import create_token
@@ -66,7 +66,8 @@ def create(
 @tokens_app.command("list")
 def list_(
     data_dir: DataDir = Path("data"),
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+    as_json: Annotated[bool, typer.Option("--json", metavar="",
+                                          help="Machine-readable output")] = False,
 ) -> None:
     """List tokens (never their secrets)."""
     from server.auth import list_tokens

@@ -38,7 +38,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("served")
     data, log = root / "data", root / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFLEET_")}
-    env |= {"MODELFLEET_JOB_BACKEND": "inprocess", "PYTHONPATH": str(REPO)}
+    # Unbuffered: tests read the access log while the server runs.
+    env |= {"MODELFLEET_JOB_BACKEND": "inprocess", "PYTHONPATH": str(REPO),
+            "PYTHONUNBUFFERED": "1"}
     subprocess.run([*MODELFLEET, "keys", "init", "--data-dir", str(data)], env=env, cwd=REPO,
                    check=True, capture_output=True, timeout=120)
     token = subprocess.run(
