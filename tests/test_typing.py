@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STRICT_PACKAGES = ("manifests", "client_sdk", "server")
+STRICT_PACKAGES = ("manifests", "client_sdk", "server", "modelfleet")
 IGNORE = re.compile(r"#\s*type:\s*ignore(?P<codes>\[[a-z0-9-]+(?:,\s*[a-z0-9-]+)*\])?(?P<rest>.*)")
 
 

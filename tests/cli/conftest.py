@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cli_support import MODELFLEET, REPO, free_port, run_cli
+
+from tests.cli.cli_support import MODELFLEET, REPO, free_port, run_cli
 
 
 @dataclass(frozen=True)

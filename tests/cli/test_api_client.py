@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from cli_support import run_cli
 
 from modelfleet import config
 from modelfleet.api_client import ApiClient, RefusedError, ServerError
+from tests.cli.cli_support import run_cli
 
 
 class _Handler(BaseHTTPRequestHandler):

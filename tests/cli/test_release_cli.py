@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from cli_support import (
+
+from tests.cli.cli_support import (
     free_port,
     run_cli,
     write_reference,

@@ -14,10 +14,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from cli_support import REPO, run_cli
 from rich.console import Console
 
 from server.commands.buildreport import print_builds
+from tests.cli.cli_support import REPO, run_cli
 
 LONG_ERROR = ("numeric gate failed: output 'logits' cosine 0.41 < 0.99 (threshold for fp16); "
               + "the converted graph differs from the reference on 4 of 4 samples; " * 4

@@ -1,0 +1,1 @@
+"""Tests of the release engineers' CLI (modelfleet/commands) against a real server."""
