@@ -5,13 +5,14 @@
     plan()     pick, per model, the release and artifacts for this device
                (``client_sdk.selection.select``: pure, no I/O)
     fetch()    get each member's bytes: already held, via a patch from a held base, or full
+               (``client_sdk.downloads.Downloader``)
     _apply()   one path for the active and the candidate slot: reuse a held bundle or fetch
                and stage it (compile on device), load it in the runtime, point the slot at it,
                swap it in
     check_once() runs them all under one deadline; run() repeats on a jittered schedule.
 
 Trust decisions (signatures, rollback, root and manifest expiry) live in ``client_sdk.trust``
-and ``manifests``, selection in ``client_sdk.selection``; this module only moves bytes. Each
+and ``manifests``, selection in ``client_sdk.selection``; this module sequences the steps. Each
 model's ``pointer.json`` is read once per cycle. A failure never touches the active bundle or
 the trusted state unless verification passed.
 """
@@ -21,31 +22,25 @@ from __future__ import annotations
 import contextlib
 import enum
 import fcntl
-import os
-import shutil
 import sys
 import threading
-import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import manifests
 from client_sdk.compile import COREML_FORMATS, FORMAT_ONNX, QNN_FORMATS, compile_bundle
 from client_sdk.config import UpdaterConfig
+from client_sdk.downloads import Downloader, resolve_url
 from client_sdk.errors import (
     ClientSDKError,
-    DeadlineExceededError,
     FetchError,
     InstallError,
     IntegrityError,
     OversizeError,
-    PatchFailedError,
     TrustError,
 )
 from client_sdk.events import Event, EventKind, emit
-from client_sdk.fetcher import Deadline, download_file, fetch_bytes
-from client_sdk.fsutil import sha256_file
+from client_sdk.fetcher import Deadline, fetch_bytes
 from client_sdk.http_transport import UrllibTransport
 from client_sdk.install import Bundle, BundleStore, Member, Pointer
 from client_sdk.runtime import ACTIVE, CANDIDATE
@@ -61,7 +56,7 @@ from client_sdk.selection import (
 )
 from client_sdk.transport import Transport
 from client_sdk.trust import ChannelState, TrustedMetadata, TrustStore
-from manifests import Artifact, Manifest
+from manifests import Manifest
 
 __all__ = ["PORTABLE_PLATFORM", "VERIFICATION_ERRORS", "ModelResult", "Outcome", "Plan",
            "State", "UpdateResult", "Updater", "default_formats"]
@@ -135,7 +130,8 @@ class Updater:
         self.transport: Transport = config.transport or UrllibTransport()
         self.trust_store = TrustStore(config.data_dir)
         self.store = BundleStore(config.data_dir, config.fault_hook)
-        self.downloads = config.data_dir / "downloads"
+        self.downloader = Downloader(config, self.transport, stopped=self._stopped)
+        self.downloads = self.downloader.dir
         self.formats = list(config.formats) if config.formats is not None else default_formats()
         for note in self.store.recover_all():
             emit(config.on_event, Event(EventKind.ROLLED_BACK, reason=note))
@@ -152,9 +148,12 @@ class Updater:
         if self.config.fault_hook is not None:
             self.config.fault_hook(name)
 
+    def _stopped(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
     def url(self, ref: str) -> str:
         """Resolve an absolute or base-relative URL from a manifest."""
-        return urllib.parse.urljoin(self.config.base_url.rstrip("/") + "/", ref)
+        return resolve_url(self.config.base_url, ref)
 
     def _deadline(self) -> Deadline:
         return Deadline(self.config.clock, self.config.update_deadline_seconds)
@@ -232,100 +231,7 @@ class Updater:
         """Get every member's verified bytes into downloads/ (``held``: sha256 → file of what
         the device already has, reused or patched from); returns (member, file) pairs."""
         self.state = State.DOWNLOADING
-        out: list[tuple[Member, Path]] = []
-        for member, artifact in plan.artifacts:
-            target = self.downloads / f"{artifact.sha256}.ready"
-            if artifact.sha256 in held:
-                _copy(held[artifact.sha256], target)
-                if sha256_file(target) != artifact.sha256:
-                    target.unlink(missing_ok=True)
-                    raise IntegrityError(f"{plan.model}: the local copy of {member.file} "
-                                         "no longer matches its sha256")
-            else:  # verified against the signed length and sha256 on the way in
-                self._fetch_artifact(plan, artifact, held, target, deadline)
-            out.append((member, target))
-            self._event(EventKind.VERIFIED, plan.model, plan.release.version,
-                        f"{member.file} sha256 {artifact.sha256[:16]}…")
-        self._step("download_done")
-        return out
-
-    def _fetch_artifact(self, plan: Plan, artifact: Artifact, held: dict[str, Path],
-                        target: Path, deadline: Deadline) -> None:
-        version = plan.release.version
-        cap = self.config.limits.max_artifact_bytes
-        if artifact.length > cap:
-            raise OversizeError(
-                f"{plan.model} {version}: artifact declares {artifact.length} bytes, over this "
-                f"device's cap of {cap} (Limits.max_artifact_bytes)"
-            )
-        patch = next((p for p in artifact.patches
-                      if p.from_sha256 in held and p.length <= cap), None)
-        if patch is not None:
-            try:
-                self._fetch_via_patch(plan, artifact, patch, held[patch.from_sha256], target,
-                                      deadline)
-                return
-            except DeadlineExceededError:
-                raise
-            except ClientSDKError as e:
-                self._event(EventKind.FAILED, plan.model, version,
-                            f"patch unusable ({e}); downloading the full artifact")
-        elif artifact.patches:
-            self._event(EventKind.DOWNLOADING, plan.model, version,
-                        "no patch from a base this device holds; downloading the full artifact")
-        part = self.downloads / f"{artifact.sha256}.part"
-        download_file(
-            self.transport, self.url(artifact.url), part, length=artifact.length,
-            sha256=artifact.sha256, deadline=deadline,
-            request_timeout=self.config.request_timeout_seconds,
-            progress=lambda done, total: self._progress(plan.model, version, "artifact", done,
-                                                        total),
-        )
-        os.replace(part, target)
-
-    def _fetch_via_patch(self, plan: Plan, artifact: Artifact, patch: manifests.Patch,
-                         base: Path, target: Path, deadline: Deadline) -> None:
-        from client_sdk.patching import PatchError, apply_patch
-
-        version = plan.release.version
-        part = self.downloads / f"{patch.sha256}.part"
-        download_file(
-            self.transport, self.url(patch.url), part, length=patch.length, sha256=patch.sha256,
-            deadline=deadline, request_timeout=self.config.request_timeout_seconds,
-            progress=lambda done, total: self._progress(plan.model, version, "patch", done,
-                                                        total),
-        )
-        out = self.downloads / f"{artifact.sha256}.patched"
-        try:
-            apply_patch(patch.algorithm, base, part, out, max_output=artifact.length)
-        except PatchError as e:
-            out.unlink(missing_ok=True)
-            raise PatchFailedError(f"{patch.algorithm} patch failed: {e}") from e
-        finally:
-            part.unlink(missing_ok=True)
-        deadline.check("applying a patch")
-        if out.stat().st_size != artifact.length or sha256_file(out) != artifact.sha256:
-            out.unlink(missing_ok=True)
-            raise PatchFailedError("patched file does not match the signed sha256")
-        os.replace(out, target)
-        self._step("patch_applied")
-
-    def _progress(self, model: str, version: str, what: str, done: int, total: int) -> None:
-        if self._stop is not None and self._stop.is_set():
-            # Stop between chunks: the partial file stays and the next run resumes it.
-            raise FetchError(f"stopped while downloading {model} {version}; will resume")
-        self._event(EventKind.DOWNLOADING, model, version, what, done, total)
-
-    def _gc_downloads(self, plans: tuple[Plan, ...]) -> None:
-        """Drop partial downloads no plan wants any more: a resume is only valid while the
-        expected sha256 is unchanged, and the file name *is* that sha256."""
-        wanted = {a.sha256 for p in plans for _, a in p.artifacts}
-        wanted |= {pt.sha256 for p in plans for _, a in p.artifacts for pt in a.patches}
-        if not self.downloads.exists():
-            return
-        for f in self.downloads.iterdir():
-            if f.name.split(".", 1)[0] not in wanted or not f.name.endswith(".part"):
-                f.unlink(missing_ok=True)
+        return self.downloader.fetch(plan, held, deadline)
 
     # -- step 4: install (one path for the active and the candidate slot) -----------------
 
@@ -426,7 +332,7 @@ class Updater:
             results = [ModelResult(r.model, Outcome.REFUSED, r.reason) for r in chosen.refused]
             for r in results:
                 self._event(EventKind.REFUSED, r.model, reason=r.reason)
-            self._gc_downloads(chosen.plans)
+            self.downloader.gc(chosen.plans)
             candidates: list[ModelResult] = []
             for plan in chosen.plans:
                 applied = self._apply(plan, deadline)
@@ -480,13 +386,3 @@ def _exclusive(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def _copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".copy")
-    try:
-        os.link(src, tmp)  # bundles are immutable, so a hard link is a safe copy
-    except OSError:
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)

@@ -1,0 +1,175 @@
+"""Step 3 of the update cycle: a plan's member files, verified, in ``<data_dir>/downloads``.
+
+Per member: a file the device already holds with that sha256 is copied (hard link) and
+re-hashed; else a patch whose ``from_sha256`` the device holds is downloaded (capped at its
+signed length), applied with ``max_output`` = the artifact's length and checked against the
+signed sha256 — any failure but the deadline falls back to the full artifact; else the full
+artifact is downloaded, resumably (``<sha256>.part``: the name *is* the expected hash, so a
+resume is only valid while the manifest still promises it; ``gc`` drops stale partials).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+
+import manifests
+from client_sdk.config import UpdaterConfig
+from client_sdk.errors import (
+    ClientSDKError,
+    DeadlineExceededError,
+    FetchError,
+    IntegrityError,
+    OversizeError,
+    PatchFailedError,
+)
+from client_sdk.events import Event, EventKind, emit
+from client_sdk.fetcher import Deadline, download_file
+from client_sdk.fsutil import sha256_file
+from client_sdk.install import Member
+from client_sdk.selection import Plan
+from client_sdk.transport import Transport
+from manifests import Artifact
+
+
+def resolve_url(base_url: str, ref: str) -> str:
+    """An absolute or base-relative URL from a manifest, against the server's base URL."""
+    return urllib.parse.urljoin(base_url.rstrip("/") + "/", ref)
+
+
+class Downloader:
+    """Gets plans' member files into ``<data_dir>/downloads`` (see the module docstring).
+
+    ``stopped()`` is polled between chunks: when it turns true the download stops with a
+    FetchError and its partial file stays for the next cycle to resume.
+    """
+
+    def __init__(self, config: UpdaterConfig, transport: Transport,
+                 stopped: Callable[[], bool]) -> None:
+        self.config = config
+        self.transport = transport
+        self.dir = config.data_dir / "downloads"
+        self._stopped = stopped
+
+    def _event(self, event: Event) -> None:
+        emit(self.config.on_event, event)
+
+    def _step(self, name: str) -> None:  # a kill point for the crash tests (install.STEPS)
+        if self.config.fault_hook is not None:
+            self.config.fault_hook(name)
+
+    def _url(self, ref: str) -> str:
+        return resolve_url(self.config.base_url, ref)
+
+    def fetch(self, plan: Plan, held: dict[str, Path],
+              deadline: Deadline) -> list[tuple[Member, Path]]:
+        """Get every member's verified bytes into downloads/ (``held``: sha256 → file of what
+        the device already has, reused or patched from); returns (member, file) pairs."""
+        out: list[tuple[Member, Path]] = []
+        for member, artifact in plan.artifacts:
+            target = self.dir / f"{artifact.sha256}.ready"
+            if artifact.sha256 in held:
+                _copy(held[artifact.sha256], target)
+                if sha256_file(target) != artifact.sha256:
+                    target.unlink(missing_ok=True)
+                    raise IntegrityError(f"{plan.model}: the local copy of {member.file} "
+                                         "no longer matches its sha256")
+            else:  # verified against the signed length and sha256 on the way in
+                self._fetch_artifact(plan, artifact, held, target, deadline)
+            out.append((member, target))
+            self._event(Event(EventKind.VERIFIED, plan.model, plan.release.version,
+                              f"{member.file} sha256 {artifact.sha256[:16]}…"))
+        self._step("download_done")
+        return out
+
+    def _fetch_artifact(self, plan: Plan, artifact: Artifact, held: dict[str, Path],
+                        target: Path, deadline: Deadline) -> None:
+        version = plan.release.version
+        cap = self.config.limits.max_artifact_bytes
+        if artifact.length > cap:
+            raise OversizeError(
+                f"{plan.model} {version}: artifact declares {artifact.length} bytes, over this "
+                f"device's cap of {cap} (Limits.max_artifact_bytes)"
+            )
+        patch = next((p for p in artifact.patches
+                      if p.from_sha256 in held and p.length <= cap), None)
+        if patch is not None:
+            try:
+                self._fetch_via_patch(plan, artifact, patch, held[patch.from_sha256], target,
+                                      deadline)
+                return
+            except DeadlineExceededError:
+                raise
+            except ClientSDKError as e:
+                self._event(Event(EventKind.FAILED, plan.model, version,
+                                  f"patch unusable ({e}); downloading the full artifact"))
+        elif artifact.patches:
+            self._event(Event(EventKind.DOWNLOADING, plan.model, version,
+                              "no patch from a base this device holds; downloading the full "
+                              "artifact"))
+        part = self.dir / f"{artifact.sha256}.part"
+        download_file(
+            self.transport, self._url(artifact.url), part, length=artifact.length,
+            sha256=artifact.sha256, deadline=deadline,
+            request_timeout=self.config.request_timeout_seconds,
+            progress=lambda done, total: self._progress(plan.model, version, "artifact", done,
+                                                        total),
+        )
+        os.replace(part, target)
+
+    def _fetch_via_patch(self, plan: Plan, artifact: Artifact, patch: manifests.Patch,
+                         base: Path, target: Path, deadline: Deadline) -> None:
+        from client_sdk.patching import PatchError, apply_patch
+
+        version = plan.release.version
+        part = self.dir / f"{patch.sha256}.part"
+        download_file(
+            self.transport, self._url(patch.url), part, length=patch.length, sha256=patch.sha256,
+            deadline=deadline, request_timeout=self.config.request_timeout_seconds,
+            progress=lambda done, total: self._progress(plan.model, version, "patch", done,
+                                                        total),
+        )
+        out = self.dir / f"{artifact.sha256}.patched"
+        try:
+            apply_patch(patch.algorithm, base, part, out, max_output=artifact.length)
+        except PatchError as e:
+            out.unlink(missing_ok=True)
+            raise PatchFailedError(f"{patch.algorithm} patch failed: {e}") from e
+        finally:
+            part.unlink(missing_ok=True)
+        deadline.check("applying a patch")
+        if out.stat().st_size != artifact.length or sha256_file(out) != artifact.sha256:
+            out.unlink(missing_ok=True)
+            raise PatchFailedError("patched file does not match the signed sha256")
+        os.replace(out, target)
+        self._step("patch_applied")
+
+    def _progress(self, model: str, version: str, what: str, done: int, total: int) -> None:
+        if self._stopped():
+            # Stop between chunks: the partial file stays and the next run resumes it.
+            raise FetchError(f"stopped while downloading {model} {version}; will resume")
+        self._event(Event(EventKind.DOWNLOADING, model, version, what, done, total))
+
+    def gc(self, plans: tuple[Plan, ...]) -> None:
+        """Drop partial downloads no plan wants any more: a resume is only valid while the
+        expected sha256 is unchanged, and the file name *is* that sha256."""
+        wanted = {a.sha256 for p in plans for _, a in p.artifacts}
+        wanted |= {pt.sha256 for p in plans for _, a in p.artifacts for pt in a.patches}
+        if not self.dir.exists():
+            return
+        for f in self.dir.iterdir():
+            if f.name.split(".", 1)[0] not in wanted or not f.name.endswith(".part"):
+                f.unlink(missing_ok=True)
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".copy")
+    try:
+        os.link(src, tmp)  # bundles are immutable, so a hard link is a safe copy
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
