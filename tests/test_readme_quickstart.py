@@ -1,6 +1,7 @@
-"""The README's quick start, run word for word (only the port differs) against a real
-`modelfleet serve`: keys, token, model, upload, compile, rollout, device update, predict.
-Keeps the README true: a command that stops working there fails here."""
+"""The README's quick start (the CLI) and its curl twin in docs/api.md, each run word for word
+(only the port differs) against a real `modelfleet serve`: keys, token, model, upload,
+compile, rollout, device update, predict. Keeps both true: a command that stops working there
+fails here."""
 
 from __future__ import annotations
 
@@ -25,11 +26,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def quickstart_script() -> str:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Quick start", 1)[1]
+def quickstart_script(doc: str = "README.md", heading: str = "## Quick start") -> str:
+    text = (REPO / doc).read_text(encoding="utf-8")
+    assert heading in text, f"{doc} lost its {heading!r} section"
+    section = text.split(heading, 1)[1]
     match = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert match, "README lost its quick-start shell block"
+    assert match, f"{doc} lost its quick-start shell block"
     return match.group(1)
 
 
@@ -48,8 +50,10 @@ def wait_until_up(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
 
 
 @pytest.mark.slow
-def test_readme_quick_start_runs_word_for_word(tmp_path: Path) -> None:
-    script = quickstart_script()
+@pytest.mark.parametrize(("doc", "heading"), [("README.md", "## Quick start"),
+                                              ("docs/api.md", "## Quick start with curl")])
+def test_readme_quick_start_runs_word_for_word(tmp_path: Path, doc: str, heading: str) -> None:
+    script = quickstart_script(doc, heading)
     port = free_port()
     script = script.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
     # The README runs from the repository root, where .venv lives.
@@ -71,6 +75,11 @@ def test_readme_quick_start_runs_word_for_word(tmp_path: Path) -> None:
         server.terminate()
         server.wait(timeout=30)
     assert run.returncode == 0, f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
+    if doc == "README.md":  # the CLI's own answers: the gate reports and the rollout's id
+        assert "mobilenet 1.0.0: ready" in run.stdout
+        assert "onnx · shape variant default · succeeded" in run.stdout
+        assert "rollout 1: mobilenet 1.0.0 on prod at 100%, active" in run.stdout
+        assert "prod: manifest serial" in run.stdout
     # The last command is `device predict`: one JSON document from the rolled-out version.
     prediction = json.loads(run.stdout.strip().splitlines()[-1])
     assert prediction["model"] == "mobilenet" and prediction["version"] == "1.0.0"
