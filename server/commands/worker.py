@@ -81,20 +81,24 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", metavar="",
                                               help="machine-readable output")] = False,
     ) -> None:
-        """Show a version's compile builds and gate results (exit 1 if the version failed)."""
+        """Show a version's compile builds and gate results (exit 1 if the version failed,
+        5 if --wait timed out)."""
         snap = _snapshot(data_dir, model, version)
         if wait and snap["state"] not in ("ready", "failed"):
+            from rich.console import Console
             from rich.progress import Progress
 
             deadline = time.monotonic() + timeout
-            with Progress(disable=as_json) as progress:
+            err = Console(stderr=True)
+            # Progress only on a terminal: nothing in pipes and CI logs.
+            with Progress(console=err, disable=as_json or not err.is_terminal) as progress:
                 task = progress.add_task(f"compiling {model} {version}",
                                          total=len(snap["builds"]))
                 while snap["state"] not in ("ready", "failed"):
                     if time.monotonic() > deadline:
-                        typer.echo(f"error: still {snap['state']} after {timeout:.0f}s",
-                                   err=True)
-                        raise typer.Exit(3)
+                        typer.echo(f"error: still {snap['state']} after {timeout:.0f}s "
+                                   "(fix: wait longer with --timeout)", err=True)
+                        raise typer.Exit(5)  # as every --wait (docs/cli.md)
                     time.sleep(1.0)
                     snap = _snapshot(data_dir, model, version)
                     done = sum(b["state"] in ("succeeded", "failed") for b in snap["builds"])

@@ -7,6 +7,8 @@ line with the fix."""
 from __future__ import annotations
 
 import json
+import os
+import pty
 import sqlite3
 import subprocess
 from collections.abc import Callable
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.cli.cli_support import (
+    MODELFLEET,
+    REPO,
     free_port,
     run_cli,
     write_reference,
@@ -216,3 +220,31 @@ def test_login_stores_the_token_0600_and_later_commands_use_it(served, tmp_path:
     env.pop("MODELFLEET_SERVER")
     audit = run_cli("audit", "--json", env=env)  # needs a token: it came from the file
     assert audit.returncode == 0, audit.stderr
+
+
+def test_progress_is_drawn_on_a_terminal_only(served, files) -> None:
+    """On a terminal (stderr a pty) publish --wait draws the upload bar and the live build
+    table; the pipe runs above leave stderr empty."""
+    assert run_cli("models", "create", "tty", env=served.env()).returncode == 0
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        [*MODELFLEET, "publish", "tty", str(files["model"]), "--version", "1.0.0",
+         "--platform", "onnx", "--input", INPUT, "--wait"], cwd=REPO,
+        env=served.env(COLUMNS="100"), stdout=subprocess.PIPE, stderr=secondary)
+    os.close(secondary)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    out, _ = proc.communicate(timeout=300)
+    os.close(primary)
+    assert proc.returncode == 0
+    screen = drawn.decode(errors="replace")
+    assert "uploading model.onnx" in screen or "compiling" in screen
+    assert "shape variant" in screen  # the live per-platform table
+    assert b"tty 1.0.0: ready" in out  # the report itself goes to stdout
