@@ -10,8 +10,8 @@ import typer
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
-if TYPE_CHECKING:  # the context type TyperGroup's methods declare (typer vendors click)
-    from typer._click import Context
+if TYPE_CHECKING:  # the types TyperGroup's methods declare (typer vendors click)
+    from typer._click import Command, Context
 
 ARGV_KEY = "modelfleet.argv"
 BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"})
@@ -22,12 +22,25 @@ def switch(*names: str, help: str) -> Any:
     return typer.Option(*names, help=help, metavar="")
 
 
+def bare_switches(command: Command, ctx: Context) -> None:
+    """Give every switch of `command` and of its subcommands — `--help` included, which typer
+    creates itself — an empty metavar, so help shows `--wait`, not `--wait <bool>`."""
+    params = [*command.params, command.get_help_option(ctx)]
+    for param in params:
+        if param is not None and getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        bare_switches(sub, ctx)
+
+
 class ModelfleetGroup(TyperGroup):
-    """The root command group: remembers the command line so a usage error caused by a value
-    after a switch (`--wait true`) can say so instead of "unexpected extra argument"."""
+    """The root command group: help without `<bool>` after switches, and a usage error
+    caused by a value after a switch (`--wait true`) says so instead of "unexpected extra
+    argument" (the command line is remembered for that)."""
 
     def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         ctx.meta.setdefault(ARGV_KEY, list(args))
+        bare_switches(self, ctx)
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: Context) -> Any:

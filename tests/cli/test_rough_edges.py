@@ -50,14 +50,15 @@ def test_build_report_shows_whole_errors_within_80_columns() -> None:
     assert "build variant fp16, mlpackage" in flat  # the two "variants" named apart
 
 
-@pytest.mark.parametrize("command", [["publish"], ["builds"], ["device", "update"],
-                                     ["rollout", "start"], ["keys", "rotate"], ["serve"]])
+@pytest.mark.parametrize("command", [[], ["publish"], ["builds"], ["device", "update"],
+                                     ["rollout"], ["rollout", "start"], ["keys", "rotate"],
+                                     ["serve"]])
 def test_help_shows_switches_without_a_value_placeholder(command: list[str]) -> None:
     r = run_cli(*command, "--help", env={**os.environ, "COLUMNS": "120"})
     assert r.returncode == 0, r.stderr
     switches = [line for line in r.stdout.splitlines()
                 if any(s in line for s in ("--wait", "--once", "--json", "--log-polls",
-                                           "--rotate-release"))]
+                                           "--rotate-release", "--help"))]
     assert switches, r.stdout
     assert not [line for line in switches if "<bool>" in line], r.stdout
 
