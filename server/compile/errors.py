@@ -22,11 +22,14 @@ class InvalidSourceError(CompileError):
 
 
 class ConversionError(CompileError):
-    """A converter could not translate the graph; `operators` names the culprits."""
+    """A converter could not translate the graph; `operators` names the culprits and
+    `nodes` (when known) each offending node: {"op", "node", "why"}."""
 
-    def __init__(self, message: str, operators: list[str] | None = None) -> None:
+    def __init__(self, message: str, operators: list[str] | None = None,
+                 nodes: list[dict[str, str]] | None = None) -> None:
         super().__init__(message)
         self.operators = operators or []
+        self.nodes = nodes or []
 
 
 class CalibrationError(CompileError):

@@ -188,14 +188,26 @@ def _global_max_pool(node: Any, graph: Any) -> Any:
     return _result(GlobalMaxPool(), (node.input_values[0],), node)
 
 
-def _clip(fallback: Converter) -> Converter:
-    def convert(node: Any, graph: Any) -> Any:
-        names = [*node.input_values[1:3], "", ""][:2]
-        if all(not n or _const(n, graph) is not None for n in names):
-            return fallback(node, graph)
-        inputs = (node.input_values[0], *node.input_values[1:3])
-        return _result(Clamp(), inputs, node)
-    return convert
+class ConstClamp(nn.Module):
+    def __init__(self, low: float | None, high: float | None) -> None:
+        super().__init__()
+        self.low, self.high = low, high
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(x, self.low, self.high)
+
+
+def _clip(node: Any, graph: Any) -> Any:
+    """Clip 11+: min/max optional inputs, each constant, computed or omitted ('')."""
+    names = [*node.input_values[1:3], "", ""][:2]
+    values = [_const(n, graph) if n else None for n in names]
+    if all(not n or v is not None for n, v in zip(names, values, strict=True)):
+        low, high = (None if v is None else float(v) for v in values)
+        if low is None and high is None:
+            return _result(nn.Identity(), (node.input_values[0],), node)
+        return _result(ConstClamp(low, high), (node.input_values[0],), node)
+    inputs = (node.input_values[0], *node.input_values[1:3])
+    return _result(Clamp(), inputs, node)
 
 
 def _expand(fallback: Converter) -> Converter:
@@ -333,7 +345,7 @@ def register() -> None:
     put("GlobalMaxPool", 1, _global_max_pool)
     put("AveragePool", 19, _average_pool_19(existing("AveragePool", 11)))
     for version in (11, 12, 13):
-        put("Clip", version, _clip(existing("Clip", version)), replace=True)
+        put("Clip", version, _clip, replace=True)
     for version in (8, 13):
         put("Expand", version, _expand(existing("Expand", version)), replace=True)
     for version in RESIZE_VERSIONS:

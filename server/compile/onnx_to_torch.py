@@ -87,8 +87,27 @@ def _constants(model: Any) -> dict[str, Any]:
     return out
 
 
+def _inline_identity_initializers(model: Any) -> None:
+    """The TorchScript exporter deduplicates equal weights into `Identity(initializer)`
+    nodes; onnx2torch's Conv/Gemm converters need the weight itself as an initializer."""
+    inits = {t.name: t for t in model.graph.initializer}
+    outputs = {o.name for o in model.graph.output}
+    keep = []
+    for node in model.graph.node:
+        if node.op_type == "Identity" and node.input[0] in inits and node.output[0] not in outputs:
+            copy = model.graph.initializer.add()
+            copy.CopyFrom(inits[node.input[0]])
+            copy.name = node.output[0]
+            continue
+        keep.append(node)
+    if len(keep) != len(model.graph.node):
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+
+
 def normalize(model: Any) -> Any:
     """Semantics-preserving rewrites so onnx2torch accepts exporter output (in place)."""
+    _inline_identity_initializers(model)
     consts = None
     for node in model.graph.node:
         if node.op_type != "Reshape":

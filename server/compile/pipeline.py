@@ -159,7 +159,7 @@ class Pipeline:
             log(f"[{variant}/{platform}] compile failed: {e}")
             if isinstance(e, ConversionError) and e.operators:
                 gates["conversion"] = {"passed": False, "operators": e.operators,
-                                       "summary": str(e)}
+                                       "nodes": e.nodes, "summary": str(e)}
             return [_failed(platform, variant, str(e), gates)]
         seconds = time.monotonic() - started
         log(f"[{variant}/{platform}] compiled {len(artifacts)} artifact(s) in {seconds:.2f}s")
@@ -180,6 +180,8 @@ class Pipeline:
         ok = True
         if "conversion_check" in art.extra:
             gates["conversion"] = art.extra["conversion_check"]
+        if "htp" in art.extra:
+            gates["htp"] = art.extra["htp"]
         if art.path.is_dir() and art.path.suffix == ".mlpackage":
             mil = check_mlpackage(art.path, t.platform, deny_list(t.platform, "mil"))
             gates["operators"] = [*gates["operators"], mil.to_dict()]

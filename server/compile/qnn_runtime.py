@@ -55,15 +55,26 @@ def _devices() -> tuple[Any, list[Any], Any]:
 
 def session(model: Path, *, provider_options: dict[str, str] | None = None,
             context_out: Path | None = None) -> Any:
-    """A session whose whole graph runs on the QNN HTP backend.
+    """A session whose whole graph runs on the QNN HTP backend (CPU fallback disabled).
 
     With `context_out`, the session also writes an EPContext model there with the compiled
     QNN context binary embedded (`ep.context_enable=1`, embed mode 1).
     """
-    ort, devices, qnn = _devices()
+    return open_session(model, provider_options=provider_options, context_out=context_out)
+
+
+def open_session(model: Path, *, provider_options: dict[str, str] | None = None,
+                 context_out: Path | None = None, allow_cpu_fallback: bool = False,
+                 record_assignment: bool = False, log_level: int = 3) -> Any:
+    """`session` with the knobs the HTP probe needs: CPU fallback allowed (nodes the HTP
+    rejects go to the CPU EP instead of failing) and the node assignment recorded."""
+    ort, devices, qnn = _devices()  # type: ignore[misc]
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    opts.log_severity_level = log_level
+    if not allow_cpu_fallback:
+        opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    if record_assignment:
+        opts.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     if context_out is not None:
         context_out.unlink(missing_ok=True)  # ORT refuses to overwrite an existing one
         opts.add_session_config_entry("ep.context_enable", "1")

@@ -204,6 +204,9 @@ CASES: list[OpCase] = [
     *[OpCase(f"HardSwish-{o}", _unary("HardSwish", o)) for o in (14, 20)],
     OpCase("ConvTranspose-11", _conv_transpose),
     *[OpCase(f"Clip-{o}", _clip(o, False)) for o in (11, 13)],
+    OpCase("Clip-13-max-only", lambda: _model(
+        [helper.make_node("Clip", ["x", "", "hi"], ["y"])], {"x": _x(2, 8)}, None, 13,
+        {"hi": np.array(0.5, np.float32)})),
     *[OpCase(f"Clip-{o}-dynamic-min", _clip(o, True)) for o in (11, 13, 18)],
     *[OpCase(f"BatchNormalization-{o}", _batch_norm(o)) for o in (11, 14, 15)],
     OpCase("AveragePool-11", _pool("AveragePool", 11, kernel_shape=[3, 3], strides=[2, 2])),

@@ -95,6 +95,24 @@ def _program_from_onnx(request: CompileRequest) -> tuple[Any, dict[str, Any] | N
                 "compile it for Core ML.") from e
 
 
+def _fill_pool_defaults(program: Any) -> Any:
+    """torch.export drops pooling arguments left at their defaults (stride = kernel,
+    padding 0); coremltools' converters index them positionally, so write them back."""
+    import torch
+
+    aten = torch.ops.aten
+    pools = {aten.max_pool2d.default, aten.max_pool2d_with_indices.default,
+             aten.avg_pool2d.default, aten.max_pool1d.default, aten.avg_pool1d.default}
+    changed = False
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target in pools and len(node.args) == 2:
+            node.args = (*node.args, node.args[1])
+            changed = True
+    if changed:
+        program.graph_module.recompile()
+    return program
+
+
 def _unsupported_op(err: Exception) -> list[str]:
     text = str(err)
     marker = "Unsupported fx node "
@@ -141,7 +159,9 @@ class CoreMLCompiler:
         try:
             with quiet():
                 if isinstance(program, torch.export.ExportedProgram):
-                    program = program.run_decompositions({})
+                    # The core ATen set: coremltools has no converter for many non-core ops
+                    # (new_ones, max_pool2d without indices, …) that export keeps.
+                    program = _fill_pool_defaults(program.run_decompositions())
                 mlmodel = ct.convert(
                     program, convert_to="mlprogram", minimum_deployment_target=target,
                     compute_precision=(ct.precision.FLOAT16 if precision is Precision.FP16

@@ -7,6 +7,14 @@ Settings (`settings["qnn"]`):
   "int8" (requires calibration data) or "fp16".
 - `activation_bits`: 16 (default, "w8a16": the HTP's usual accuracy/speed trade-off) or 8
   for the QDQ activations; weights are always 8-bit.
+- `min_htp_share`: unset (default) fails the build when any node would run on the CPU;
+  a number in (0, 1] accepts a partial offload when at least that share of the graph's
+  nodes runs on the HTP (the rest runs on the device's CPU EP, named in the report).
+
+Before compiling, the HTP probe (`server/compile/htp_support.py`) asks onnxruntime-qnn which
+nodes the HTP takes; nodes it rejects that have an equivalent form the HTP runs are rewritten
+(`server/compile/qnn_prep.py`: bool GatherND, Erf, Gelu, Trilu) and probed again. Nodes still
+left on the CPU are named (op type, node name, why) with the HTP share of nodes and MACs.
 
 INT8 quantizes with the version's calibration inputs only — never with made-up data; without
 them the build compiles FP16 on the HTP and the report says INT8 needs calibration inputs.
@@ -25,7 +33,8 @@ from server.compile.compilers.base import (
     settings_for,
 )
 from server.compile.errors import CalibrationError, ConversionError, InvalidSourceError
-from server.compile.qnn_runtime import qnn_version, session
+from server.compile.htp_support import HtpAssignment, probe
+from server.compile.qnn_runtime import open_session, qnn_version
 from server.compile.types import CompiledArtifact, CompileRequest, Precision, Target
 
 DEFAULT_TARGETS = [{"name": "SM8650", "soc_model": "57", "htp_arch": "75"}]
@@ -89,6 +98,7 @@ class QnnCompiler:
             raise InvalidSourceError("qnn activation_bits must be 8 or 16")
         if wanted == "int8" and request.calibration_path is None:
             raise CalibrationError(NEEDS_CALIBRATION.split(":")[0] + ": this version has none")
+        min_share = _min_share(opts.get("min_htp_share"))
         notes: list[str] = []
         src = ensure_onnx(request, workdir)
         if request.calibration_path is not None and wanted != "fp16":
@@ -115,14 +125,12 @@ class QnnCompiler:
             provider = {"soc_model": soc, "htp_arch": arch}
             if precision is Precision.FP16:
                 provider["enable_htp_fp16_precision"] = "1"
-            try:
-                session(model, provider_options=provider, context_out=out)
-            except Exception as e:
-                raise ConversionError(
-                    f"QNN HTP compile for {name} (soc_model {soc}, v{arch}) failed: "
-                    f"{str(e)[:600]}. The operator gate passed, so an operator or data type "
-                    "in the graph is not supported by this HTP; see the QNN EP operator list."
-                ) from e
+            assignment, rewrites = _compile_on_htp(model, provider, out, workdir, name)
+            target_notes = [*notes, *rewrites]
+            if assignment.cpu_nodes:
+                _accept_partial(assignment, min_share, f"{name} (soc_model {soc}, v{arch})")
+                target_notes.append(f"partial offload accepted (min_htp_share {min_share}): "
+                                    + assignment.summary())
             artifacts.append(CompiledArtifact(
                 path=out,
                 target=Target(platform="qnn", variant=variant, format="onnx-epcontext",
@@ -132,8 +140,9 @@ class QnnCompiler:
                 compile_settings={"precision": precision.value, "soc_model": soc,
                                   "htp_arch": arch, "activation_bits": act_bits,
                                   "context_embed_mode": 1},
-                notes=list(notes),
-                extra={"provider_options": provider},
+                notes=target_notes,
+                extra={"provider_options": provider, "htp": assignment.to_dict(),
+                       "cpu_fallback": bool(assignment.cpu_nodes)},
             ))
         return artifacts
 
@@ -141,5 +150,59 @@ class QnnCompiler:
         """Runs the EPContext model on the HTP backend (emulated on x86)."""
         import numpy as np
 
-        sess = session(artifact.path, provider_options=artifact.extra.get("provider_options"))
+        sess = open_session(artifact.path,
+                            provider_options=artifact.extra.get("provider_options"),
+                            allow_cpu_fallback=bool(artifact.extra.get("cpu_fallback")))
         return [[np.asarray(o) for o in sess.run(None, f)] for f in feeds]
+
+
+def _min_share(value: object) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        share = float(str(value))
+    except ValueError:
+        share = -1.0
+    if not 0.0 < share <= 1.0:
+        raise InvalidSourceError(f"qnn min_htp_share must be a number in (0, 1], not {value!r}")
+    return share
+
+
+def _compile_on_htp(model: Path, provider: dict[str, str], out: Path, workdir: Path,
+                    name: str) -> tuple[HtpAssignment, list[str]]:
+    """Probes the HTP split (writing the EPContext model in the same session); rewrites the
+    rejected nodes that have an HTP form and probes again. Returns the final split and
+    notes on what was rewritten."""
+    import onnx
+
+    from server.compile.qnn_prep import rewrite
+
+    try:
+        assignment = probe(model, provider, context_out=out)
+        if not assignment.cpu_nodes:
+            return assignment, []
+        rewritten, done = rewrite(onnx.load(str(model)), {n.name for n in assignment.cpu_nodes})
+        if not done:
+            return assignment, []
+        htp_model = workdir / f"model.{name.lower()}.htp.onnx"
+        onnx.save(rewritten, str(htp_model))
+        notes = [f"rewritten for the HTP: {node} ({what})" for node, what in done.items()]
+        return probe(htp_model, provider, context_out=out), notes
+    except Exception as e:
+        raise ConversionError(
+            f"QNN HTP compile for {name} (soc_model {provider['soc_model']}, "
+            f"v{provider['htp_arch']}) failed: {str(e)[:600]}") from e
+
+
+def _accept_partial(assignment: HtpAssignment, min_share: float | None, target: str) -> None:
+    nodes = [n.to_dict() for n in assignment.cpu_nodes]
+    ops = list(dict.fromkeys(n.op for n in assignment.cpu_nodes))
+    if min_share is None:
+        raise ConversionError(
+            f"QNN HTP for {target}: {assignment.summary()}. These would run on the CPU. "
+            "Remove or replace those operators in the exported graph, or accept a partial "
+            "offload with the qnn setting min_htp_share (e.g. 0.95).", ops, nodes)
+    if assignment.node_share < min_share:
+        raise ConversionError(
+            f"QNN HTP for {target}: only {100 * assignment.node_share:.1f}% of nodes on the "
+            f"HTP, below min_htp_share {min_share}: {assignment.summary()}", ops, nodes)

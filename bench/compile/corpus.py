@@ -1,0 +1,122 @@
+"""Compiles the real-model corpus for onnx, coreml and qnn and prints model × platform:
+
+    python -m bench.compile.corpus [--models a,b] [--platforms onnx,coreml,qnn] [--markdown]
+                                   [--json out.json]
+
+Each cell runs the same pipeline a worker runs (operator gate, compile, numeric gate against
+the source's FP32 outputs on 2 reference samples, packing) and shows the outcome, compile
+seconds, cosine / SNR, the HTP share (qnn) and the artifact bytes; a failed cell shows the
+named operator/node and the fix from the build's error. Models are built or fetched into
+~/.cache/modelfleet/corpus (tests/corpus). Core ML numerics are "not run" on Linux; such a
+compile counts as a success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform as host
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PLATFORMS = ("onnx", "coreml", "qnn")
+
+
+def run_cell(model: Any, plat: str, workdir: Path) -> dict[str, Any]:
+    from server.compile.pipeline import BuildSpec, Pipeline
+    from server.compile.settings_map import pipeline_settings
+
+    spec = BuildSpec(source_path=model.path, source_format=model.fmt,
+                     variants={"default": model.inputs}, platforms=(plat,),
+                     settings=pipeline_settings(plat, model.platforms[plat]),
+                     reference_path=model.reference)
+    started = time.monotonic()
+    try:
+        outcomes = Pipeline().build(spec, workdir)
+    except Exception as e:  # a crash is a failed cell with its reason
+        return {"model": model.name, "platform": plat, "state": "failed",
+                "error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - started}
+    out = outcomes[0]
+    num = out.gates.get("numeric", {})
+    metrics = num.get("outputs") or [{}]
+    htp = out.gates.get("htp", {})
+    return {
+        "model": model.name, "platform": plat, "state": out.state,
+        "seconds": round(out.compile_seconds or (time.monotonic() - started), 1),
+        "numeric": num.get("status", ""),
+        "cosine": min((float(m.get("cosine", 1.0)) for m in metrics), default=None)
+        if num.get("status") in ("passed", "failed") else None,
+        "snr_db": min((float(m.get("snr_db", 0.0)) for m in metrics), default=None)
+        if num.get("status") in ("passed", "failed") else None,
+        "htp_share": htp.get("node_share"),
+        "bytes": out.artifact.length if out.artifact else None,
+        "error": out.error,
+    }
+
+
+def _cell(c: dict[str, Any]) -> str:
+    if c["state"] != "ready":
+        return f"**failed** ({c['seconds']}s): {c['error'][:160]}"
+    parts = [f"ok {c['seconds']}s"]
+    if c.get("cosine") is not None:
+        parts.append(f"cos {c['cosine']:.5f}, {c['snr_db']:.1f} dB")
+    elif c.get("numeric"):
+        parts.append(f"numeric {c['numeric'].split(' ')[0].replace('_', ' ')}")
+    if c.get("htp_share") is not None:
+        parts.append(f"HTP {100 * c['htp_share']:.0f}%")
+    if c.get("bytes"):
+        parts.append(f"{c['bytes'] / 1e6:.1f} MB")
+    return ", ".join(parts)
+
+
+def table(models: list[Any], cells: list[dict[str, Any]], plats: list[str]) -> str:
+    by = {(c["model"], c["platform"]): c for c in cells}
+    lines = ["| model | family | exporter | dims | params | " + " | ".join(plats) + " |",
+             "|---|---|---|---|---|" + "---|" * len(plats)]
+    for m in models:
+        row = [m.name, m.family, m.exporter, m.dims, f"{m.params / 1e6:.1f}M"]
+        row += [_cell(by[(m.name, p)]) if (m.name, p) in by else "—" for p in plats]
+        lines.append("| " + " | ".join(row) + " |")
+    ok = {p: sum(1 for c in cells if c["platform"] == p and c["state"] == "ready")
+          for p in plats}
+    n = {p: sum(1 for c in cells if c["platform"] == p) for p in plats}
+    lines.append("")
+    lines.append("Succeeded: " + ", ".join(f"{p} {ok[p]}/{n[p]}" for p in plats))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.corpus.models import corpus
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", help="comma-separated corpus model names (default: all)")
+    ap.add_argument("--platforms", default=",".join(PLATFORMS))
+    ap.add_argument("--markdown", action="store_true", help="print only the markdown table")
+    ap.add_argument("--json", type=Path, help="also write the cells as JSON here")
+    args = ap.parse_args(argv)
+    plats = [p for p in args.platforms.split(",") if p]
+    models = corpus(args.models.split(",") if args.models else None)
+    cells = []
+    with tempfile.TemporaryDirectory(prefix="corpus-bench-") as tmp:
+        for m in models:
+            for p in plats:
+                cell = run_cell(m, p, Path(tmp) / m.name / p)
+                cells.append(cell)
+                if not args.markdown:
+                    print(f"{m.name:24} {p:7} {_cell(cell)}", file=sys.stderr, flush=True)
+    print(f"Corpus compile, {datetime.date.today().isoformat()}, {host.machine()} "
+          f"{os.cpu_count()} cores, Python {host.python_version()}\n")
+    print(table(models, cells, plats))
+    if args.json:
+        args.json.write_text(json.dumps(cells, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""Rewrites of ONNX nodes the QNN HTP rejects into equivalent nodes it runs.
+
+Applied only to the nodes the HTP probe (`htp_support.probe`) left on the CPU, so a graph the
+HTP takes whole is compiled unchanged:
+
+- GatherND with constant indices (exported attention masks, bool): Reshape + Gather of
+  precomputed linear indices, bool data through int32;
+- Erf: Abramowitz–Stegun 7.1.26 polynomial (|error| < 1.5e-7), from Abs, Mul, Add, Div, Exp,
+  Sign — all HTP ops;
+- Gelu: 0.5·x·(1 + erf(x/√2)) with that Erf (or the tanh form for approximate="tanh");
+- Trilu with static shapes: Where with a constant triangular mask.
+
+`rewrite(model, names)` returns the rewritten model and what was done, per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+# Abramowitz & Stegun 7.1.26
+_P = 0.3275911
+_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+class _Builder:
+    def __init__(self, model: Any, prefix: str) -> None:
+        self.model, self.prefix, self.nodes, self.n = model, prefix, [], 0  # type: ignore[var-annotated]
+
+    def name(self, what: str) -> str:
+        self.n += 1
+        return f"{self.prefix}/{what}_{self.n}"
+
+    def const(self, value: Any, dtype: Any = np.float32) -> str:
+        from onnx import numpy_helper
+
+        name = self.name("c")
+        self.model.graph.initializer.append(numpy_helper.from_array(
+            np.asarray(value, dtype=dtype), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
+        from onnx import helper
+
+        y = out or self.name(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, inputs, [y], name=self.name(op_type),
+                                           **attrs))
+        return y
+
+
+def _erf(b: _Builder, x: str, out: str | None = None) -> str:
+    ax = b.op("Abs", [x])
+    t = b.op("Div", [b.const(1.0), b.op("Add", [b.const(1.0), b.op("Mul", [ax, b.const(_P)])])])
+    poly = b.op("Mul", [t, b.const(_A[4])])
+    for a in reversed(_A[:4]):
+        poly = b.op("Mul", [b.op("Add", [poly, b.const(a)]), t])
+    e = b.op("Exp", [b.op("Neg", [b.op("Mul", [ax, ax])])])
+    y = b.op("Sub", [b.const(1.0), b.op("Mul", [poly, e])])
+    return b.op("Mul", [b.op("Sign", [x]), y], out)
+
+
+def _erf_node(b: _Builder, node: Any, shapes: dict[str, Any]) -> str:
+    _erf(b, node.input[0], node.output[0])
+    return "Erf as a polynomial (Abramowitz–Stegun 7.1.26)"
+
+
+def _gelu_node(b: _Builder, node: Any, shapes: dict[str, Any]) -> str:
+    x = node.input[0]
+    approximate = next((a.s.decode() for a in node.attribute if a.name == "approximate"),
+                       "none")
+    if approximate == "tanh":
+        inner = b.op("Mul", [b.op("Add", [x, b.op("Mul", [b.const(0.044715), b.op(
+            "Mul", [x, b.op("Mul", [x, x])])])]), b.const(np.sqrt(2 / np.pi))])
+        one_plus = b.op("Add", [b.const(1.0), b.op("Tanh", [inner])])
+    else:
+        one_plus = b.op("Add", [b.const(1.0), _erf(b, b.op("Mul", [x, b.const(
+            1 / np.sqrt(2))]))])
+    b.op("Mul", [b.op("Mul", [x, b.const(0.5)]), one_plus], node.output[0])
+    return "Gelu as 0.5·x·(1 + erf(x/√2)) with a polynomial Erf" if approximate != "tanh" \
+        else "Gelu (tanh) from Tanh, Mul, Add"
+
+
+def _gathernd_node(b: _Builder, node: Any, shapes: dict[str, Any]) -> str:
+    """GatherND with constant indices (batch_dims 0) is a Gather on the flattened leading
+    axes with precomputed linear indices; bool data goes through int32."""
+    from onnx import TensorProto, numpy_helper
+
+    consts = {t.name: t for t in b.model.graph.initializer}
+    shape = shapes.get(node.input[0])
+    if node.input[1] not in consts or not shape or any(
+            a.name == "batch_dims" and a.i for a in node.attribute):
+        raise ValueError("GatherND needs constant indices, a static data shape, batch_dims 0")
+    idx = numpy_helper.to_array(consts[node.input[1]]).astype(np.int64)
+    k = idx.shape[-1]
+    lead = shape[:k]
+    idx = np.where(idx < 0, idx + np.asarray(lead), idx)
+    linear = np.ravel_multi_index(tuple(np.moveaxis(idx, -1, 0)), lead).astype(np.int64)
+    dtype = shapes.get("__dtype__" + node.input[0])
+    data = node.input[0]
+    is_bool = dtype is not None and np.dtype(dtype) == np.bool_
+    if is_bool:
+        data = b.op("Cast", [data], to=TensorProto.INT32)
+    flat = b.op("Reshape", [data, b.const([int(np.prod(lead)), *shape[k:]], np.int64)])
+    g = b.op("Gather", [flat, b.const(linear, np.int64)], None if is_bool else node.output[0],
+             axis=0)
+    if is_bool:
+        b.op("Cast", [g], node.output[0], to=TensorProto.BOOL)
+    return "GatherND with constant indices as Reshape + Gather" + \
+        (" through int32 (bool data)" if is_bool else "")
+
+
+def _trilu_node(b: _Builder, node: Any, shapes: dict[str, Any]) -> str:
+    shape = shapes.get(node.input[0])
+    if not shape:
+        raise ValueError("Trilu needs a static input shape to build its mask")
+    k = 0
+    if len(node.input) > 1 and node.input[1]:
+        consts = {t.name: t for t in b.model.graph.initializer}
+        if node.input[1] not in consts:
+            raise ValueError("Trilu with a computed k")
+        from onnx import numpy_helper
+
+        k = int(numpy_helper.to_array(consts[node.input[1]]).reshape(-1)[0])
+    upper = next((a.i for a in node.attribute if a.name == "upper"), 1)
+    rows, cols = shape[-2], shape[-1]
+    mask = np.triu(np.ones((rows, cols), bool), k) if upper else \
+        np.tril(np.ones((rows, cols), bool), k)
+    zero = b.const(np.zeros((), dtype=shapes.get("__dtype__" + node.input[0], np.float32)))
+    b.op("Where", [b.const(mask, bool), node.input[0], zero], node.output[0])
+    return "Trilu as Where with a constant triangular mask"
+
+
+REWRITES: dict[str, Callable[[_Builder, Any, dict[str, Any]], str]] = {
+    "Erf": _erf_node, "Gelu": _gelu_node, "GatherND": _gathernd_node, "Trilu": _trilu_node,
+}
+
+
+def _static_shapes(model: Any) -> dict[str, Any]:
+    import onnx
+    from onnx import helper
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    out: dict[str, Any] = {}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        tt = vi.type.tensor_type
+        dims = [d.dim_value for d in tt.shape.dim]
+        if dims and all(d > 0 for d in dims):
+            out[vi.name] = dims
+        if tt.elem_type:
+            out["__dtype__" + vi.name] = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+    return out
+
+
+def rewrite(model: Any, names: set[str]) -> tuple[Any, dict[str, str]]:
+    """Rewrites the named nodes that have a decomposition (in place); returns the model and
+    {node name: what was done} (nodes without a decomposition are left as they are)."""
+    shapes = _static_shapes(model)
+    done: dict[str, str] = {}
+    new_nodes = []
+    for node in model.graph.node:
+        fn = REWRITES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if fn is None or node.name not in names:
+            new_nodes.append(node)
+            continue
+        b = _Builder(model, node.name or node.op_type)
+        try:
+            done[node.name] = fn(b, node, shapes)
+        except ValueError:
+            new_nodes.append(node)
+            continue
+        new_nodes.extend(b.nodes)
+    del model.graph.node[:]
+    model.graph.node.extend(new_nodes)
+    return model, done
