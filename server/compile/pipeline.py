@@ -21,6 +21,7 @@ from server.compile.compilers.base import Compiler, default_compilers
 from server.compile.errors import CompileError, ConversionError, TransientCompileError
 from server.compile.gates import numeric
 from server.compile.gates.operators import check_mlpackage, check_onnx, deny_list
+from server.compile.gates.support import check_support
 from server.compile.packing import PackedArtifact, pack
 from server.compile.source import export_onnx, load_samples, reference_outputs
 from server.compile.types import CompiledArtifact, CompileRequest, InputSpec, SourceFormat
@@ -147,6 +148,18 @@ class Pipeline:
         log(f"[{variant}/{platform}] {gate.summary()}")
         if not gate.passed:
             return [_failed(platform, variant, gate.summary(), gates)]
+        try:
+            support = check_support(request, platform)
+        except TransientCompileError:
+            raise
+        except CompileError as e:
+            return [_failed(platform, variant, str(e), gates)]
+        if support is not None:
+            gates["support"] = support.to_dict()
+            log(f"[{variant}/{platform}] {support.summary()}; {support.advice}")
+            if not support.passed:
+                return [_failed(platform, variant, f"{support.summary()}. {support.advice}",
+                                gates)]
         started = time.monotonic()
         try:
             compiler = self._factories[platform]()

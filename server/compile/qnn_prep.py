@@ -27,7 +27,9 @@ _A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 
 class _Builder:
     def __init__(self, model: Any, prefix: str) -> None:
-        self.model, self.prefix, self.nodes, self.n = model, prefix, [], 0  # type: ignore[var-annotated]
+        self.model, self.prefix = model, prefix
+        self.nodes: list[Any] = []
+        self.n = 0
 
     def name(self, what: str) -> str:
         self.n += 1
@@ -174,3 +176,34 @@ def rewrite(model: Any, names: set[str]) -> tuple[Any, dict[str, str]]:
     del model.graph.node[:]
     model.graph.node.extend(new_nodes)
     return model, done
+
+
+# Inputs where an out-of-int32-range value means "to the end" and is clamped by the op.
+_CLAMPED_INT64 = {("Slice", 1), ("Slice", 2)}
+_I32 = np.iinfo(np.int32)
+
+
+def int64_out_of_int32_range(model: Any) -> list[tuple[str, str, str]]:
+    """(constant, consuming node, op) for every int64 constant with a value outside int32:
+    the HTP computes 64-bit integers in 32 bits (as Qualcomm's converters truncate them), so
+    such a constant would silently change meaning. Slice starts/ends are exempt (clamped)."""
+    from onnx import TensorProto, numpy_helper
+
+    bad = {t.name for t in model.graph.initializer if t.data_type == TensorProto.INT64
+           and _outside_int32(numpy_helper.to_array(t))}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value" and a.t.data_type == TensorProto.INT64 \
+                        and _outside_int32(numpy_helper.to_array(a.t)):
+                    bad.add(node.output[0])
+    found = []
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            if name in bad and (node.op_type, i) not in _CLAMPED_INT64:
+                found.append((name, node.name or node.op_type, node.op_type))
+    return found
+
+
+def _outside_int32(values: Any) -> bool:
+    return bool(values.size) and bool((values.min() < _I32.min) or (values.max() > _I32.max))

@@ -68,7 +68,7 @@ def open_session(model: Path, *, provider_options: dict[str, str] | None = None,
                  record_assignment: bool = False, log_level: int = 3) -> Any:
     """`session` with the knobs the HTP probe needs: CPU fallback allowed (nodes the HTP
     rejects go to the CPU EP instead of failing) and the node assignment recorded."""
-    ort, devices, qnn = _devices()  # type: ignore[misc]
+    ort, devices, qnn = _devices()
     opts = ort.SessionOptions()
     opts.log_severity_level = log_level
     if not allow_cpu_fallback:

@@ -95,3 +95,14 @@ def test_resize_with_computed_sizes_is_refused_with_the_fix(tmp_path):
     found = unconvertible_nodes(model)
     assert [(u.op, u.node) for u in found] == [("Resize", "up")]
     assert "fix the input shapes" in found[0].reason
+
+
+def test_support_gate_names_the_node_core_ml_conversion_refuses(tmp_path):
+    from server.compile.gates.support import check_support
+
+    request = CompileRequest(_dilated_pool(tmp_path), SourceFormat.ONNX,
+                             (InputSpec("x", (1, 2, 9, 9)),))
+    report = check_support(request, "coreml")
+    assert report is not None and not report.passed
+    assert [(f.name, f.where) for f in report.findings] == [("AveragePool", "pool_dilated")]
+    assert "dilations" in report.findings[0].detail

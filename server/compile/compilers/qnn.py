@@ -75,7 +75,7 @@ def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
     return out
 
 
-def _targets(opts: dict[str, object]) -> list[dict[str, str]]:
+def targets_of(opts: dict[str, object]) -> list[dict[str, str]]:
     """The SoCs to build for, as `settings_map` wrote them (name, soc_model, htp_arch)."""
     targets = opts.get("targets") or DEFAULT_TARGETS
     if not isinstance(targets, list) or not all(isinstance(t, dict) for t in targets):
@@ -98,9 +98,10 @@ class QnnCompiler:
             raise InvalidSourceError("qnn activation_bits must be 8 or 16")
         if wanted == "int8" and request.calibration_path is None:
             raise CalibrationError(NEEDS_CALIBRATION.split(":")[0] + ": this version has none")
-        min_share = _min_share(opts.get("min_htp_share"))
+        min_share = min_htp_share(opts.get("min_htp_share"))
         notes: list[str] = []
         src = ensure_onnx(request, workdir)
+        refuse_wide_int64(src)
         if request.calibration_path is not None and wanted != "fp16":
             samples = load_samples(request.calibration_path, request.inputs)
             with quiet():
@@ -113,7 +114,7 @@ class QnnCompiler:
             if wanted != "fp16":
                 notes.append(NEEDS_CALIBRATION)
         artifacts = []
-        for t in _targets(opts):
+        for t in targets_of(opts):
             soc, arch = str(t["soc_model"]), str(t["htp_arch"])
             name = str(t.get("name", f"soc{soc}"))
             label = "int8" if precision is Precision.INT8 and act_bits == 8 else \
@@ -122,10 +123,12 @@ class QnnCompiler:
             if request.shape_variant != "default":
                 variant = f"{request.shape_variant}-{variant}"
             out = workdir / f"model.{name.lower()}.ctx.onnx"
-            provider = {"soc_model": soc, "htp_arch": arch}
+            # Keep the graph-boundary Quantize/Dequantize on the HTP too (onnxruntime-qnn
+            # otherwise leaves them to the CPU EP).
+            provider = {"soc_model": soc, "htp_arch": arch, "offload_graph_io_quantization": "0"}
             if precision is Precision.FP16:
                 provider["enable_htp_fp16_precision"] = "1"
-            assignment, rewrites = _compile_on_htp(model, provider, out, workdir, name)
+            assignment, rewrites = plan_htp(model, provider, out, workdir, name)
             target_notes = [*notes, *rewrites]
             if assignment.cpu_nodes:
                 _accept_partial(assignment, min_share, f"{name} (soc_model {soc}, v{arch})")
@@ -141,7 +144,8 @@ class QnnCompiler:
                                   "htp_arch": arch, "activation_bits": act_bits,
                                   "context_embed_mode": 1},
                 notes=target_notes,
-                extra={"provider_options": provider, "htp": assignment.to_dict(),
+                extra={"provider_options": provider,
+                       "htp": {**assignment.to_dict(), "rewritten": rewrites},
                        "cpu_fallback": bool(assignment.cpu_nodes)},
             ))
         return artifacts
@@ -156,7 +160,24 @@ class QnnCompiler:
         return [[np.asarray(o) for o in sess.run(None, f)] for f in feeds]
 
 
-def _min_share(value: object) -> float | None:
+def refuse_wide_int64(model: Path) -> None:
+    """Fails naming each int64 constant the HTP's 32-bit integers cannot hold."""
+    import onnx
+
+    from server.compile.qnn_prep import int64_out_of_int32_range
+
+    wide = int64_out_of_int32_range(onnx.load(str(model)))
+    if wide:
+        named = "; ".join(f"{c} (input of {op} node {n!r})" for c, n, op in wide[:8])
+        raise ConversionError(
+            f"int64 constant(s) outside the int32 range, which the HTP computes in 32 bits: "
+            f"{named}. Export with values that fit in int32 (e.g. a finite mask value), or "
+            "exclude the qnn platform.", list(dict.fromkeys(op for _, _, op in wide)),
+            [{"op": op, "node": n, "why": f"int64 constant {c} outside int32"}
+             for c, n, op in wide])
+
+
+def min_htp_share(value: object) -> float | None:
     if value is None or value == "":
         return None
     try:
@@ -168,11 +189,11 @@ def _min_share(value: object) -> float | None:
     return share
 
 
-def _compile_on_htp(model: Path, provider: dict[str, str], out: Path, workdir: Path,
-                    name: str) -> tuple[HtpAssignment, list[str]]:
-    """Probes the HTP split (writing the EPContext model in the same session); rewrites the
-    rejected nodes that have an HTP form and probes again. Returns the final split and
-    notes on what was rewritten."""
+def plan_htp(model: Path, provider: dict[str, str], out: Path | None, workdir: Path,
+             name: str) -> tuple[HtpAssignment, list[str]]:
+    """Probes the HTP split (writing the EPContext model to `out` in the same session, when
+    given); rewrites the rejected nodes that have an HTP form and probes again. Returns the
+    final split and notes on what was rewritten. The support gate calls it without `out`."""
     import onnx
 
     from server.compile.qnn_prep import rewrite

@@ -1,0 +1,80 @@
+"""Support gate: before compiling, the nodes a target will not take, from the compilers' own
+support data — so the gate and the compile agree by construction.
+
+- coreml (ONNX uploads): the ONNX → torch converter registry, by running the very converters
+  the compile runs (`onnx_to_torch.unconvertible_nodes`). Torch uploads go to coremltools
+  directly and are not judged here.
+- qnn: the HTP split onnxruntime-qnn makes (`htp_support.probe`) after the same rewrites the
+  compile applies (`compilers.qnn.plan_htp`), judged by the same `min_htp_share` policy, for
+  every target SoC. INT8 builds compile a quantized copy of this graph; the probe judges the
+  float graph at FP16.
+
+Findings: `{"kind": "unsupported", "name": op type, "where": node name, "detail": why}`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from server.compile.gates.operators import Finding, OperatorGateReport
+from server.compile.types import CompileRequest, SourceFormat
+
+PLATFORMS = ("coreml", "qnn")
+
+
+def _coreml(request: CompileRequest, report: OperatorGateReport) -> None:
+    import onnx
+
+    from server.compile.onnx_to_torch import normalize, unconvertible_nodes
+
+    if request.source_format is not SourceFormat.ONNX:
+        report.advice = "torch upload: converted by coremltools directly (not judged here)"
+        return
+    model = normalize(onnx.load(str(request.onnx_path or request.source_path)))
+    for u in unconvertible_nodes(model):
+        report.findings.append(Finding("unsupported", u.op, u.node, u.reason))
+    if report.findings:
+        report.advice = ("the ONNX → torch step for Core ML cannot convert these nodes; upload "
+                         "the model as a torch ExportedProgram (torch.export.save), or exclude "
+                         "the coreml platform")
+
+
+def _qnn(request: CompileRequest, report: OperatorGateReport) -> None:
+    from server.compile.compilers.base import settings_for
+    from server.compile.compilers.qnn import min_htp_share, plan_htp, targets_of
+
+    opts = settings_for(request, "qnn")
+    min_share = min_htp_share(opts.get("min_htp_share"))
+    shares = []
+    source = request.onnx_path or request.source_path
+    with tempfile.TemporaryDirectory(prefix="htp-gate-") as tmp:
+        for t in targets_of(opts):
+            provider = {"soc_model": t["soc_model"], "htp_arch": t["htp_arch"],
+                        "enable_htp_fp16_precision": "1"}
+            assignment, _ = plan_htp(source, provider, None, Path(tmp), t.get("name", "soc"))
+            accepted = min_share is not None and assignment.node_share >= min_share
+            for n in assignment.cpu_nodes:
+                if not accepted:
+                    report.findings.append(Finding("unsupported", n.op, n.name,
+                                                   f"{t.get('name', '')}: {n.why}"))
+            shares.append(f"{t.get('name', 'soc')}: {100 * assignment.node_share:.1f}% of nodes, "
+                          f"{100 * assignment.mac_share:.1f}% of MACs on the HTP")
+    report.advice = "; ".join(shares)
+    if report.findings:
+        report.advice += (". These nodes would run on the CPU, not the HTP: replace those "
+                          "operators in the exported graph, or accept a partial offload with "
+                          "the qnn setting min_htp_share (e.g. 0.95)")
+
+
+def check_support(request: CompileRequest, platform: str) -> OperatorGateReport | None:
+    """The support gate for `platform`, or None when the platform has no support data."""
+    if platform not in PLATFORMS:
+        return None
+    report = OperatorGateReport(platform=platform, graph="support", passed=True)
+    if platform == "coreml":
+        _coreml(request, report)
+    else:
+        _qnn(request, report)
+    report.passed = not report.findings
+    return report
