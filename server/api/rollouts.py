@@ -4,6 +4,7 @@ Every change is audited and answered with the serial of the new signed manifest.
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import Decimal
 from typing import Annotated
 
@@ -12,6 +13,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+import manifests
 from server.api.deps import RolloutPrincipal, SessionDep, TokenPrincipal
 from server.api.errors import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
 from server.api.serving import manifest_cache, patch_scheduler, publisher
@@ -20,7 +22,7 @@ from server.publish import rollouts as ro
 from server.publish.errors import ChannelNotFoundError, InvalidRolloutError
 from server.publish.preview import MAX_PREVIEW_DEVICES, preview, profile_from_dict
 from server.publish.publisher import latest_manifest, load_artifact_records, publish_channel
-from server.publish.records import FilterRecord, RolloutRecord, RolloutState, ShadowRecord
+from server.publish.records import RolloutRecord
 from server.publish.rules import (
     MAX_DEVICE_IDS_PER_LIST,
     check_filters,
@@ -60,11 +62,12 @@ class FiltersIn(BaseModel):
     device_allow: Strings = []
     device_deny: Strings = []
 
-    def record(self) -> FilterRecord:
-        return FilterRecord(
-            platforms=tuple(self.platforms), socs=tuple(self.socs), archs=tuple(self.archs),
-            os_versions=tuple(self.os_versions), app_versions=tuple(self.app_versions),
-            device_allow=tuple(self.device_allow), device_deny=tuple(self.device_deny))
+    def to_filters(self) -> manifests.Filters:
+        return manifests.Filters(**self.model_dump())
+
+    @classmethod
+    def of(cls, f: manifests.Filters) -> FiltersIn:
+        return cls(**{name: list(getattr(f, name)) for name in manifests.Filters.LISTS})
 
 
 class ShadowIn(BaseModel):
@@ -82,9 +85,10 @@ class RolloutCreate(BaseModel):
     shadow: ShadowIn | None = None
 
     def spec(self) -> ro.RolloutSpec:
-        shadow = None if self.shadow is None else ShadowRecord(**self.shadow.model_dump())
+        shadow = None if self.shadow is None else manifests.ShadowThresholds(
+            **self.shadow.model_dump())
         return ro.RolloutSpec(self.model, self.version, self.percentage, self.mode,
-                              self.filters.record(), shadow)
+                              self.filters.to_filters(), shadow)
 
 
 class RampIn(BaseModel):
@@ -148,15 +152,14 @@ class PreviewOut(BaseModel):
 
 def _public(view: ro.RolloutView) -> RolloutPublic:
     r = view.record
-    f = r.filters
     return RolloutPublic(
         id=r.id, channel=view.channel, model=r.model, version=r.version,
         percentage=float(ppm_to_percentage(r.share_ppm)), share_ppm=r.share_ppm, salt=r.salt,
         mode=r.mode, state=r.state.value, state_reason=view.state_reason,
-        filters=FiltersIn(platforms=list(f.platforms), socs=list(f.socs), archs=list(f.archs),
-                          os_versions=list(f.os_versions), app_versions=list(f.app_versions),
-                          device_allow=list(f.device_allow), device_deny=list(f.device_deny)),
-        shadow=None if r.shadow is None else ShadowIn(**vars(r.shadow)),
+        filters=FiltersIn.of(r.filters),
+        shadow=None if r.shadow is None else ShadowIn(
+            max_kl_micro=r.shadow.max_kl_micro, max_latency_p99_us=r.shadow.max_latency_p99_us,
+            min_samples=r.shadow.min_samples),
         serial=view.serial,
     )
 
@@ -293,20 +296,20 @@ def _proposed(session: Session, channel: ChannelName, body: PreviewIn) -> Rollou
         release = session.get(db.Release, body.rollout_id)
         assert release is not None  # get_rollout raised otherwise
         arts = load_artifact_records(session, release.version_id, "")
-        return RolloutRecord(**{**vars(view.record), "artifacts": arts})
+        return dataclasses.replace(view.record, artifacts=arts)
     if body.model is None or body.version is None or body.percentage is None:
         raise InvalidRolloutError(
             "preview needs either rollout_id or model, version and percentage",
             fix='send {"rollout_id": 7} or {"model": …, "version": …, "percentage": 5}')
     version = ro.version_row(session, body.model, body.version)
     arts = load_artifact_records(session, version.id, "")
-    filters = body.filters.record()
+    filters = body.filters.to_filters()
     check_filters(filters, {a.platform for a in arts})
     return RolloutRecord(
         id=0, seq=0, model=body.model, version=body.version,
         share_ppm=percentage_to_ppm(body.percentage),
         salt=release_salt(channel, body.model, body.version), mode="active",
-        state=RolloutState.ACTIVE, filters=filters, artifacts=arts)
+        state=db.ReleaseState.active, filters=filters, artifacts=arts)
 
 
 @router.post("/channels/{channel}/preview", responses={**AUTH_ERRORS, **NOT_FOUND, **INVALID})

@@ -3,16 +3,16 @@
 Owned here so one migration history covers the whole system; later areas (compile jobs,
 publishing, rollout control, telemetry) fill these tables rather than adding parallel ones.
 Lifecycle states are enums with checked transitions (`ModelVersion.transition`,
-`Build.transition`, `Release.transition`). Enums are stored as short strings (not native
+`Build.transition`, `PatchJob.transition`, `Release.transition`; the state machines are
+server/db/states.py). Enums are stored as short strings (not native
 database enums) so adding a state later needs no ALTER TYPE on PostgreSQL.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic
 
 from sqlalchemy import (
     JSON,
@@ -30,6 +30,18 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+# The state machines live in server.db.states; re-exported for the models' users.
+from server.db.states import BUILD_TRANSITIONS as BUILD_TRANSITIONS
+from server.db.states import PATCH_JOB_TRANSITIONS as PATCH_JOB_TRANSITIONS
+from server.db.states import RELEASE_TRANSITIONS as RELEASE_TRANSITIONS
+from server.db.states import VERSION_TRANSITIONS as VERSION_TRANSITIONS
+from server.db.states import BuildState as BuildState
+from server.db.states import InvalidTransitionError as InvalidTransitionError
+from server.db.states import PatchJobState as PatchJobState
+from server.db.states import ReleaseState as ReleaseState
+from server.db.states import State
+from server.db.states import VersionState as VersionState
+from server.db.states import check_transition as _check
 from server.db.types import UTCDateTime, utcnow
 
 # Deterministic constraint names so migrations can refer to them on every backend.
@@ -46,16 +58,6 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
-class InvalidTransitionError(ValueError):
-    """A lifecycle state change that the state machine does not allow."""
-
-    def __init__(self, kind: str, current: enum.Enum, new: enum.Enum) -> None:
-        super().__init__(f"{kind} cannot go from {current.value!r} to {new.value!r}")
-        self.kind = kind
-        self.current = current
-        self.new = new
-
-
 def _enum(cls: type[enum.Enum]) -> Enum:
     return Enum(
         cls,
@@ -67,16 +69,7 @@ def _enum(cls: type[enum.Enum]) -> Enum:
     )
 
 
-_State = TypeVar("_State", bound=enum.Enum)
-
-
-def _check(kind: str, allowed: Mapping[_State, frozenset[_State]], current: _State,
-           new: _State) -> None:
-    if new not in allowed.get(current, frozenset()):
-        raise InvalidTransitionError(kind, current, new)
-
-
-class LeasedJob(Generic[_State]):
+class LeasedJob(Generic[State]):
     """The columns every leased job table shares (builds, patch jobs, and the jobs to come):
     `server/jobs/lease.py` claims, heartbeats, backs off and settles rows through them. Each
     table adds its own `state` column (an enum with `queued` and `running`) and checked
@@ -95,9 +88,9 @@ class LeasedJob(Generic[_State]):
     if TYPE_CHECKING:  # declared by each table (`state` with its own enum)
         __tablename__: str
         id: Mapped[int]
-        state: Mapped[_State]
+        state: Mapped[State]
 
-        def transition(self, new: _State) -> None: ...
+        def transition(self, new: State) -> None: ...
 
 
 # --------------------------------------------------------------------------- registry
@@ -106,22 +99,6 @@ class LeasedJob(Generic[_State]):
 class TaskType(enum.StrEnum):
     classification = "classification"
     other = "other"
-
-
-class VersionState(enum.StrEnum):
-    uploaded = "uploaded"
-    compiling = "compiling"
-    ready = "ready"
-    failed = "failed"
-
-
-VERSION_TRANSITIONS: dict[VersionState, frozenset[VersionState]] = {
-    VersionState.uploaded: frozenset({VersionState.compiling, VersionState.failed}),
-    VersionState.compiling: frozenset({VersionState.ready, VersionState.failed}),
-    # A failed version may be compiled again (e.g. after a worker fix); ready is final.
-    VersionState.failed: frozenset({VersionState.compiling}),
-    VersionState.ready: frozenset(),
-}
 
 
 class Model(Base):
@@ -191,22 +168,6 @@ class SourceUpload(Base):
 # --------------------------------------------------------------------------- compile
 
 
-class BuildState(enum.StrEnum):
-    queued = "queued"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-
-
-BUILD_TRANSITIONS: dict[BuildState, frozenset[BuildState]] = {
-    BuildState.queued: frozenset({BuildState.running, BuildState.failed}),
-    # running -> queued is a retry after a transient failure or a lost worker heartbeat.
-    BuildState.running: frozenset({BuildState.succeeded, BuildState.failed, BuildState.queued}),
-    BuildState.failed: frozenset({BuildState.queued}),
-    BuildState.succeeded: frozenset(),
-}
-
-
 class Build(LeasedJob[BuildState], Base):
     """One compile of a version for one platform and one input-shape variant."""
 
@@ -271,24 +232,6 @@ class Patch(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
-class PatchJobState(enum.StrEnum):
-    queued = "queued"
-    running = "running"
-    done = "done"
-    failed = "failed"
-
-
-PATCH_JOB_TRANSITIONS: dict[PatchJobState, frozenset[PatchJobState]] = {
-    PatchJobState.queued: frozenset({PatchJobState.running}),
-    # running -> queued: a retry after a failure, or asked again while it ran.
-    PatchJobState.running: frozenset({PatchJobState.done, PatchJobState.failed,
-                                      PatchJobState.queued}),
-    # A finished job is queued again by the next request (a newly published base).
-    PatchJobState.done: frozenset({PatchJobState.queued}),
-    PatchJobState.failed: frozenset({PatchJobState.queued}),
-}
-
-
 class PatchJob(LeasedJob[PatchJobState], Base):
     """The durable request to make the delta patches to one version's artifacts (one row per
     version; server/jobs/patch_runner.py claims, runs and settles it like a build)."""
@@ -321,20 +264,6 @@ class Channel(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     description: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
-
-
-class ReleaseState(enum.StrEnum):
-    active = "active"
-    paused = "paused"
-    halted = "halted"
-
-
-RELEASE_TRANSITIONS: dict[ReleaseState, frozenset[ReleaseState]] = {
-    ReleaseState.active: frozenset({ReleaseState.paused, ReleaseState.halted}),
-    ReleaseState.paused: frozenset({ReleaseState.active, ReleaseState.halted}),
-    # A halted release is never offered again; ship a new version instead.
-    ReleaseState.halted: frozenset(),
-}
 
 
 class RolloutMode(enum.StrEnum):

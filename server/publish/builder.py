@@ -13,26 +13,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import cast
 
-from manifests import (
-    Artifact,
-    Filters,
-    Manifest,
-    ModelEntry,
-    Patch,
-    Release,
-    Rollout,
-    ShadowThresholds,
-)
-from manifests.manifest import Mode
-from server.publish.records import ArtifactRecord, RolloutRecord, RolloutState
+from manifests import Manifest, ModelEntry
+from server.db.states import ReleaseState
+from server.publish.records import RolloutRecord
 
 
 def offered(rollouts: Iterable[RolloutRecord]) -> list[RolloutRecord]:
     """The releases one model's channel offers, in the order devices must try them."""
     live = sorted(
-        (r for r in rollouts if r.state is not RolloutState.HALTED),
+        (r for r in rollouts if r.state is not ReleaseState.halted),
         key=lambda r: r.seq, reverse=True,
     )
     full = [i for i, r in enumerate(live) if r.fully_rolled_out]
@@ -46,41 +36,6 @@ def offered(rollouts: Iterable[RolloutRecord]) -> list[RolloutRecord]:
     return head
 
 
-def _artifact(a: ArtifactRecord) -> Artifact:
-    return Artifact(
-        platform=a.platform, variant=a.variant, format=a.format, url=a.url, length=a.length,
-        sha256=a.sha256, compile_settings=dict(a.compile_settings), target=dict(a.target),
-        patches=[
-            Patch(from_sha256=p.from_sha256, url=p.url, length=p.length, sha256=p.sha256,
-                  algorithm=p.algorithm)
-            for p in a.patches
-        ],
-    )
-
-
-def _rollout(r: RolloutRecord) -> Rollout:
-    f = r.filters
-    return Rollout(
-        share_ppm=r.share_ppm, salt=r.salt, mode=cast(Mode, r.mode),
-        filters=Filters(
-            platforms=list(f.platforms), socs=list(f.socs), archs=list(f.archs),
-            os_versions=list(f.os_versions), app_versions=list(f.app_versions),
-            device_allow=list(f.device_allow), device_deny=list(f.device_deny),
-        ),
-        shadow=None if r.shadow is None else ShadowThresholds(
-            max_kl_micro=r.shadow.max_kl_micro,
-            max_latency_p99_us=r.shadow.max_latency_p99_us,
-            min_samples=r.shadow.min_samples,
-        ),
-    )
-
-
-def release_of(r: RolloutRecord) -> Release:
-    """The manifest entry for one rollout record."""
-    return Release(version=r.version, rollout=_rollout(r),
-                   artifacts=[_artifact(a) for a in r.artifacts])
-
-
 def build_manifest(
     *, channel: str, serial: int, expires: int, rollouts: Sequence[RolloutRecord]
 ) -> Manifest:
@@ -90,7 +45,7 @@ def build_manifest(
         by_model[r.model].append(r)
     models = {}
     for name in sorted(by_model):
-        releases = [release_of(r) for r in offered(by_model[name])]
+        releases = [r.manifest_release() for r in offered(by_model[name])]
         if releases:
             models[name] = ModelEntry(releases=releases)
     return Manifest(channel=channel, serial=serial, expires=expires, models=models)

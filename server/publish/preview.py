@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import manifests
-from server.publish.builder import release_of
 from server.publish.records import RolloutRecord
 
 MAX_PREVIEW_DEVICES = 100_000
@@ -33,7 +32,7 @@ def profile_from_dict(device_id: str, profile: Mapping[str, Any]) -> manifests.D
 
 
 def preview(record: RolloutRecord, devices: Iterable[manifests.DeviceProfile]) -> PreviewResult:
-    release = release_of(record)
+    release = record.manifest_release()
     included: list[str] = []
     excluded: list[str] = []
     for device in devices:

@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 import manifests
+from manifests.manifest import Mode
 from server.blobstore import BlobStore
 from server.blobstore.keys import current_manifest_key, manifest_key
 from server.db import models as db
@@ -87,7 +88,7 @@ def load_rollout_records(session: Session, channel_id: int, base_url: str
     out = []
     for release, version, model in rows:
         if release.state is db.ReleaseState.halted:
-            artifacts: tuple[records.ArtifactRecord, ...] = ()  # never offered; skip the reads
+            artifacts: tuple[manifests.Artifact, ...] = ()  # never offered; skip the reads
         else:
             artifacts = load_artifact_records(session, version.id, base_url)
         out.append(release_record(release, model.name, version.version, artifacts))
@@ -95,32 +96,28 @@ def load_rollout_records(session: Session, channel_id: int, base_url: str
 
 
 def release_record(release: db.Release, model: str, version: str,
-                   artifacts: tuple[records.ArtifactRecord, ...] = ()) -> records.RolloutRecord:
-    f = release.filters or {}
+                   artifacts: tuple[manifests.Artifact, ...] = ()) -> records.RolloutRecord:
     shadow = None
     if release.shadow_max_kl_micro is not None:
-        shadow = records.ShadowRecord(
+        shadow = manifests.ShadowThresholds(
             max_kl_micro=release.shadow_max_kl_micro,
             max_latency_p99_us=release.shadow_max_latency_p99_us or 0,
             min_samples=release.shadow_min_samples or 0,
         )
+    mode: Mode = "shadow" if release.mode is db.RolloutMode.shadow else "active"
     return records.RolloutRecord(
         id=release.id, seq=release.id, model=model, version=version,
-        share_ppm=release.share_ppm, salt=release.salt, mode=release.mode.value,
-        state=records.RolloutState(release.state.value),
-        filters=records.FilterRecord(
-            platforms=tuple(f.get("platforms", ())), socs=tuple(f.get("socs", ())),
-            archs=tuple(f.get("archs", ())), os_versions=tuple(f.get("os_versions", ())),
-            app_versions=tuple(f.get("app_versions", ())),
-            device_allow=tuple(release.pinned_devices or ()),
-            device_deny=tuple(release.denied_devices or ()),
-        ),
+        share_ppm=release.share_ppm, salt=release.salt, mode=mode, state=release.state,
+        filters=records.filters_from_columns(release.filters, release.pinned_devices,
+                                             release.denied_devices),
         shadow=shadow, artifacts=artifacts,
     )
 
 
 def load_artifact_records(session: Session, version_id: int, base_url: str
-                          ) -> tuple[records.ArtifactRecord, ...]:
+                          ) -> tuple[manifests.Artifact, ...]:
+    """The version's artifacts as the manifest offers them (URLs under `base_url`), each with
+    its patches, smallest first."""
     arts = session.scalars(
         select(db.Artifact).where(db.Artifact.version_id == version_id)
         .order_by(db.Artifact.platform, db.Artifact.variant)
@@ -133,12 +130,12 @@ def load_artifact_records(session: Session, version_id: int, base_url: str
             .where(db.Patch.to_artifact_id == a.id)
             .order_by(db.Patch.length)  # smallest first: the SDK takes the first that applies
         ).all()
-        patches = tuple(
-            records.PatchRecord(from_sha256=from_sha, url=join_url(base_url, patch_path(p.sha256)),
-                                length=p.length, sha256=p.sha256, algorithm=p.algorithm)
+        patches = [
+            manifests.Patch(from_sha256=from_sha, url=join_url(base_url, patch_path(p.sha256)),
+                            length=p.length, sha256=p.sha256, algorithm=p.algorithm)
             for p, from_sha in patch_rows
-        )
-        out.append(records.ArtifactRecord(
+        ]
+        out.append(manifests.Artifact(
             platform=a.platform, variant=a.variant, format=a.format,
             url=join_url(base_url, artifact_path(a.sha256)), length=a.length, sha256=a.sha256,
             compile_settings={k: v for k, v in (a.compile_settings or {}).items()

@@ -1,63 +1,20 @@
-"""Plain records the publisher reads from the database and the manifest builder consumes.
+"""The record the publisher reads per release and the manifest builder consumes.
 
 Kept free of SQLAlchemy so the builder and the rollout rules are pure functions that tests can
-drive with literal values.
+drive with literal values. What devices see is built as the contract's own types
+(`manifests.Filters`, `ShadowThresholds`, `Artifact`, `Patch`) when the record is read; the
+record adds only what the server alone knows: the release's id, order and state.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
+from manifests import Artifact, Filters, Release, Rollout, ShadowThresholds
+from manifests.manifest import Mode
+from server.db.states import ReleaseState
+
 FULL_SHARE_PPM = 1_000_000
-
-
-class RolloutState(enum.StrEnum):
-    """Lifecycle of one release on one channel (transitions checked in rules.py)."""
-
-    ACTIVE = "active"  # offered at its share; may be ramped
-    PAUSED = "paused"  # offered at its frozen share; resume before ramping
-    HALTED = "halted"  # share 0 and no longer offered: the rollback; final
-
-
-@dataclass(frozen=True)
-class PatchRecord:
-    from_sha256: str
-    url: str
-    length: int
-    sha256: str
-    algorithm: str
-
-
-@dataclass(frozen=True)
-class ArtifactRecord:
-    platform: str
-    variant: str
-    format: str
-    url: str
-    length: int
-    sha256: str
-    compile_settings: dict[str, str | int | bool] = field(default_factory=dict)
-    target: dict[str, str] = field(default_factory=dict)
-    patches: tuple[PatchRecord, ...] = ()
-
-
-@dataclass(frozen=True)
-class FilterRecord:
-    platforms: tuple[str, ...] = ()
-    socs: tuple[str, ...] = ()
-    archs: tuple[str, ...] = ()
-    os_versions: tuple[str, ...] = ()
-    app_versions: tuple[str, ...] = ()
-    device_allow: tuple[str, ...] = ()
-    device_deny: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ShadowRecord:
-    max_kl_micro: int
-    max_latency_p99_us: int
-    min_samples: int
 
 
 @dataclass(frozen=True)
@@ -73,12 +30,39 @@ class RolloutRecord:
     version: str
     share_ppm: int
     salt: str
-    mode: str
-    state: RolloutState
-    filters: FilterRecord = FilterRecord()
-    shadow: ShadowRecord | None = None
-    artifacts: tuple[ArtifactRecord, ...] = ()
+    mode: Mode
+    state: ReleaseState
+    filters: Filters = field(default_factory=Filters)
+    shadow: ShadowThresholds | None = None
+    artifacts: tuple[Artifact, ...] = ()
 
     @property
     def fully_rolled_out(self) -> bool:
-        return self.state is not RolloutState.HALTED and self.share_ppm >= FULL_SHARE_PPM
+        return self.state is not ReleaseState.halted and self.share_ppm >= FULL_SHARE_PPM
+
+    def manifest_release(self) -> Release:
+        """The manifest entry devices get for this release."""
+        return Release(version=self.version, artifacts=list(self.artifacts),
+                       rollout=Rollout(share_ppm=self.share_ppm, salt=self.salt, mode=self.mode,
+                                       filters=self.filters, shadow=self.shadow))
+
+
+# A release's filters are stored as the `filters` JSON column (platforms, socs, archs,
+# os_versions, app_versions) plus the device lists pinning edits (`pinned_devices`,
+# `denied_devices`); these two functions are the only mapping between the two shapes.
+_FILTER_COLUMN_LISTS = ("platforms", "socs", "archs", "os_versions", "app_versions")
+
+
+def filters_from_columns(filters: dict[str, list[str]] | None, pinned: list[str] | None,
+                         denied: list[str] | None) -> Filters:
+    f = filters or {}
+    return Filters(platforms=list(f.get("platforms", ())), socs=list(f.get("socs", ())),
+                   archs=list(f.get("archs", ())), os_versions=list(f.get("os_versions", ())),
+                   app_versions=list(f.get("app_versions", ())),
+                   device_allow=list(pinned or ()), device_deny=list(denied or ()))
+
+
+def filters_to_columns(f: Filters) -> dict[str, object]:
+    """Column values of `db.Release` for `f`."""
+    return {"filters": {name: list(getattr(f, name)) for name in _FILTER_COLUMN_LISTS},
+            "pinned_devices": list(f.device_allow), "denied_devices": list(f.device_deny)}

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+import manifests
 from server.db import models as db
 from server.publish import rules
 from server.publish.errors import (
@@ -34,7 +35,7 @@ from server.publish.publisher import (
     publish_change,
     release_record,
 )
-from server.publish.records import FilterRecord, RolloutRecord, RolloutState, ShadowRecord
+from server.publish.records import RolloutRecord, filters_to_columns
 from server.services import audit
 
 CHANNEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -58,8 +59,8 @@ class RolloutSpec:
     version: str
     percentage: Decimal | int | float | str
     mode: str = "active"
-    filters: FilterRecord = field(default_factory=FilterRecord)
-    shadow: ShadowRecord | None = None
+    filters: manifests.Filters = field(default_factory=manifests.Filters)
+    shadow: manifests.ShadowThresholds | None = None
 
 
 def version_row(session: Session, model: str, version: str) -> db.ModelVersion:
@@ -187,15 +188,10 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
                 fix=f"change it with PATCH /v1/rollouts/{existing.id}; a halted release "
                 "cannot be restarted — publish a new version",
             )
-        f = spec.filters
         release = db.Release(
             channel_id=ch.id, version_id=version.id, share_ppm=share,
             salt=rules.release_salt(ch.name, spec.model, spec.version),
-            mode=db.RolloutMode(spec.mode),
-            filters={"platforms": list(f.platforms), "socs": list(f.socs),
-                     "archs": list(f.archs), "os_versions": list(f.os_versions),
-                     "app_versions": list(f.app_versions)},
-            pinned_devices=list(f.device_allow), denied_devices=list(f.device_deny),
+            mode=db.RolloutMode(spec.mode), **filters_to_columns(spec.filters),
             shadow_max_kl_micro=spec.shadow.max_kl_micro if spec.shadow else None,
             shadow_max_latency_p99_us=spec.shadow.max_latency_p99_us if spec.shadow else None,
             shadow_min_samples=spec.shadow.min_samples if spec.shadow else None,
@@ -244,7 +240,7 @@ def ramp_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int
     share = rules.percentage_to_ppm(percentage)
 
     def apply(release: db.Release) -> bool:
-        rules.check_ramp(RolloutState(release.state.value))
+        rules.check_ramp(release.state)
         release.share_ppm = share
         return True
 
@@ -255,7 +251,7 @@ def ramp_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int
 def pause_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
                   actor: str, reason: str = "") -> RolloutView:
     def apply(release: db.Release) -> bool:
-        rules.check_pause(RolloutState(release.state.value))
+        rules.check_pause(release.state)
         release.transition(db.ReleaseState.paused)
         release.state_reason = reason
         return True
@@ -267,7 +263,7 @@ def pause_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: in
 def resume_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
                    actor: str) -> RolloutView:
     def apply(release: db.Release) -> bool:
-        rules.check_resume(RolloutState(release.state.value))
+        rules.check_resume(release.state)
         release.transition(db.ReleaseState.active)
         release.state_reason = ""
         return True
@@ -297,7 +293,7 @@ def pin_devices(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
     rules.check_device_ids(device_ids)
 
     def apply(release: db.Release) -> bool:
-        rules.check_pin(RolloutState(release.state.value))
+        rules.check_pin(release.state)
         column = "denied_devices" if deny else "pinned_devices"
         current: list[str] = list(getattr(release, column) or [])
         merged = current + [d for d in dict.fromkeys(device_ids) if d not in current]

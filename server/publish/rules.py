@@ -1,7 +1,8 @@
 """Rollout rules that need no I/O: percentages, filter validation, state transitions.
 
 Everything here raises InvalidRolloutError (the request can never succeed as written) or
-RolloutStateError (not allowed in the rollout's current state).
+RolloutStateError (not allowed in the rollout's current state — by the release state
+machine of server/db/states.py).
 """
 
 from __future__ import annotations
@@ -10,9 +11,14 @@ import hashlib
 from collections.abc import Collection
 from decimal import Decimal, InvalidOperation
 
-from manifests import ManifestError, VersionRange
+from manifests import Filters, ManifestError, VersionRange
+from server.db.states import (
+    RELEASE_TRANSITIONS,
+    ReleaseState,
+    release_may_pin,
+    release_may_ramp,
+)
 from server.publish.errors import InvalidRolloutError, RolloutStateError
-from server.publish.records import FilterRecord, RolloutState
 
 PPM_PER_PERCENT = 10_000
 MAX_DEVICE_IDS_PER_LIST = 10_000
@@ -60,7 +66,7 @@ def check_mode(mode: str) -> None:
         raise InvalidRolloutError(f"mode {mode!r} is not one of {', '.join(MODES)}")
 
 
-def check_filters(filters: FilterRecord, release_platforms: Collection[str]) -> None:
+def check_filters(filters: Filters, release_platforms: Collection[str]) -> None:
     """Refuse filters that can never match: platforms the release has no artifact for, etc."""
     unknown = sorted(set(filters.platforms) - set(release_platforms))
     if unknown:
@@ -69,7 +75,7 @@ def check_filters(filters: FilterRecord, release_platforms: Collection[str]) -> 
             f"artifacts for: {', '.join(sorted(release_platforms)) or 'none'}"
         )
     for name in ("device_allow", "device_deny"):
-        ids: tuple[str, ...] = getattr(filters, name)
+        ids: list[str] = getattr(filters, name)
         check_device_ids(ids, name)
     for name in ("os_versions", "app_versions"):
         for spec in getattr(filters, name):
@@ -99,26 +105,26 @@ def _check_range(spec: str, what: str) -> None:
         ) from e
 
 
-def check_ramp(state: RolloutState) -> None:
-    if state is RolloutState.HALTED:
+def check_ramp(state: ReleaseState) -> None:
+    if state is ReleaseState.halted:
         raise RolloutStateError(
             "this rollout is halted (rolled back); a halted release cannot be ramped — fix "
             "the model and start a new rollout"
         )
-    if state is RolloutState.PAUSED:
+    if not release_may_ramp(state):
         raise RolloutStateError("this rollout is paused; resume it before changing its share")
 
 
-def check_pause(state: RolloutState) -> None:
-    if state is not RolloutState.ACTIVE:
+def check_pause(state: ReleaseState) -> None:
+    if ReleaseState.paused not in RELEASE_TRANSITIONS[state]:
         raise RolloutStateError(f"only an active rollout can be paused; this one is {state}")
 
 
-def check_resume(state: RolloutState) -> None:
-    if state is not RolloutState.PAUSED:
+def check_resume(state: ReleaseState) -> None:
+    if state is not ReleaseState.paused:  # active → active is no transition either
         raise RolloutStateError(f"only a paused rollout can be resumed; this one is {state}")
 
 
-def check_pin(state: RolloutState) -> None:
-    if state is RolloutState.HALTED:
+def check_pin(state: ReleaseState) -> None:
+    if not release_may_pin(state):
         raise RolloutStateError("this rollout is halted; pinning devices to it has no effect")

@@ -9,25 +9,27 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import manifests
+from server.db.states import ReleaseState
 from server.publish.builder import build_manifest, join_url, offered
 from server.publish.errors import InvalidRolloutError, RolloutStateError
-from server.publish.records import (
-    ArtifactRecord,
-    FilterRecord,
-    PatchRecord,
-    RolloutRecord,
-    RolloutState,
-    ShadowRecord,
+from server.publish.records import RolloutRecord, filters_from_columns, filters_to_columns
+from server.publish.rules import (
+    check_filters,
+    check_pause,
+    check_pin,
+    check_ramp,
+    check_resume,
+    percentage_to_ppm,
 )
-from server.publish.rules import check_filters, check_ramp, percentage_to_ppm
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
 
 
-def rollout(seq, version, share, state=RolloutState.ACTIVE, model="clf", **kw):
-    art = ArtifactRecord(platform="android", variant="", format="onnx",
-                         url=f"v1/artifacts/{SHA_B}", length=10, sha256=SHA_B,
-                         patches=(PatchRecord(SHA_A, f"v1/patches/{SHA_A}", 3, SHA_A, "bsdiff4"),))
+def rollout(seq, version, share, state=ReleaseState.active, model="clf", **kw):
+    art = manifests.Artifact(
+        platform="android", variant="", format="onnx", url=f"v1/artifacts/{SHA_B}", length=10,
+        sha256=SHA_B,
+        patches=[manifests.Patch(SHA_A, f"v1/patches/{SHA_A}", 3, SHA_A, "bsdiff4")])
     return RolloutRecord(id=seq, seq=seq, model=model, version=version, share_ppm=share,
                          salt=f"salt-{version}", mode="active", state=state,
                          artifacts=(art,), **kw)
@@ -45,12 +47,12 @@ def test_fully_rolled_out_release_keeps_the_previous_full_one_as_fallback():
 
 
 def test_halted_release_is_not_offered_and_devices_fall_back():
-    rs = [rollout(1, "1.0", 1_000_000), rollout(2, "1.1", 0, RolloutState.HALTED)]
+    rs = [rollout(1, "1.0", 1_000_000), rollout(2, "1.1", 0, ReleaseState.halted)]
     assert [r.version for r in offered(rs)] == ["1.0"]
 
 
 def test_paused_release_stays_offered_at_its_share():
-    rs = [rollout(1, "1.0", 1_000_000), rollout(2, "1.1", 200_000, RolloutState.PAUSED)]
+    rs = [rollout(1, "1.0", 1_000_000), rollout(2, "1.1", 200_000, ReleaseState.paused)]
     assert [(r.version, r.share_ppm) for r in offered(rs)] == [("1.1", 200_000), ("1.0", 1_000_000)]
 
 
@@ -62,8 +64,8 @@ def test_without_any_full_release_every_live_release_is_offered():
 def test_built_manifest_round_trips_and_devices_outside_the_cohort_get_the_fallback():
     rs = [rollout(1, "1.0", 1_000_000), rollout(2, "1.1", 0),
           rollout(3, "2.0", 1_000_000, model="det",
-                  shadow=ShadowRecord(1000, 20_000, 50),
-                  filters=FilterRecord(platforms=("android",), device_deny=("bad",)))]
+                  shadow=manifests.ShadowThresholds(1000, 20_000, 50),
+                  filters=manifests.Filters(platforms=["android"], device_deny=["bad"]))]
     m = build_manifest(channel="prod", serial=7, expires=1_900_000_000, rollouts=rs)
     again = manifests.Manifest.from_bytes(m.to_bytes())
     assert again == m
@@ -78,7 +80,7 @@ def test_built_manifest_round_trips_and_devices_outside_the_cohort_get_the_fallb
 
 def test_model_with_only_halted_releases_is_left_out():
     m = build_manifest(channel="beta", serial=1, expires=1,
-                       rollouts=[rollout(1, "1.0", 0, RolloutState.HALTED)])
+                       rollouts=[rollout(1, "1.0", 0, ReleaseState.halted)])
     assert m.models == {}
 
 
@@ -109,18 +111,43 @@ def test_every_ppm_round_trips_through_its_percentage(ppm):
 
 def test_filters_naming_a_platform_the_release_lacks_are_refused():
     with pytest.raises(InvalidRolloutError, match="unknown platform"):
-        check_filters(FilterRecord(platforms=("andriod",)), {"android", "ios"})
-    check_filters(FilterRecord(platforms=("android",)), {"android", "ios"})
+        check_filters(manifests.Filters(platforms=["andriod"]), {"android", "ios"})
+    check_filters(manifests.Filters(platforms=["android"]), {"android", "ios"})
 
 
 def test_bad_version_range_in_filters_is_refused():
     with pytest.raises(InvalidRolloutError, match="not understood"):
-        check_filters(FilterRecord(os_versions=("about 14",)), {"android"})
+        check_filters(manifests.Filters(os_versions=["about 14"]), {"android"})
 
 
 def test_ramping_a_halted_release_is_refused():
     with pytest.raises(RolloutStateError, match="halted"):
-        check_ramp(RolloutState.HALTED)
+        check_ramp(ReleaseState.halted)
+
+
+def test_rollout_rules_follow_the_release_state_machine():
+    check_ramp(ReleaseState.active)
+    for refused, check in [(ReleaseState.paused, check_ramp), (ReleaseState.paused, check_pause),
+                           (ReleaseState.halted, check_pause), (ReleaseState.active, check_resume),
+                           (ReleaseState.halted, check_resume), (ReleaseState.halted, check_pin)]:
+        with pytest.raises(RolloutStateError):
+            check(refused)
+    check_pause(ReleaseState.active)
+    check_resume(ReleaseState.paused)
+    check_pin(ReleaseState.paused)
+
+
+def test_filters_survive_their_database_columns_unchanged():
+    f = manifests.Filters(platforms=["android"], socs=["SM8650"], archs=["arm64"],
+                          os_versions=[">=14"], app_versions=["<2"], device_allow=["a"],
+                          device_deny=["b"])
+    columns = filters_to_columns(f)
+    assert columns == {"filters": {"platforms": ["android"], "socs": ["SM8650"],
+                                   "archs": ["arm64"], "os_versions": [">=14"],
+                                   "app_versions": ["<2"]},
+                       "pinned_devices": ["a"], "denied_devices": ["b"]}
+    assert filters_from_columns(columns["filters"], ["a"], ["b"]) == f
+    assert filters_from_columns(None, None, None) == manifests.Filters()
 
 
 def test_urls_are_absolute_under_a_base_url_or_relative_without_one():

@@ -25,7 +25,6 @@ from server.publish.errors import (
     VersionNotReadyError,
 )
 from server.publish.publisher import latest_manifest
-from server.publish.records import FilterRecord
 from server.publish.resign import resign_due, resign_loop
 from tests.publish.conftest import NOW
 
@@ -109,7 +108,7 @@ def test_bad_rollout_requests_are_refused_and_publish_nothing(factory, pub, blob
         ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 101), actor=ACTOR)
     with pytest.raises(InvalidRolloutError, match="unknown platform"):
         ro.start_rollout(factory, pub, "prod", ro.RolloutSpec(
-            "clf", "1.0", 5, filters=FilterRecord(platforms=("windows",))), actor=ACTOR)
+            "clf", "1.0", 5, filters=manifests.Filters(platforms=["windows"])), actor=ACTOR)
     with pytest.raises(VersionNotReadyError, match="compiling"):
         ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "2.0", 5), actor=ACTOR)
     with pytest.raises(VersionNotFoundError):
