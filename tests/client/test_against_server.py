@@ -8,7 +8,6 @@ exercised. Checks the contract end to end: install, patch update, halt → rollb
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Mapping
 
 import bsdiff4
@@ -22,9 +21,9 @@ from server.auth import create_token
 from server.blobstore import LocalBlobStore
 from server.db import models as db
 from server.db.migrate import upgrade
-from server.publish.keys import KeyPaths, init_keys
 from server.settings import Settings
 from tests.client.onnx_models import check_whole, scaled_model
+from tests.support.server_keys import init_test_keys
 
 X = np.ones((1, 4), dtype=np.float32)
 
@@ -48,7 +47,7 @@ def server(tmp_path):
     url = f"sqlite:///{tmp_path / 'server.db'}"
     upgrade(url)
     data = tmp_path / "data"
-    init_keys(KeyPaths.for_data_dir(data), now=int(time.time()), root_keys=2, threshold=1)
+    init_test_keys(data, root_keys=2)
     settings = Settings(env="development", data_dir=data, database_url=url,
                         manifest_lifetime_seconds=86_400)
     with TestClient(create_app(settings), base_url="http://testserver") as client:

@@ -18,13 +18,13 @@ from client_sdk.patching import apply_patch
 from server.blobstore import BlobStore
 from server.db import models as db
 from server.db.migrate import upgrade
-from server.publish.keys import KeyPaths, init_keys
 from server.settings import Settings
+from tests.support.server_keys import init_test_keys
 
 
 def patch_settings(database_url: str, data_dir: Path, **kw: Any) -> Settings:
     upgrade(database_url)
-    init_keys(KeyPaths.for_data_dir(data_dir), now=int(time.time()), root_keys=1, threshold=1)
+    init_test_keys(data_dir)
     return Settings(env="development", data_dir=data_dir, database_url=database_url,
                     public_base_url="http://testserver", **kw)
 

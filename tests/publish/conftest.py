@@ -17,8 +17,9 @@ from server.blobstore import LocalBlobStore
 from server.db import models as db
 from server.db.migrate import upgrade
 from server.db.session import make_engine, make_session_factory
-from server.publish.keys import KeyPaths, init_keys, load_release_key
+from server.publish.keys import KeyPaths, load_release_key
 from server.publish.publisher import Publisher
+from tests.support.server_keys import init_test_keys
 
 NOW = 1_900_000_000
 
@@ -43,9 +44,7 @@ def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
 
 @pytest.fixture
 def key_paths(tmp_path: Path) -> KeyPaths:
-    paths = KeyPaths.for_data_dir(tmp_path / "data", keys_dir=tmp_path / "data" / "keys")
-    init_keys(paths, now=NOW, root_keys=1, threshold=1)
-    return paths
+    return init_test_keys(tmp_path / "data", now=NOW, keys_dir=tmp_path / "data" / "keys")
 
 
 @pytest.fixture

@@ -15,17 +15,18 @@ from server.auth import create_token
 from server.blobstore import LocalBlobStore
 from server.db import models as db
 from server.db.migrate import upgrade
-from server.publish.keys import KeyPaths, init_keys, rotate_root
+from server.publish.keys import KeyPaths, rotate_root
 from server.publish.service import manifest_base_url
 from server.settings import Settings
 from tests.publish.conftest import version_maker
+from tests.support.server_keys import init_test_keys
 
 
 @pytest.fixture
 def settings(database_url, tmp_path):
     upgrade(database_url)
     data = tmp_path / "data"
-    init_keys(KeyPaths.for_data_dir(data), now=int(time.time()), root_keys=2, threshold=1)
+    init_test_keys(data, root_keys=2)
     return Settings(env="development", data_dir=data, database_url=database_url,
                     public_base_url="http://testserver", manifest_lifetime_seconds=86_400)
 

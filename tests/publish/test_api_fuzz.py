@@ -3,7 +3,6 @@ own OpenAPI spec: no 5xx, responses conform to the spec, invalid input is reject
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -16,10 +15,10 @@ from server.auth import create_token
 from server.blobstore import LocalBlobStore
 from server.db.migrate import upgrade
 from server.jobs.interface import NullJobQueue
-from server.publish.keys import KeyPaths, init_keys
 from server.settings import Settings
 from tests.publish.conftest import version_maker
 from tests.support.openapi_fuzz import fuzz_operations
+from tests.support.server_keys import init_test_keys
 
 FUZZED_TAGS = {"serving", "rollouts"}
 EXAMPLES_PER_OPERATION = 15
@@ -36,7 +35,7 @@ def seeded_app(tmp_path: Path) -> tuple[FastAPI, dict[str, str]]:
     url = f"sqlite:///{tmp_path / 'fuzz.db'}"
     upgrade(url)
     data = tmp_path / "data"
-    init_keys(KeyPaths.for_data_dir(data), now=int(time.time()), root_keys=1, threshold=1)
+    init_test_keys(data)
     settings_ = Settings(data_dir=data, database_url=url)
     app = create_app(settings_, job_queue=NullJobQueue())
     with app.state.session_factory() as s:

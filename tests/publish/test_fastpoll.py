@@ -25,10 +25,11 @@ from server.blobstore import LocalBlobStore
 from server.db import models as db
 from server.db.migrate import upgrade
 from server.publish import rollouts as ro
-from server.publish.keys import KeyPaths, init_keys
+from server.publish.keys import KeyPaths
 from server.publish.service import make_publisher
 from server.settings import Settings
 from tests.publish.conftest import version_maker
+from tests.support.server_keys import init_test_keys
 
 MANIFEST = "/v1/channels/prod/manifest"
 
@@ -116,7 +117,7 @@ def get(path: str = MANIFEST, *extra: str, version: str = "1.1", method: str = "
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     data = tmp_path / "data"
-    init_keys(KeyPaths.for_data_dir(data), now=int(time.time()), root_keys=1, threshold=1)
+    init_test_keys(data)
     s = Settings(env="development", data_dir=data, public_base_url="http://t",
                  manifest_lifetime_seconds=86_400)
     upgrade(s.resolved_database_url)

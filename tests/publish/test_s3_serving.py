@@ -15,9 +15,9 @@ from server.auth import create_token
 from server.blobstore.keys import current_manifest_key
 from server.blobstore.s3 import S3BlobStore
 from server.db.migrate import upgrade
-from server.publish.keys import KeyPaths, init_keys
 from server.settings import Settings
 from tests.publish.conftest import version_maker
+from tests.support.server_keys import init_test_keys
 
 
 def test_artifacts_redirect_to_presigned_s3_urls_and_manifest_bytes_sit_in_the_bucket(
@@ -25,7 +25,7 @@ def test_artifacts_redirect_to_presigned_s3_urls_and_manifest_bytes_sit_in_the_b
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     upgrade(url)
     data = tmp_path / "data"
-    init_keys(KeyPaths.for_data_dir(data), now=int(time.time()), root_keys=1, threshold=1)
+    init_test_keys(data)
     store = S3BlobStore(s3_bucket.bucket, endpoint_url=s3_bucket.endpoint_url,
                         access_key="testing", secret_key="testing")
     settings = Settings(data_dir=data, database_url=url, public_base_url="https://api.example")
