@@ -34,6 +34,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_POST(self) -> None:
+        # Refuse before reading the body (as an auth-first server does) and hang up.
+        body = json.dumps({"detail": "missing API token", "code": "unauthenticated"}).encode()
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
     def log_message(self, *_args: object) -> None:
         pass
 
@@ -62,6 +73,15 @@ def test_server_errors_carry_the_servers_detail_and_fix(plain_server: str) -> No
         assert "modelfleet login" in (refused.value.fix or "")  # a 401 says how to fix it
         with pytest.raises(ServerError, match="not JSON"):
             client.get("/somewhere")
+
+
+def test_an_upload_refused_before_its_body_reports_the_refusal(plain_server: str,
+                                                               tmp_path) -> None:
+    big = tmp_path / "model.onnx"
+    big.write_bytes(b"\0" * (32 * 1024 * 1024))
+    with ApiClient(plain_server) as client, pytest.raises(RefusedError) as refused:
+        client.upload_version("m", {"model": big}, {"version": "1.0.0"})
+    assert refused.value.status == 401  # not "connection reset by peer"
 
 
 def test_a_5xx_exits_4_with_one_line(plain_server: str, tmp_path) -> None:
