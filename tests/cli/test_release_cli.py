@@ -11,6 +11,9 @@ import os
 import pty
 import sqlite3
 import subprocess
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -248,3 +251,17 @@ def test_progress_is_drawn_on_a_terminal_only(served, files) -> None:
     assert "uploading model.onnx" in screen or "compiling" in screen
     assert "shape variant" in screen  # the live per-platform table
     assert b"tty 1.0.0: ready" in out  # the report itself goes to stdout
+
+
+def test_root_probe_404_stays_out_of_the_access_log(served) -> None:
+    with pytest.raises(urllib.error.HTTPError) as probe:
+        urllib.request.urlopen(f"{served.base}/v1/root/99.json", timeout=10)
+    assert probe.value.code == 404
+    with urllib.request.urlopen(f"{served.base}/v1/models?limit=7", timeout=10):
+        pass
+    deadline = time.monotonic() + 10
+    while "/v1/models?limit=7" not in served.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = served.log.read_text()
+    assert "GET /v1/models?limit=7" in log  # the access log is on…
+    assert "/v1/root/99.json" not in log  # …and the normal "no newer root" answer not in it
