@@ -153,3 +153,13 @@ def test_filters_survive_their_database_columns_unchanged():
 def test_urls_are_absolute_under_a_base_url_or_relative_without_one():
     assert join_url("https://cdn.example/mf/", "v1/artifacts/x") == "https://cdn.example/mf/v1/artifacts/x"
     assert join_url("", "v1/artifacts/x") == "v1/artifacts/x"
+
+
+def test_builder_rules_records_and_state_machines_need_no_database():
+    import subprocess
+    import sys
+
+    code = ("import sys, server.db.states, server.publish.builder, server.publish.rules, "
+            "server.publish.records; print('sqlalchemy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
