@@ -125,7 +125,7 @@ def download_file(
                 if resp.status == 416:
                     continue
             elif resp.status == 206:
-                m = _CONTENT_RANGE.match(resp.headers.get("content-range", ""))
+                m = _CONTENT_RANGE.fullmatch(resp.headers.get("content-range", ""))
                 if not m or int(m.group(1)) != offset:
                     part.unlink(missing_ok=True)
                     raise FetchError(f"server answered {url} with the wrong range; retrying later")

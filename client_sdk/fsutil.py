@@ -27,7 +27,7 @@ def check_name(kind: str, name: str) -> str:
     Model and channel names come from signed documents but still become directory names; a
     name like ``../x`` must never escape the data directory.
     """
-    if not _SAFE_NAME.match(name) or ".." in name:
+    if not _SAFE_NAME.fullmatch(name) or ".." in name:
         raise ConfigError(
             f"{kind} name {name!r} is not allowed: use letters, digits, '.', '_' or '-' "
             "(max 128 characters, no '..')"

@@ -280,7 +280,7 @@ def _load_manifest(app: FastAPI, channel: str) -> CachedManifest:
 )
 async def get_manifest(channel: str, request: Request) -> Response:
     """The channel's current signed manifest (a DSSE envelope). Poll with If-None-Match."""
-    if not CHANNEL_NAME.match(channel):
+    if not CHANNEL_NAME.fullmatch(channel):
         raise ChannelNotFoundError(f"channel {channel[:80]!r} does not exist")
     entry = manifest_cache(request.app).fresh(channel)
     if entry is None:

@@ -70,7 +70,7 @@ def validate_key(key: str) -> str:
     """Accepts relative, slash-separated keys of safe characters; no '.'/'..' segments."""
     if not key or len(key) > MAX_KEY_LENGTH:
         raise InvalidBlobKeyError(f"blob key must be 1..{MAX_KEY_LENGTH} characters: {key!r}")
-    if not _KEY_RE.match(key) or key.startswith("/") or key.endswith("/"):
+    if not _KEY_RE.fullmatch(key) or key.startswith("/") or key.endswith("/"):
         raise InvalidBlobKeyError(
             f"blob key {key!r} must be relative and use only letters, digits and ._-+=@/"
         )

@@ -219,7 +219,7 @@ def publish_change(
                 time.sleep(0.005 * (attempt + 1))
                 continue
         if published is not None:
-            _update_current(pub, published)
+            update_current(pub, published)
         return result, published
     raise SerialConflictError(
         f"could not publish channel {channel!r} after {attempts} attempts: {last}",
@@ -227,7 +227,7 @@ def publish_change(
     )
 
 
-def _update_current(pub: Publisher, published: PublishedManifest) -> None:
+def update_current(pub: Publisher, published: PublishedManifest) -> None:
     """Point manifests/<channel>.json at the new bytes (after commit, so it never runs ahead)."""
     try:
         with pub.blob_store.open(published.blob_key) as f:

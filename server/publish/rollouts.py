@@ -34,6 +34,8 @@ from server.publish.publisher import (
     Publisher,
     publish_change,
     release_record,
+    sign_and_store,
+    update_current,
 )
 from server.publish.records import RolloutRecord, filters_to_columns
 from server.services import audit
@@ -85,27 +87,29 @@ def _platforms(session: Session, version_id: int) -> set[str]:
 def create_channel(factory: sessionmaker[Session], pub: Publisher, name: str, *,
                    description: str = "", actor: str) -> PublishedManifest:
     """Create a channel and publish its first (empty) manifest, serial 1."""
-    if not CHANNEL_NAME.match(name):
+    if not CHANNEL_NAME.fullmatch(name):
         raise InvalidRolloutError(
             f"channel name {name!r} is not allowed",
             field="name", fix="use 1–64 lowercase letters, digits, '.', '_' or '-'",
         )
-    pub.release_key()  # KeyStoreError now, rather than a channel left without a manifest
+    pub.release_key()  # KeyStoreError now, before anything is written
+    # The row and its first manifest commit together: a channel never exists unsigned (the
+    # re-sign loop and devices would otherwise meet a channel with no manifest).
     with factory() as session:
         if session.scalars(select(db.Channel).where(db.Channel.name == name)).first():
             raise ChannelExistsError(f"channel {name!r} already exists")
-        session.add(db.Channel(name=name, description=description))
+        row = db.Channel(name=name, description=description)
+        session.add(row)
         audit.record(session, actor, "channel.create", f"channel:{name}")
         try:
-            session.commit()
-        except IntegrityError as e:  # created concurrently
+            # The INSERT serialises concurrent creators (row lock on PostgreSQL, the write
+            # lock on SQLite), so the loser fails here, before it signs anything.
+            session.flush()
+        except IntegrityError as e:
             raise ChannelExistsError(f"channel {name!r} already exists") from e
-
-    def change(session: Session, row: db.Channel) -> Audited:
-        return Audited("manifest.publish", name, {})
-
-    _, published = publish_change(factory, pub, name, change)
-    assert published is not None
+        published = sign_and_store(session, pub, row)
+        session.commit()
+    update_current(pub, published)
     return published
 
 

@@ -69,7 +69,7 @@ class Limits:
 
 
 def check_model_name(name: str) -> str:
-    if not MODEL_NAME_RE.match(name):
+    if not MODEL_NAME_RE.fullmatch(name):
         raise InvalidInputError(f"model name {name!r} is not allowed", field="name",
                                 fix=MODEL_NAME_FIX)
     return name
