@@ -2,7 +2,10 @@
 serial) well before devices would freeze on an expired one.
 
 `resign_due` is the whole decision, driven by the publisher's clock (tests inject one);
-`resign_loop` runs it periodically inside the API process. Several API replicas may all run
+`resign_loop` runs it periodically inside the API process. Each channel is re-signed on its
+own: a channel that cannot be signed (a corrupt row, a manifest over the size cap) is logged
+and audited as `manifest.resign_failed`, and the channels after it are still re-signed — one
+bad channel must not let every other channel expire on devices. Several API replicas may all run
 the loop: the channel lock plus the re-check inside it make the second one a no-op.
 """
 
@@ -25,6 +28,9 @@ from server.publish.publisher import (
 from server.services import audit
 
 log = logging.getLogger("modelfleet.publish.resign")
+
+FAILED_ACTION = "manifest.resign_failed"
+MAX_ERROR_CHARS = 2000
 
 
 def resign_margin(lifetime_seconds: int) -> int:
@@ -56,22 +62,52 @@ def resign_due(factory: sessionmaker[Session], pub: Publisher, *,
     now = pub.clock()
     with factory() as session:
         due = channels_due(session, now, margin)
-    out = []
+    out: list[PublishedManifest] = []
     for name in due:
-
-        def change(session: Session, ch: db.Channel) -> Audited:
-            latest = latest_manifest(session, ch.id)
-            if latest is not None and latest.expires - now > margin:
-                return Audited("manifest.resign", ch.name, {}, publish=False)  # someone did
-            audit.record(session, "system", "manifest.resign", f"channel:{ch.name}",
-                         previous_expires=None if latest is None else latest.expires)
-            return Audited("manifest.resign", ch.name, {})
-
-        _, published = publish_change(factory, pub, name, change)
+        try:
+            published = _resign_one(factory, pub, name, now, margin)
+        except Exception as e:  # isolate: the next channel must still be re-signed
+            log.exception("re-signing channel %r failed; continuing with the others", name)
+            _record_failure(factory, name, e)
+            continue
         if published is not None:
             log.info("re-signed %s as serial %d", name, published.serial)
             out.append(published)
     return out
+
+
+def _resign_one(factory: sessionmaker[Session], pub: Publisher, name: str, now: int,
+                margin: int) -> PublishedManifest | None:
+    def change(session: Session, ch: db.Channel) -> Audited:
+        latest = latest_manifest(session, ch.id)
+        if latest is not None and latest.expires - now > margin:
+            return Audited("manifest.resign", ch.name, {}, publish=False)  # someone did
+        audit.record(session, "system", "manifest.resign", f"channel:{ch.name}",
+                     previous_expires=None if latest is None else latest.expires)
+        return Audited("manifest.resign", ch.name, {})
+
+    _, published = publish_change(factory, pub, name, change)
+    return published
+
+
+def _record_failure(factory: sessionmaker[Session], name: str, error: Exception) -> None:
+    """Audit a failed re-sign once per distinct error (the loop retries every interval)."""
+    message = f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS]
+    target = f"channel:{name}"[:255]
+    try:
+        with factory() as session:
+            last = session.scalars(
+                select(db.AuditEvent).where(db.AuditEvent.target == target)
+                .order_by(db.AuditEvent.id.desc()).limit(1)
+            ).first()
+            repeated = (last is not None and last.action == FAILED_ACTION
+                        and last.details.get("error") == message)
+            if repeated:
+                return
+            audit.record(session, "system", FAILED_ACTION, target, error=message)
+            session.commit()
+    except Exception:  # the database itself may be what failed; the log line stands
+        log.exception("could not audit the failed re-sign of %r", name)
 
 
 async def resign_loop(factory: sessionmaker[Session], pub: Publisher) -> None:
