@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from server.errors import InvalidInputError, PayloadTooLargeError
+from server.json_depth import depth_error, too_deep
 
 PLATFORMS = ("onnx", "coreml", "qnn", "qnn-hub")
 DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool")
@@ -70,12 +71,12 @@ class VersionMetadata(BaseModel):
 
 
 def is_semver(version: str) -> bool:
-    return bool(SEMVER_RE.match(version))
+    return bool(SEMVER_RE.fullmatch(version))
 
 
 def semver_key(version: str) -> tuple[Any, ...]:
     """Sort key in semver precedence order (build metadata ignored; pre-releases first)."""
-    m = SEMVER_RE.match(version)
+    m = SEMVER_RE.fullmatch(version)
     if m is None:
         return (0, 0, 0, 0, ())
     major, minor, patch, pre = int(m[1]), int(m[2]), int(m[3]), m[4]
@@ -90,6 +91,11 @@ def parse_metadata(raw: str | bytes, *, max_bytes: int = 64 * 1024) -> VersionMe
         raise PayloadTooLargeError(
             f"field 'metadata' is larger than {max_bytes} bytes", field="metadata",
             fix="send only version, platforms, inputs and short notes",
+        )
+    if too_deep(raw):
+        raise InvalidInputError(
+            f"field 'metadata': {depth_error()}", field="metadata",
+            fix="send a flat object: version, platforms, inputs and notes nest at most 4 deep",
         )
     try:
         data = json.loads(raw)
