@@ -12,7 +12,7 @@ from fastapi import FastAPI
 
 from server.api import ROUTERS
 from server.api.errors import install_error_handlers
-from server.api.limits import BodySizeLimit
+from server.api.guard import RequestGuard
 from server.api.serving import ServingFastAPI
 from server.blobstore import BlobStore, make_blob_store
 from server.db.session import make_engine, make_session_factory
@@ -70,7 +70,5 @@ def create_app(
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
-    # Whole-request cap: the model plus both optional .npz files plus the metadata field.
-    max_body = settings.max_model_bytes + 2 * settings.max_npz_bytes + settings.max_metadata_bytes
-    app.add_middleware(BodySizeLimit, max_bytes=max_body + 1024 * 1024)
+    app.add_middleware(RequestGuard, settings=settings, routers=ROUTERS)  # auth and caps before any body read
     return app

@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     max_model_bytes: int = Field(default=4096 * MiB, gt=0)
     max_npz_bytes: int = Field(default=512 * MiB, gt=0)
     max_metadata_bytes: int = Field(default=64 * 1024, gt=0)
+    # Every other request body (JSON); read into memory, so it stays small.
+    max_json_body_bytes: int = Field(default=1 * MiB, gt=0)
+    # Uploads streamed at once per server process; one more is a 503 with Retry-After.
+    max_concurrent_uploads: int = Field(default=4, gt=0)
 
     @property
     def resolved_database_url(self) -> str:

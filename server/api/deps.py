@@ -104,6 +104,11 @@ def _header(credentials: HTTPAuthorizationCredentials | None, request: Request) 
     return request.headers.get("authorization")
 
 
+# Every token dependency and the scope it demands (None: any valid token). The request guard
+# (server/api/guard.py) reads this to authenticate before a request body is read.
+TOKEN_SCOPES: dict[Callable[..., Principal], str | None] = {}
+
+
 def require_scope(scope: str) -> Callable[..., Principal]:
     """A dependency that authenticates the bearer token and checks it has `scope`."""
 
@@ -115,6 +120,7 @@ def require_scope(scope: str) -> Callable[..., Principal]:
         return principal
 
     dependency.__name__ = f"require_{scope}"
+    TOKEN_SCOPES[dependency] = scope
     return dependency
 
 
@@ -124,6 +130,8 @@ def any_token(request: Request, session: SessionDep, credentials: CredentialsDep
     session.commit()
     return principal
 
+
+TOKEN_SCOPES[any_token] = None
 
 PublishPrincipal = Annotated[Principal, Depends(require_scope(auth.Scope.publish.value))]
 RolloutPrincipal = Annotated[Principal, Depends(require_scope(auth.Scope.rollout.value))]

@@ -1,0 +1,269 @@
+"""`RequestGuard`: the ASGI middleware that decides about a write request before its body is
+read.
+
+FastAPI reads (and, for multipart, spools to disk) the whole body before any dependency runs,
+so the token check in `server.api.deps` comes too late to protect memory and disk. For every
+POST/PUT/PATCH/DELETE the guard, in this order and before a byte of the body is received:
+
+1. finds the route and, when the route needs a token, authenticates the `Authorization`
+   header and checks the route's scope with the same machinery (`server.auth`) — a failure is
+   a 401/403 sent at once, with `Connection: close`, so the body is never read;
+2. multipart uploads (routes with `File`/`Form` fields): takes one of
+   `max_concurrent_uploads` slots (503 + `Retry-After` when none is free) and streams the body
+   into the route under the whole-upload cap (413 once the cap is passed);
+3. every other body (JSON): at most `max_json_body_bytes` (413), read into memory, checked
+   for nesting depth (422, see `server.json_depth`) and then handed to the route.
+
+Installed by one line in the app factory:
+`app.add_middleware(RequestGuard, settings=settings, routers=ROUTERS)`; the guard matches a
+request against those routers' routes (their paths carry the router prefixes).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import anyio.to_thread
+from fastapi import params
+from fastapi.routing import APIRoute, APIRouter
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server import auth
+from server.api.deps import TOKEN_SCOPES
+from server.api.errors import ErrorBody
+from server.api.limits import FIX as UPLOAD_FIX
+from server.api.limits import BodyTooLargeError
+from server.errors import ServiceError
+from server.json_depth import depth_error, too_deep
+from server.settings import MiB, Settings
+
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+UPLOAD_RETRY_AFTER_SECONDS = 5
+# Room for the multipart framing and part headers around the capped files.
+MULTIPART_OVERHEAD_BYTES = MiB
+
+
+@dataclass(frozen=True)
+class RouteRule:
+    """What a write route needs before its body may be read."""
+
+    route: APIRoute
+    token: bool  # any valid token at least
+    scope: str | None  # and this scope (None: any scope)
+    upload: bool  # multipart with files: streamed, capped, counted
+
+
+def route_rule(route: APIRoute) -> RouteRule:
+    """Reads the route's dependency tree: token dependencies (`deps.TOKEN_SCOPES`) and
+    `File`/`Form` body fields."""
+    token, scope, upload = False, None, False
+    stack = [route.dependant]
+    while stack:
+        dependant = stack.pop()
+        if dependant.call is not None and dependant.call in TOKEN_SCOPES:
+            token = True
+            scope = TOKEN_SCOPES[dependant.call] or scope
+        upload = upload or any(isinstance(p.field_info, params.Form)
+                               for p in dependant.body_params)
+        stack.extend(dependant.dependencies)
+    return RouteRule(route, token, scope, upload)
+
+
+def _api_routes(routers: Sequence[APIRouter]) -> Iterator[APIRoute]:
+    for router in routers:
+        for route in router.routes:
+            if isinstance(route, APIRoute):
+                yield route
+
+
+def upload_cap(settings: Settings) -> int:
+    """The whole multipart request: the model, both optional .npz files and the metadata."""
+    return (settings.max_model_bytes + 2 * settings.max_npz_bytes
+            + settings.max_metadata_bytes + MULTIPART_OVERHEAD_BYTES)
+
+
+def _error(status: int, code: str, detail: str, *, field: str | None = None,
+           fix: str | None = None) -> bytes:
+    body = ErrorBody(detail=detail, code=code, field=field, fix=fix)
+    return json.dumps(body.model_dump()).encode()
+
+
+async def _respond(send: Send, status: int, payload: bytes,
+                   extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    """An error sent before the body was read: `Connection: close` stops the server from
+    reading (or draining) the rest of it."""
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"connection", b"close"), *(extra or [])],
+    })
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _declared_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers") or []:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def _header(scope: Scope, wanted: bytes) -> str | None:
+    for name, value in scope.get("headers") or []:
+        if name == wanted:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+class RequestGuard:
+    """See the module docstring. One instance per app; the upload counter is per process."""
+
+    def __init__(self, app: ASGIApp, *, settings: Settings, routers: Sequence[APIRouter]) -> None:
+        self.app = app
+        self.routers = list(routers)
+        self.json_cap = settings.max_json_body_bytes
+        self.upload_cap = upload_cap(settings)
+        self.max_uploads = settings.max_concurrent_uploads
+        self.pepper = settings.token_pepper
+        self.uploads_in_flight = 0
+        self._rules: list[RouteRule] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in WRITE_METHODS:
+            await self.app(scope, receive, send)
+            return
+        rule = self._rule_for(scope)
+        if rule is not None and rule.token:
+            refusal = await anyio.to_thread.run_sync(self._authorize, scope, rule)
+            if refusal is not None:
+                await _respond(send, refusal[0], refusal[1])
+                return
+        if rule is not None and rule.upload:
+            await self._upload(scope, receive, send)
+        else:
+            await self._json(scope, receive, send)
+
+    # ------------------------------------------------------------------ routing and auth
+
+    def _rule_for(self, scope: Scope) -> RouteRule | None:
+        if self._rules is None:  # the routes are complete once the first request arrives
+            self._rules = [route_rule(r) for r in _api_routes(self.routers)]
+        for rule in self._rules:
+            match, _ = rule.route.matches(scope)
+            if match is Match.FULL:
+                return rule
+        return None
+
+    def _authorize(self, scope: Scope, rule: RouteRule) -> tuple[int, bytes] | None:
+        """(status, body) of the refusal, or None when the token may call the route."""
+        factory = scope["app"].state.session_factory
+        try:
+            with factory() as session:  # last_used_at is committed by the route's dependency
+                principal = auth.authenticate(session, _header(scope, b"authorization"),
+                                              pepper=self.pepper)
+                if rule.scope is not None:
+                    auth.require(principal, rule.scope)
+        except ServiceError as e:
+            return e.status_code, _error(e.status_code, e.code, e.message, field=e.field,
+                                         fix=e.fix)
+        return None
+
+    # ------------------------------------------------------------------ bodies
+
+    async def _json(self, scope: Scope, receive: Receive, send: Send) -> None:
+        declared = _declared_length(scope)
+        if declared is not None and declared > self.json_cap:
+            await self._too_large(send, self.json_cap)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.json_cap:
+                await self._too_large(send, self.json_cap)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if too_deep(body):
+            await _respond(send, 422, _error(
+                422, "invalid_request", f"request body: {depth_error()}", field="body",
+                fix="send the documented request schema (see /docs)"))
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _upload(self, scope: Scope, receive: Receive, send: Send) -> None:
+        declared = _declared_length(scope)
+        if declared is not None and declared > self.upload_cap:
+            await self._too_large(send, self.upload_cap, fix=UPLOAD_FIX)
+            return
+        if self.uploads_in_flight >= self.max_uploads:
+            await _respond(send, 503, _error(
+                503, "too_many_uploads",
+                f"{self.max_uploads} uploads are already in progress on this server",
+                fix=f"retry in {UPLOAD_RETRY_AFTER_SECONDS} s (MODELFLEET_MAX_CONCURRENT_UPLOADS "
+                "raises the limit)"),
+                [(b"retry-after", str(UPLOAD_RETRY_AFTER_SECONDS).encode())])
+            return
+        self.uploads_in_flight += 1
+        try:
+            await self._capped(scope, receive, send)
+        finally:
+            self.uploads_in_flight -= 1
+
+    async def _capped(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Streams the body into the route, cut off at the upload cap (before the multipart
+        parser spools the excess to disk)."""
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.upload_cap:
+                    raise BodyTooLargeError(self.upload_cap)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLargeError:
+            if not started:
+                await self._too_large(send, self.upload_cap, fix=UPLOAD_FIX)
+
+    async def _too_large(self, send: Send, cap: int, *,
+                         fix: str = "send a smaller request body") -> None:
+        await _respond(send, 413, _error(
+            413, "payload_too_large", f"request body is larger than the limit of {cap} bytes",
+            fix=fix))
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that hands the route the body already read, then defers to the server
+    (for `http.disconnect`)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
