@@ -70,5 +70,6 @@ def create_app(
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
-    app.add_middleware(RequestGuard, settings=settings, routers=ROUTERS)  # auth and caps before any body read
+    # Authentication and size caps before any request body is read (server/api/guard.py).
+    app.add_middleware(RequestGuard, settings=settings, routers=ROUTERS)
     return app

@@ -194,3 +194,18 @@ def test_fifth_concurrent_upload_is_503_with_retry_after(server: Server,
         status, _ = _request(server, "POST", "/v1/models/victim/versions", complete,
                              tokens["publish"], f"multipart/form-data; boundary={BOUNDARY}")
     assert status == 404
+
+
+def test_every_write_route_that_needs_a_token_is_authenticated_before_its_body() -> None:
+    """The guard reads the routes' own token dependencies: no write route documenting a 401
+    slips past it (a new router appended to `server.api.ROUTERS` is covered by construction)."""
+    from server.api import ROUTERS
+    from server.api.guard import WRITE_METHODS, _api_routes, route_rule
+
+    writes = [r for r in _api_routes(ROUTERS) if r.methods & WRITE_METHODS]
+    assert writes
+    for route in writes:
+        rule = route_rule(route)
+        assert rule.token == (401 in route.responses), route.path
+    uploads = {r.path for r in writes if route_rule(r).upload}
+    assert uploads == {"/v1/models/{name}/versions"}

@@ -1,0 +1,155 @@
+"""Names are validated by full match (a trailing newline is not a name), a channel never
+exists without its first signed manifest, and one broken channel cannot stop the re-sign
+loop from refreshing the others before they expire on devices."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from client_sdk.errors import ConfigError
+from client_sdk.fsutil import check_name
+from server.app import create_app
+from server.auth import create_token
+from server.blobstore import BlobStoreError, InvalidBlobKeyError, LocalBlobStore, validate_key
+from server.db import models as db
+from server.db.migrate import upgrade
+from server.db.session import make_engine, make_session_factory
+from server.errors import InvalidInputError
+from server.publish import rollouts as ro
+from server.publish.keys import KeyPaths, init_keys, load_release_key
+from server.publish.publisher import Publisher, latest_manifest
+from server.publish.resign import resign_due
+from server.services.registry import check_model_name
+from server.services.version_metadata import is_semver
+from server.settings import Settings
+
+NOW = 1_900_000_000
+ACTOR = "token:1:test"
+FAILED_ACTION = "manifest.resign_failed"  # the audit action operators watch
+
+
+@dataclass
+class Clock:
+    now: int = NOW
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> KeyPaths:
+    paths = KeyPaths.for_data_dir(tmp_path / "data")
+    init_keys(paths, now=NOW, root_keys=1, threshold=1)
+    return paths
+
+
+@pytest.fixture
+def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
+    upgrade(database_url)
+    engine = make_engine(database_url)
+    try:
+        yield make_session_factory(engine)
+    finally:
+        engine.dispose()
+
+
+def _publisher(store: LocalBlobStore, keys: KeyPaths, clock: Clock) -> Publisher:
+    return Publisher(blob_store=store, release_key=lambda: load_release_key(keys.release_key_path),
+                     base_url="http://mf.test", lifetime_seconds=86_400, clock=clock)
+
+
+def _channels(factory: sessionmaker[Session]) -> list[str]:
+    with factory() as s:
+        return list(s.scalars(select(db.Channel.name).order_by(db.Channel.name)))
+
+
+def test_trailing_newline_channel_name_is_422_and_leaves_no_row(
+        database_url: str, tmp_path: Path) -> None:
+    upgrade(database_url)
+    data = tmp_path / "data"
+    init_keys(KeyPaths.for_data_dir(data), now=int(time.time()), root_keys=1, threshold=1)
+    app = create_app(Settings(env="development", data_dir=data, database_url=database_url))
+    with TestClient(app) as client:
+        with app.state.session_factory() as s:
+            _, secret = create_token(s, ["rollout", "publish"], name="ops")
+            s.commit()
+        auth = {"Authorization": f"Bearer {secret}"}
+        r = client.post("/v1/channels", json={"name": "prod\n"}, headers=auth)
+        assert r.status_code == 422, r.text
+        assert r.json()["field"] == "name"
+        r = client.post("/v1/models", json={"name": "mobilenet\n"}, headers=auth)
+        assert r.status_code == 422, r.text
+        assert client.get("/v1/channels/prod%0A/manifest").status_code == 404
+        with app.state.session_factory() as s:
+            assert s.scalars(select(db.Channel)).all() == []
+            assert s.scalars(select(db.Model)).all() == []
+        assert client.post("/v1/channels", json={"name": "prod"}, headers=auth).status_code == 201
+
+
+def test_trailing_newline_is_refused_by_every_name_validator() -> None:
+    with pytest.raises(InvalidInputError):
+        check_model_name("mobilenet\n")
+    with pytest.raises(InvalidBlobKeyError):
+        validate_key("manifests/prod\n/1.json")
+    with pytest.raises(InvalidBlobKeyError):
+        validate_key("artifacts/abc\n")
+    assert not is_semver("1.0.0\n")
+    with pytest.raises(ConfigError):
+        check_name("model", "mobilenet\n")
+    assert ro.CHANNEL_NAME.fullmatch("prod\n") is None
+    # and the names themselves still pass
+    assert check_model_name("mobilenet") == "mobilenet" and is_semver("1.0.0")
+    assert check_name("model", "mobilenet") == "mobilenet"
+
+
+def test_channel_whose_first_manifest_cannot_be_stored_leaves_no_row(
+        factory: sessionmaker[Session], keys: KeyPaths, tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path / "blobs")
+    shutil.rmtree(tmp_path / "blobs" / "objects")  # every put now fails (disk gone, say)
+    (tmp_path / "blobs" / "objects").write_text("a file where the objects should be")
+    pub = _publisher(store, keys, Clock())
+    with pytest.raises(BlobStoreError):
+        ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    assert _channels(factory) == []
+    with factory() as s:
+        assert s.scalars(select(db.AuditEvent)).all() == []
+
+
+def test_corrupt_channel_does_not_stop_the_others_being_re_signed(
+        factory: sessionmaker[Session], keys: KeyPaths, tmp_path: Path) -> None:
+    clock = Clock()
+    pub = _publisher(LocalBlobStore(tmp_path / "blobs"), keys, clock)
+    for name in ("alpha", "beta", "gamma"):
+        ro.create_channel(factory, pub, name, actor=ACTOR)
+    with factory() as s:  # the row an earlier bug left behind: a name no manifest may carry
+        s.execute(update(db.Channel).where(db.Channel.name == "alpha").values(name="alpha\n"))
+        s.commit()
+    clock.now = NOW + 13 * 3600  # every channel is now within half its lifetime of expiry
+
+    published = resign_due(factory, pub)
+
+    assert sorted((p.channel, p.serial) for p in published) == [("beta", 2), ("gamma", 2)]
+    with factory() as s:
+        for name in ("beta", "gamma"):
+            ch = s.scalars(select(db.Channel).where(db.Channel.name == name)).one()
+            latest = latest_manifest(s, ch.id)
+            assert latest is not None and latest.expires == clock.now + 86_400
+        failures = s.scalars(select(db.AuditEvent)
+                             .where(db.AuditEvent.action == FAILED_ACTION)).all()
+    assert [f.target for f in failures] == ["channel:alpha\n"]
+    assert failures[0].details["error"]
+
+    clock.now += 60  # the loop's next pass: still failing, audited once, others not due
+    assert resign_due(factory, pub) == []
+    with factory() as s:
+        assert len(s.scalars(select(db.AuditEvent)
+                             .where(db.AuditEvent.action == FAILED_ACTION)).all()) == 1
