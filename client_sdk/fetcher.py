@@ -2,7 +2,11 @@
 
 Every read is capped (a body longer than declared is an attack, not a bigger file) and checked
 against one ``Deadline`` shared by a whole update cycle, so a server that drips bytes cannot
-hold the device forever. File downloads land in ``<sha256>.part`` files: because the partial
+hold the device forever: the transport gets what is left of it as the response's time limit
+(``Response.set_time_limit``, enforced per ``recv`` by ``UrllibTransport``), and a transport
+failure once the deadline has passed is reported as ``DeadlineExceededError``.
+
+File downloads land in ``<sha256>.part`` files: because the partial
 file is named after the hash the manifest promises, a download resumes with HTTP Range only
 while the expected hash is unchanged; a changed artifact starts from zero.
 """
@@ -11,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +58,28 @@ def _timeout(deadline: Deadline, per_request: float) -> float:
     return max(0.001, min(per_request, deadline.remaining()))
 
 
+def _open(transport: Transport, url: str, headers: Mapping[str, str], deadline: Deadline,
+          request_timeout: float) -> Response:
+    """``transport.fetch`` with the headers due before the deadline and the body's time
+    limit set to what is left of it."""
+    deadline.check(f"requesting {url}")
+    try:
+        resp = transport.fetch(url, headers, _timeout(deadline, request_timeout))
+    except FetchError:
+        deadline.check(f"waiting for {url}")  # the deadline is why: say so, typed
+        raise
+    resp.set_time_limit(max(deadline.remaining(), 0.0))
+    return resp
+
+
+def _chunks(resp: Response, deadline: Deadline, url: str) -> Iterator[bytes]:
+    try:
+        yield from resp.chunks
+    except FetchError:
+        deadline.check(f"reading {url}")
+        raise
+
+
 def fetch_bytes(
     transport: Transport,
     url: str,
@@ -65,8 +91,7 @@ def fetch_bytes(
     what: str = "document",
 ) -> Fetched:
     """Fetch a small document fully into memory, refusing more than ``max_bytes``."""
-    deadline.check(f"requesting {url}")
-    resp = transport.fetch(url, dict(headers or {}), _timeout(deadline, request_timeout))
+    resp = _open(transport, url, dict(headers or {}), deadline, request_timeout)
     try:
         declared = resp.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_bytes:
@@ -74,7 +99,7 @@ def fetch_bytes(
                 f"{what} at {url} declares {declared} bytes, over the {max_bytes}-byte cap"
             )
         buf = bytearray()
-        for chunk in resp.chunks:
+        for chunk in _chunks(resp, deadline, url):
             buf += chunk
             if len(buf) > max_bytes:
                 raise OversizeError(f"{what} at {url} is longer than the {max_bytes}-byte cap")
@@ -88,8 +113,7 @@ def _start(
     transport: Transport, url: str, offset: int, deadline: Deadline, request_timeout: float
 ) -> Response:
     headers = {"Range": f"bytes={offset}-"} if offset else {}
-    deadline.check(f"requesting {url}")
-    return transport.fetch(url, headers, _timeout(deadline, request_timeout))
+    return _open(transport, url, headers, deadline, request_timeout)
 
 
 def download_file(
@@ -166,7 +190,7 @@ def _write_body(
         )
     with open(part, "ab" if offset else "wb") as f:
         try:
-            for chunk in resp.chunks:
+            for chunk in _chunks(resp, deadline, url):
                 if offset + len(chunk) > length:
                     f.close()
                     part.unlink(missing_ok=True)

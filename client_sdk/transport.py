@@ -16,12 +16,19 @@ def _no_close() -> None:
     return None
 
 
+def _no_time_limit(seconds: float) -> None:
+    return None
+
+
 @dataclass
 class Response:
     """An HTTP-like response whose body is read lazily, chunk by chunk.
 
     ``headers`` keys are lower-case. ``chunks`` may raise ``FetchError`` mid-stream (a cut
     connection). ``close`` releases the connection; callers always call it.
+    ``set_time_limit(seconds)`` asks the transport to end the body read (``FetchError``)
+    once ``seconds`` have passed; a transport that can enforce that at the socket level does
+    (``UrllibTransport``), others ignore it and the caller's checks between chunks apply.
     """
 
     status: int
@@ -29,10 +36,12 @@ class Response:
     chunks: Iterator[bytes]
     url: str = ""
     close: Callable[[], None] = field(default=_no_close)
+    set_time_limit: Callable[[float], None] = field(default=_no_time_limit)
 
 
 class Transport(Protocol):
     """Fetches one URL. Returns 2xx/3xx/4xx/5xx as a Response (never raises for a status);
-    raises ``FetchError`` for network failures. ``timeout`` bounds each blocking read."""
+    raises ``FetchError`` for network failures. ``timeout`` bounds each blocking read (and,
+    for ``UrllibTransport``, the wait for the response headers in total)."""
 
     def fetch(self, url: str, headers: Mapping[str, str], timeout: float) -> Response: ...
