@@ -12,7 +12,7 @@ from fastapi import FastAPI
 
 from server.api import ROUTERS
 from server.api.errors import install_error_handlers
-from server.api.guard import RequestGuard
+from server.api.guard import install_request_guard
 from server.api.serving import ServingFastAPI
 from server.blobstore import BlobStore, make_blob_store
 from server.db.session import make_engine, make_session_factory
@@ -71,5 +71,5 @@ def create_app(
     for router in ROUTERS:
         app.include_router(router)
     # Authentication and size caps before any request body is read (server/api/guard.py).
-    app.add_middleware(RequestGuard, settings=settings, routers=ROUTERS)
+    install_request_guard(app, settings, ROUTERS)
     return app

@@ -14,8 +14,9 @@ POST/PUT/PATCH/DELETE the guard, in this order and before a byte of the body is 
 3. every other body (JSON): at most `max_json_body_bytes` (413), read into memory, checked
    for nesting depth (422, see `server.json_depth`) and then handed to the route.
 
-Installed by one line in the app factory:
-`app.add_middleware(RequestGuard, settings=settings, routers=ROUTERS)`; the guard matches a
+Installed by one line in the app factory, `install_request_guard(app, settings, ROUTERS)`,
+which also documents the guard's answers (413, and 422 or 503) on every operation with a
+request body in the OpenAPI spec, with its cap as `x-max-body-bytes`. The guard matches a
 request against those routers' routes (their paths carry the router prefixes).
 """
 
@@ -24,9 +25,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import anyio.to_thread
-from fastapi import params
+from fastapi import FastAPI, params
 from fastapi.routing import APIRoute, APIRouter
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -267,3 +269,36 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+def install_request_guard(app: FastAPI, settings: Settings,
+                          routers: Sequence[APIRouter]) -> None:
+    """Adds the guard to `app` and documents what it answers in the app's OpenAPI spec."""
+    app.add_middleware(RequestGuard, settings=settings, routers=routers)
+    build = app.openapi
+    rules = [route_rule(r) for r in _api_routes(routers)]
+    json_cap, uploads = settings.max_json_body_bytes, upload_cap(settings)
+
+    def openapi() -> dict[str, Any]:
+        spec = build()
+        for rule in rules:
+            for method in sorted((rule.route.methods or set()) & WRITE_METHODS):
+                operation = spec.get("paths", {}).get(rule.route.path_format, {}).get(
+                    method.lower())
+                if operation is None or "requestBody" not in operation:
+                    continue
+                responses = operation.setdefault("responses", {})
+                responses.setdefault("413", _doc("Request body over its cap (x-max-body-bytes)"))
+                if rule.upload:
+                    responses.setdefault("503", _doc("Too many uploads at once; see Retry-After"))
+                else:
+                    responses.setdefault("422", _doc("Invalid input: `field` names it"))
+                operation["x-max-body-bytes"] = uploads if rule.upload else json_cap
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override hook
+
+
+def _doc(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/ErrorBody"}}}}

@@ -12,10 +12,11 @@ from server.app import create_app
 from server.auth import create_token
 from server.jobs.interface import NullJobQueue
 from tests.jobs.jobs_helpers import make_settings
-from tests.support.openapi_fuzz import fuzz_operations
+from tests.support.openapi_fuzz import NEGATIVE_REJECTIONS, fuzz_operations
 
 CONFIG = schemathesis.Config.from_dict({
-    "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", 401, 403, 404]}},
+    "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", 401, 403, 404]},
+               "negative_data_rejection": {"expected-statuses": NEGATIVE_REJECTIONS}},
 })
 
 

@@ -17,7 +17,7 @@ from server.db.migrate import upgrade
 from server.jobs.interface import NullJobQueue
 from server.settings import Settings
 from tests.publish.conftest import version_maker
-from tests.support.openapi_fuzz import fuzz_operations
+from tests.support.openapi_fuzz import NEGATIVE_REJECTIONS, fuzz_operations
 from tests.support.server_keys import init_test_keys
 
 FUZZED_TAGS = {"serving", "rollouts"}
@@ -26,7 +26,8 @@ EXAMPLES_PER_OPERATION = 15
 # (a percentage finer than 1 ppm, an unknown version or platform, a halted rollout …).
 FUZZ_CONFIG = schemathesis.Config.from_dict({
     "checks": {"positive_data_acceptance": {
-        "expected-statuses": ["2xx", 304, 401, 403, 404, 409, 416, 422]}},
+        "expected-statuses": ["2xx", 304, 401, 403, 404, 409, 413, 416, 422]},
+        "negative_data_rejection": {"expected-statuses": NEGATIVE_REJECTIONS}},
 })
 
 

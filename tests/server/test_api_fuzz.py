@@ -18,7 +18,7 @@ from server.db.migrate import upgrade
 from server.jobs.interface import NullJobQueue
 from server.settings import Settings
 from tests.server.server_testdata import make_onnx_bytes
-from tests.support.openapi_fuzz import fuzz_operations
+from tests.support.openapi_fuzz import NEGATIVE_REJECTIONS, fuzz_operations
 
 FUZZED_TAGS = {"health", "audit", "models", "versions"}
 EXAMPLES_PER_OPERATION = 30  # ~8 operations → a few hundred cases
@@ -27,7 +27,8 @@ EXAMPLES_PER_OPERATION = 30  # ~8 operations → a few hundred cases
 # a file over the size cap (413).
 FUZZ_CONFIG = schemathesis.Config.from_dict({
     "checks": {"positive_data_acceptance": {
-        "expected-statuses": ["2xx", 401, 403, 404, 409, 413, 415, 422]}},
+        "expected-statuses": ["2xx", 401, 403, 404, 409, 413, 415, 422]},
+        "negative_data_rejection": {"expected-statuses": NEGATIVE_REJECTIONS}},
 })
 
 
