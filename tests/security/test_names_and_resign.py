@@ -5,7 +5,6 @@ loop from refreshing the others before they expire on devices."""
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +24,13 @@ from server.db.migrate import upgrade
 from server.db.session import make_engine, make_session_factory
 from server.errors import InvalidInputError
 from server.publish import rollouts as ro
-from server.publish.keys import KeyPaths, init_keys, load_release_key
+from server.publish.keys import KeyPaths, load_release_key
 from server.publish.publisher import Publisher, latest_manifest
 from server.publish.resign import resign_due
 from server.services.registry import check_model_name
 from server.services.version_metadata import is_semver
 from server.settings import Settings
+from tests.support.server_keys import init_test_keys
 
 NOW = 1_900_000_000
 ACTOR = "token:1:test"
@@ -47,9 +47,7 @@ class Clock:
 
 @pytest.fixture
 def keys(tmp_path: Path) -> KeyPaths:
-    paths = KeyPaths.for_data_dir(tmp_path / "data")
-    init_keys(paths, now=NOW, root_keys=1, threshold=1)
-    return paths
+    return init_test_keys(tmp_path / "data", now=NOW)
 
 
 @pytest.fixture
@@ -76,7 +74,7 @@ def test_trailing_newline_channel_name_is_422_and_leaves_no_row(
         database_url: str, tmp_path: Path) -> None:
     upgrade(database_url)
     data = tmp_path / "data"
-    init_keys(KeyPaths.for_data_dir(data), now=int(time.time()), root_keys=1, threshold=1)
+    init_test_keys(data)
     app = create_app(Settings(env="development", data_dir=data, database_url=database_url))
     with TestClient(app) as client:
         with app.state.session_factory() as s:
