@@ -75,7 +75,11 @@ def resolve(server: str | None, token: str | None) -> Target:
         server = server or stored_server or DEFAULT_SERVER
         if token is None and stored_server == server.rstrip("/"):
             token = stored.get("token")
-    return Target(server=(server or DEFAULT_SERVER).rstrip("/"), token=token)
+    server = (server or DEFAULT_SERVER).rstrip("/")
+    if not server.startswith(("http://", "https://")):
+        raise ConfigError(f"server {server!r} is not an http:// or https:// URL; pass e.g. "
+                          "--server http://127.0.0.1:8000")
+    return Target(server=server, token=token)
 
 
 def mask(token: str) -> str:

@@ -177,6 +177,8 @@ def register(app: typer.Typer) -> None:
             doc = _upload(client, out, model, files, metadata)
             if not wait:
                 out.result(doc, lambda c: _summary(c, doc))
+                out.note(f"follow the builds with `modelfleet versions show {model} {version}`"
+                         " (or publish with --wait)")
                 return
             out.note(f"uploaded {model} {version}; compiling …")
             final = wait_for_builds(client, out, doc, timeout)

@@ -119,6 +119,12 @@ def test_the_stored_token_is_not_sent_to_another_server(tmp_path, monkeypatch) -
     assert config.mask("mf_stored_secret_0123456789") == "mf_store…"
 
 
+def test_a_server_without_a_scheme_is_a_usage_error(tmp_path) -> None:
+    r = run_cli("models", "list", "--server", "127.0.0.1:8000",
+                env={"MODELFLEET_CONFIG": str(tmp_path / "none"), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and "--server http://127.0.0.1:8000" in r.stderr
+
+
 def test_an_unreadable_config_file_is_a_usage_error(tmp_path) -> None:
     bad = tmp_path / "c.json"
     bad.write_text("{not json")
