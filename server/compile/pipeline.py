@@ -1,7 +1,9 @@
 """Builds one model version for every requested platform and shape variant, with gates.
 
 For each shape variant: export the FP32 ONNX once (shared by the ONNX and QNN compilers and by
-the operator gate), compute the source's FP32 reference outputs once, then per platform:
+the operator gate; a dynamic ONNX upload is specialized to the variant's declared shapes here,
+see shapes.py, so every gate and compiler judges the static graph), compute the source's FP32
+reference outputs once, then per platform:
 operator gate on that graph → compile → operator gate on the compiled graph (Core ML spec) →
 numeric gate → deterministic packing. Each (platform, variant) yields one `BuildOutcome`;
 a failure of one platform never hides the others. Only `TransientCompileError` escapes, so
@@ -23,6 +25,7 @@ from server.compile.gates import numeric
 from server.compile.gates.operators import check_mlpackage, check_onnx, deny_list
 from server.compile.gates.support import check_support
 from server.compile.packing import PackedArtifact, pack
+from server.compile.shapes import ShapeSpecializationError, specialize_file
 from server.compile.source import export_onnx, load_samples, reference_outputs
 from server.compile.types import CompiledArtifact, CompileRequest, InputSpec, SourceFormat
 
@@ -99,12 +102,25 @@ class Pipeline:
                        vdir: Path) -> list[BuildOutcome]:
         log = self._log
         log(f"[{variant}] exporting FP32 ONNX from {spec.source_format.value} source")
+        shape_gate: dict[str, Any] = {}
         try:
-            onnx_path = export_onnx(spec.source_path, spec.source_format, inputs,
-                                    vdir / "source.onnx")
+            if spec.source_format is SourceFormat.ONNX:
+                onnx_path = vdir / "source.onnx"
+                specialized = specialize_file(spec.source_path, inputs, onnx_path)
+                if specialized is not None:
+                    shape_gate = {"passed": True, "fixed": specialized.fixed,
+                                  "nodes_before": specialized.nodes_before,
+                                  "nodes_after": specialized.nodes_after}
+                    log(f"[{variant}] {specialized.note()}")
+            else:
+                onnx_path = export_onnx(spec.source_path, spec.source_format, inputs,
+                                        vdir / "source.onnx")
         except CompileError as e:
             log(f"[{variant}] source unusable: {e}")
-            return [_failed(p, variant, str(e), {}) for p in spec.platforms]
+            gates: dict[str, Any] = {}
+            if isinstance(e, ShapeSpecializationError):
+                gates["shapes"] = {"passed": False, "unfixed": [u.to_dict() for u in e.unfixed]}
+            return [_failed(p, variant, str(e), gates) for p in spec.platforms]
         feeds, reference, ref_reason = self._reference(spec, inputs, variant)
         outcomes = []
         for platform in spec.platforms:
@@ -115,6 +131,11 @@ class Pipeline:
                 reference_path=spec.reference_path or spec.calibration_path)
             outcomes.extend(self._build_platform(platform, request, vdir / platform,
                                                  feeds, reference, ref_reason))
+        if shape_gate:
+            # The gates above judged the specialized graph; say so on every outcome.
+            for o in outcomes:
+                o.gates["shapes"] = shape_gate
+                o.notes.insert(0, "dynamic ONNX specialized to the declared shapes")
         return outcomes
 
     def _reference(self, spec: BuildSpec, inputs: tuple[InputSpec, ...], variant: str

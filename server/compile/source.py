@@ -3,7 +3,8 @@
 - `load_exported_program`: any torch source (ExportedProgram .pt2 or TorchScript) as a static
   `torch.export.ExportedProgram` for the given input specs (Core ML, ONNX export).
 - `export_onnx`: a single-file FP32 ONNX with static shapes and the declared input names
-  (ONNX artifact, QNN, operator gate, reference run). ONNX sources are passed through.
+  (ONNX artifact, QNN, operator gate, reference run). Static ONNX sources are passed through;
+  dynamic ones are specialized to the declared shapes (server/compile/shapes.py).
 - `reference_outputs`: FP32 outputs of the *source* model on the reference inputs, computed
   without any conversion so the numeric gate compares against the original, not a copy.
 """
@@ -140,31 +141,13 @@ def load_exported_program(path: Path, fmt: SourceFormat, specs: tuple[InputSpec,
 
 
 def export_onnx(path: Path, fmt: SourceFormat, specs: tuple[InputSpec, ...], out: Path) -> Path:
-    """Writes a single-file FP32 ONNX of the source to `out` (ONNX sources are copied as is)."""
-    import onnx
-
+    """Writes a single-file FP32 ONNX of the source to `out` with static shapes (static ONNX
+    sources are copied as is, dynamic ones specialized to `specs`)."""
     if fmt is SourceFormat.ONNX:
-        try:
-            model = onnx.load(str(path))
-        except Exception as e:
-            raise InvalidSourceError(f"cannot read {path.name} as ONNX: {e}") from e
-        names = [i.name for i in model.graph.input
-                 if i.name not in {t.name for t in model.graph.initializer}]
-        if names != [s.name for s in specs]:
-            raise InvalidSourceError(
-                f"the ONNX graph's inputs are {names} but the input specs name "
-                f"{[s.name for s in specs]}; declare the specs in the graph's order"
-            )
-        for vi, spec in zip([i for i in model.graph.input if i.name in names], specs, strict=True):
-            dims = [d.dim_value if d.HasField("dim_value") else None
-                    for d in vi.type.tensor_type.shape.dim]
-            static = all(d for d in dims)
-            if static and tuple(dims) != spec.shape:
-                raise InvalidSourceError(
-                    f"the ONNX graph's input {spec.name!r} is fixed at {tuple(dims)} but this "
-                    f"shape variant declares {spec.shape}; an ONNX upload compiles only at the "
-                    "shapes written in its graph (upload one file per shape, or a torch model)")
-        onnx.save(model, str(out))
+        # A dynamic graph is specialized to the declared shapes; a static one passes through.
+        from server.compile.shapes import specialize_file
+
+        specialize_file(path, specs, out)
         return out
     import torch
 

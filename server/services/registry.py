@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from server.blobstore import BlobStore
 from server.blobstore.keys import source_key
+from server.compile.shapes import declared_shape_conflicts
 from server.db.models import (
     Build,
     Model,
@@ -37,9 +38,9 @@ from server.services.sourcefiles import (
     check_onnx_self_contained,
     detect_model_format,
     digest_file,
-    onnx_input_names,
+    onnx_input_dims,
 )
-from server.services.version_metadata import parse_metadata, semver_key
+from server.services.version_metadata import DEFAULT_VARIANT, parse_metadata, semver_key
 
 log = logging.getLogger("modelfleet.registry")
 
@@ -171,6 +172,41 @@ def _check_input_names(specs: list[dict[str, Any]], model_inputs: list[str]) -> 
         )
 
 
+def _check_declared_shapes(specs: list[dict[str, Any]],
+                           graph_dims: dict[str, list[int | str]]) -> None:
+    """A declared shape that contradicts a static dim of the ONNX input (or gives one
+    symbolic dim two sizes) would fail every build of that variant: refused here instead."""
+    index = {str(spec["name"]): i for i, spec in enumerate(specs)}
+    for spec in specs:
+        dims = graph_dims.get(str(spec["name"]), [])
+        for shape in spec["shapes"].values():
+            if dims and len(dims) != len(shape):
+                i = index[str(spec["name"])]
+                raise InvalidInputError(
+                    f"metadata.inputs[{i}] ({spec['name']}): shape {shape} has rank "
+                    f"{len(shape)} but the ONNX input has rank {len(dims)} ({dims})",
+                    field=f"metadata.inputs[{i}].shape", fix=f"declare {len(dims)} dims")
+    variants: dict[str, dict[str, list[int]]] = {}
+    for spec in specs:
+        for variant, shape in spec["shapes"].items():
+            variants.setdefault(variant, {})[str(spec["name"])] = list(shape)
+    conflicts = declared_shape_conflicts(graph_dims, variants)
+    if conflicts:
+        c = conflicts[0]
+        i = index[c.input]
+        actual = ", ".join(str(d) for d in graph_dims[c.input])
+        raise InvalidInputError(
+            f"metadata.inputs[{i}] ({c.input}) dim {c.dim}: declared {c.declared}, but the "
+            f"ONNX input {c.input!r} is [{actual}]"
+            + ("" if c.variant == DEFAULT_VARIANT else f" (shape variant {c.variant!r})")
+            + "".join(f"; {more.message()}" for more in conflicts[1:5]),
+            field=f"metadata.inputs[{i}].shape[{c.dim}]" if c.variant == DEFAULT_VARIANT
+            else f"metadata.inputs[{i}].shapes.{c.variant}[{c.dim}]",
+            fix=(f"declare {c.actual} there (the graph fixes it)" if isinstance(c.actual, int)
+                 else f"give the graph's dim {c.actual!r} one size in every input of a "
+                 "variant"))
+
+
 def _fingerprint(metadata: dict[str, Any], digests: dict[str, str]) -> dict[str, Any]:
     return {"metadata": metadata, "files": dict(sorted(digests.items()))}
 
@@ -210,7 +246,9 @@ def upload_version(
             formats[f.field] = detect_model_format(f.file)
             if formats[f.field] == "onnx":
                 check_onnx_self_contained(f.file)
-                _check_input_names(meta.inputs, onnx_input_names(f.file))
+                graph_dims = onnx_input_dims(f.file)
+                _check_input_names(meta.inputs, list(graph_dims))
+                _check_declared_shapes(meta.inputs, graph_dims)
         else:
             check_npz(f.file, field=f.field)
             formats[f.field] = "npz"

@@ -154,9 +154,26 @@ MAX_NAME_BYTES = 4096
 def onnx_input_names(f: BinaryIO) -> list[str]:
     """The model's real inputs: graph inputs that are not initializers (older exporters list
     weights as inputs too). Streams like `check_onnx_self_contained`."""
+    return list(onnx_input_dims(f))
+
+
+# ValueInfoProto.type = 2 → TypeProto.tensor_type = 1 → shape = 2 → TensorShapeProto.dim = 1
+# → Dimension.dim_value = 1 (varint) | dim_param = 2 (string).
+_VALUE_INFO_TYPE = 2
+_TYPE_TENSOR = 1
+_TENSOR_SHAPE = 2
+_SHAPE_DIM = 1
+_DIM_VALUE, _DIM_PARAM = 1, 2
+MAX_INPUT_DIMS = 64
+
+
+def onnx_input_dims(f: BinaryIO) -> dict[str, list[int | str]]:
+    """Each real input's dims in graph order: a size, else its symbolic name ('' unnamed);
+    an input without a declared shape has no dims listed. Streams the graph's input entries
+    only, like `check_onnx_self_contained`, never the weights."""
     end = f.seek(0, 2)
     f.seek(0)
-    inputs: list[str] = []
+    inputs: dict[str, list[int | str]] = {}
     initializers: set[str] = set()
     try:
         for number, wire, offset, size in _fields(f, end):
@@ -166,16 +183,56 @@ def onnx_input_names(f: BinaryIO) -> list[str]:
             for g_number, g_wire, g_offset, g_size in _fields(f, offset + size):
                 if g_wire != 2 or g_number not in (_GRAPH_INPUT, _GRAPH_INITIALIZER):
                     continue
-                name_field = _VALUE_INFO_NAME if g_number == _GRAPH_INPUT else _TENSOR_NAME
+                if g_number == _GRAPH_INITIALIZER:
+                    f.seek(g_offset)
+                    name = _first_string(f, g_offset + g_size, _TENSOR_NAME)
+                    if name is not None:
+                        initializers.add(name)
+                    continue
                 f.seek(g_offset)
-                name = _first_string(f, g_offset + g_size, name_field)
+                name = _first_string(f, g_offset + g_size, _VALUE_INFO_NAME)
                 if name is not None:
-                    (inputs.append(name) if g_number == _GRAPH_INPUT
-                     else initializers.add(name))
+                    f.seek(g_offset)
+                    inputs[name] = _value_info_dims(f, g_offset + g_size)
             f.seek(offset + size)
     finally:
         f.seek(0)
-    return [n for n in inputs if n not in initializers]
+    return {n: d for n, d in inputs.items() if n not in initializers}
+
+
+def _submessage(f: BinaryIO, end: int, field: int) -> tuple[int, int] | None:
+    """(offset, end) of the first length-delimited `field` before `end`."""
+    for number, wire, offset, size in _fields(f, end):
+        if number == field and wire == 2:
+            return offset, offset + size
+    return None
+
+
+def _value_info_dims(f: BinaryIO, end: int) -> list[int | str]:
+    dims: list[int | str] = []
+    span: tuple[int, int] | None = (f.tell(), end)
+    for field in (_VALUE_INFO_TYPE, _TYPE_TENSOR, _TENSOR_SHAPE):
+        assert span is not None
+        f.seek(span[0])
+        span = _submessage(f, span[1], field)
+        if span is None:
+            return dims
+    assert span is not None
+    f.seek(span[0])
+    for number, wire, offset, size in _fields(f, span[1]):
+        if number != _SHAPE_DIM or wire != 2 or len(dims) >= MAX_INPUT_DIMS:
+            continue
+        dim: int | str = ""
+        f.seek(offset)
+        for d_number, d_wire, d_value, d_size in _fields(f, offset + size):
+            if d_number == _DIM_VALUE and d_wire == 0 and d_value > 0:
+                dim = d_value
+            elif d_number == _DIM_PARAM and d_wire == 2 and d_size <= MAX_NAME_BYTES:
+                f.seek(d_value)
+                dim = f.read(d_size).decode("utf-8", errors="replace")
+        dims.append(dim)
+        f.seek(offset + size)
+    return dims
 
 
 def _first_string(f: BinaryIO, end: int, field: int) -> str | None:

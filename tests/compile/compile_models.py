@@ -93,3 +93,63 @@ def onnx_model(path: Path, nodes, inputs, outputs, initializers=(), opset: int =
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+P2O_DIMS = ("p2o.DynamicDimension.0", 3, "p2o.DynamicDimension.1", "p2o.DynamicDimension.2")
+
+
+def dynamic_upsampler_onnx(path: Path) -> Path:
+    """A paddle2onnx-style opset-12 graph: dynamic batch/height/width named like p2o's dims,
+    and shape arithmetic (Shape → Slice/Gather → Mul → Concat) feeding a Resize and a Reshape.
+
+    conv 3→4 → relu → resize to 2×(H, W) (sizes from its own Shape) → reshape [N, -1].
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b"),
+        numpy_helper.from_array(np.array([0], np.int64), "start"),
+        numpy_helper.from_array(np.array([2], np.int64), "mid"),
+        numpy_helper.from_array(np.array([4], np.int64), "end"),
+        numpy_helper.from_array(np.array([2], np.int64), "two"),
+        numpy_helper.from_array(np.array([-1], np.int64), "minus1"),
+        numpy_helper.from_array(np.array([], np.float32), "empty"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Shape", ["r"], ["s"], name="shape"),
+        helper.make_node("Slice", ["s", "start", "mid"], ["nc"], name="slice_nc"),
+        helper.make_node("Slice", ["s", "mid", "end"], ["hw"], name="slice_hw"),
+        helper.make_node("Mul", ["hw", "two"], ["hw2"], name="double_hw"),
+        helper.make_node("Concat", ["nc", "hw2"], ["sizes"], axis=0, name="sizes"),
+        helper.make_node("Resize", ["r", "empty", "empty", "sizes"], ["up"], mode="nearest",
+                         name="upsample"),
+        helper.make_node("Slice", ["s", "start", "mid"], ["n"], name="slice_n",
+                         ),
+        helper.make_node("Gather", ["n", "start"], ["n0"], axis=0, name="batch"),
+        helper.make_node("Concat", ["n0", "minus1"], ["flat_shape"], axis=0, name="flat_shape"),
+        helper.make_node("Reshape", ["up", "flat_shape"], ["y"], name="flatten"),
+    ]
+    return onnx_model(
+        path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(P2O_DIMS))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["p2o.DynamicDimension.0",
+                                                                 "p2o.DynamicDimension.3"])],
+        inits, opset=12)
+
+
+def value_dependent_topk_onnx(path: Path) -> Path:
+    """TopK whose k is a runtime input: no declared shape can make its output static."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=-1,
+                              name="topk_by_k")]
+    return onnx_model(
+        path, nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16]),
+         helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["batch", "k"]),
+         helper.make_tensor_value_info("indices", TensorProto.INT64, ["batch", "k"])],
+        opset=12)

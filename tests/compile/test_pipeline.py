@@ -90,17 +90,17 @@ def test_nms_model_is_rejected_naming_the_operator(nms_onnx, tmp_path):
         assert "NonMaxSuppression" in o.error and o.artifact is None
 
 
-def test_dynamic_axis_is_rejected_naming_the_input(dynamic_onnx, tmp_path):
+def test_dynamic_axis_is_fixed_to_the_declared_shape(dynamic_onnx, tmp_path):
     from server.compile import InputSpec
 
-    spec = BuildSpec(dynamic_onnx, SourceFormat.ONNX, {"default": (InputSpec("x", (1, 4)),)})
-    out = Pipeline().build(spec, tmp_path)
+    spec = BuildSpec(dynamic_onnx, SourceFormat.ONNX, {"default": (InputSpec("x", (1, 4)),)},
+                     platforms=("onnx",))
+    (out,) = Pipeline().build(spec, tmp_path)
 
-    assert {o.state for o in out} == {"failed"}
-    finding = out[0].gates["operators"][0]["findings"][0]
-    assert finding == {"kind": "dynamic_shape", "name": "x", "where": "graph input",
-                       "detail": "dimension 'batch' is not static"}
-    assert "dynamic_shape x" in out[0].error
+    # Before: rejected with "dimension 'batch' is not static"; now specialized, then gated.
+    assert out.state == "ready", out.error
+    assert out.gates["shapes"]["fixed"] == {"batch": 1}
+    assert out.gates["operators"][0]["findings"] == []
 
 
 class PerturbingOnnxCompiler(OnnxCompiler):

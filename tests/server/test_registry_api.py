@@ -189,7 +189,8 @@ def test_shape_variants_make_one_build_per_platform_and_variant(
 ) -> None:
     create_model(client, publish_headers)
     shapes = {"360p": [1, 3, 360, 640], "720p": [1, 3, 720, 1280], "1080p": [1, 3, 1080, 1920]}
-    r = upload(client, publish_headers, make_onnx_bytes(extra_inputs=("t",)), meta(
+    dynamic = make_onnx_bytes(extra_inputs=("t",), dims=(1, 3, "height", "width"))
+    r = upload(client, publish_headers, dynamic, meta(
         platforms=["onnx", "qnn"],
         inputs=[{"name": "x", "dtype": "float32", "shapes": shapes},
                 {"name": "t", "dtype": "int64", "shape": [1]}]))
@@ -197,6 +198,43 @@ def test_shape_variants_make_one_build_per_platform_and_variant(
     assert r.json()["variants"] == ["360p", "720p", "1080p"]
     assert len(r.json()["builds"]) == 6
     assert r.json()["inputs"][1]["shapes"] == {"360p": [1], "720p": [1], "1080p": [1]}
+
+
+@sqlite_only
+@pytest.mark.parametrize(
+    ("inputs", "field", "detail"),
+    [
+        ([{"name": "x", "dtype": "float32", "shape": [1, 3, 16, 8]}],
+         "metadata.inputs[0].shape[2]", "dim 2: declared 16, but the ONNX input 'x' is "
+         "[1, 3, 8, 8]"),
+        ([{"name": "x", "dtype": "float32",
+           "shapes": {"small": [1, 3, 8, 8], "big": [2, 3, 8, 8]}}],
+         "metadata.inputs[0].shapes.big[0]", "dim 0: declared 2, but the ONNX input 'x' is "
+         "[1, 3, 8, 8] (shape variant 'big')"),
+        ([{"name": "x", "dtype": "float32", "shape": [1, 3, 8]}],
+         "metadata.inputs[0].shape", "has rank 3 but the ONNX input has rank 4"),
+    ],
+)
+def test_declared_shape_contradicting_a_static_onnx_dim_is_422_at_upload(
+    client: TestClient, publish_headers, onnx_bytes: bytes, inputs: list[dict[str, Any]],
+    field: str, detail: str, session_factory: sessionmaker[Session],
+) -> None:
+    # Before: 201, and every build of that variant failed later with "fixed at (1, 3, 8, 8)".
+    create_model(client, publish_headers)
+    r = upload(client, publish_headers, onnx_bytes, meta(inputs=inputs))
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == field and detail in r.json()["detail"], r.json()
+    assert blob_keys(client) == [] and count(session_factory, ModelVersion) == 0
+
+
+@sqlite_only
+def test_a_symbolic_onnx_dim_takes_any_declared_size(
+        client: TestClient, publish_headers) -> None:
+    create_model(client, publish_headers)
+    data = make_onnx_bytes(extra_inputs=(), dims=("n", 3, 8, 8))
+    ok = upload(client, publish_headers, data, meta(
+        inputs=[{"name": "x", "dtype": "float32", "shape": [4, 3, 8, 8]}]))
+    assert ok.status_code == 201, ok.text  # a symbolic dim takes any declared size
 
 
 def test_identical_reupload_returns_existing_version_with_200(

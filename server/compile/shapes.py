@@ -1,0 +1,279 @@
+"""Declared shapes specialize an ONNX graph: a dynamic upload becomes one static graph per
+shape variant, which the gates and every compiler then judge.
+
+`specialize(model, specs)`:
+  1. checks the declared shapes against the graph: a static dim that differs, or one symbolic
+     dim (e.g. 'p2o.DynamicDimension.0') declared with two different sizes, is an
+     `InvalidSourceError` naming input, dim, declared and actual;
+  2. writes the declared sizes into the inputs' symbolic dims and forgets every inferred
+     intermediate/output shape (they were computed for the dynamic graph);
+  3. re-runs shape inference and folds the shape arithmetic that became constant
+     (Shape → Gather → Concat → Reshape/Resize chains) with onnxslim, without operator fusion,
+     so the graph keeps the uploaded operators;
+  4. names every dim that is still not static with the node that produces it
+     (`ShapeSpecializationError`): such a dim depends on tensor values, not on input shapes.
+
+`declared_shape_conflicts(model, inputs)` is the upload-time half of step 1: the API refuses a
+declaration that contradicts the graph before any build is queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from server.compile.errors import InvalidSourceError
+from server.compile.source import quiet
+from server.compile.types import InputSpec
+
+# onnxslim passes we run: shape inference + constant folding + dead node elimination. Fusions
+# (Conv+BN, Gemm, …) and weight tying are left out: they change the operator set the uploader
+# gave, and specialization should only make shapes static.
+_SKIPPED_OPTIMIZATIONS = ["graph_fusion", "weight_tying", "subexpression_elimination"]
+
+
+@dataclass(frozen=True)
+class DimConflict:
+    """A declared size that the graph's input contradicts."""
+
+    input: str
+    dim: int
+    declared: int
+    actual: int | str  # a static size, or the symbolic dim declared twice differently
+    variant: str = ""
+
+    def message(self) -> str:
+        where = f"shape variant {self.variant!r}: " if self.variant else ""
+        if isinstance(self.actual, int):
+            return (f"{where}input {self.input!r} dim {self.dim} is declared {self.declared} "
+                    f"but the ONNX graph fixes it at {self.actual}")
+        return (f"{where}input {self.input!r} dim {self.dim} is the graph's symbolic dim "
+                f"{self.actual!r}, which other declared inputs set to a different size than "
+                f"{self.declared}")
+
+
+@dataclass(frozen=True)
+class UnfixedDim:
+    """A tensor dim still not static after specialization, with the node producing it."""
+
+    tensor: str
+    dim: str  # "dim 1 ('unk__3')": its index, and the symbolic name inference gave it
+    op_type: str
+    node: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"tensor": self.tensor, "dim": self.dim, "op_type": self.op_type,
+                "node": self.node}
+
+
+class ShapeSpecializationError(InvalidSourceError):
+    """Declared shapes do not make the graph static; `unfixed` names each dim and node."""
+
+    def __init__(self, message: str, unfixed: Sequence[UnfixedDim]) -> None:
+        super().__init__(message)
+        self.unfixed = list(unfixed)
+
+
+@dataclass(frozen=True)
+class Specialized:
+    """What `specialize` did: the symbolic dims it fixed (name -> size) and folded nodes."""
+
+    fixed: dict[str, int]
+    nodes_before: int
+    nodes_after: int
+
+    def note(self) -> str:
+        dims = ", ".join(f"{k}={v}" for k, v in sorted(self.fixed.items()))
+        return (f"dynamic ONNX specialized to the declared shapes ({dims}); shape arithmetic "
+                f"folded: {self.nodes_before} → {self.nodes_after} nodes")
+
+
+def graph_inputs(model: Any) -> list[Any]:
+    """The graph's real inputs (initializers listed as inputs left out), in order."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def _dims(vi: Any) -> list[int | str]:
+    """Each dim of a value's shape: its size, else its symbolic name ('' when unnamed)."""
+    out: list[int | str] = []
+    for d in vi.type.tensor_type.shape.dim:
+        out.append(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else d.dim_param)
+    return out
+
+
+def input_dims(model: Any) -> dict[str, list[int | str]]:
+    """Each graph input's dims (size, or symbolic name, '' when unnamed), in graph order."""
+    return {vi.name: _dims(vi) for vi in graph_inputs(model)}
+
+
+def declared_shape_conflicts(graph_dims: Mapping[str, Sequence[int | str]],
+                             variants: Mapping[str, Mapping[str, Sequence[int]]]
+                             ) -> list[DimConflict]:
+    """Declared sizes (variant -> input -> shape) that contradict the graph's input dims
+    (input -> dims, as `input_dims` gives them, or as the upload check streams them).
+
+    Inputs the graph does not have, and rank mismatches, are left to `check_inputs`.
+    """
+    conflicts: list[DimConflict] = []
+    for variant, shapes in variants.items():
+        symbolic: dict[str, tuple[str, int, int]] = {}
+        for name, shape in shapes.items():
+            dims = graph_dims.get(name)
+            if dims is None or len(dims) != len(shape):
+                continue
+            for i, (actual, declared) in enumerate(zip(dims, shape, strict=True)):
+                if isinstance(actual, int):
+                    if actual != declared:
+                        conflicts.append(DimConflict(name, i, declared, actual, variant))
+                elif actual:
+                    seen = symbolic.setdefault(actual, (name, i, declared))
+                    if seen[2] != declared:
+                        conflicts.append(DimConflict(name, i, declared, actual, variant))
+    return conflicts
+
+
+def check_inputs(model: Any, specs: Sequence[InputSpec]) -> None:
+    """Input names, order and rank of the graph against the declared specs."""
+    inputs = graph_inputs(model)
+    names = [i.name for i in inputs]
+    if names != [s.name for s in specs]:
+        raise InvalidSourceError(
+            f"the ONNX graph's inputs are {names} but the input specs name "
+            f"{[s.name for s in specs]}; declare the specs in the graph's order")
+    for vi, spec in zip(inputs, specs, strict=True):
+        rank = len(vi.type.tensor_type.shape.dim)
+        if vi.type.tensor_type.HasField("shape") and rank != len(spec.shape):
+            raise InvalidSourceError(
+                f"the ONNX graph's input {spec.name!r} has rank {rank} but the declared "
+                f"shape {list(spec.shape)} has rank {len(spec.shape)}")
+
+
+def is_static(model: Any) -> bool:
+    """Whether every graph input dim is a positive size."""
+    return all(isinstance(d, int) for vi in graph_inputs(model) for d in _dims(vi)) and all(
+        vi.type.tensor_type.HasField("shape") for vi in graph_inputs(model))
+
+
+def _fix_inputs(model: Any, specs: Sequence[InputSpec]) -> dict[str, int]:
+    conflicts = declared_shape_conflicts(input_dims(model),
+                                         {"": {s.name: s.shape for s in specs}})
+    if conflicts:
+        raise InvalidSourceError(
+            "; ".join(c.message() for c in conflicts) + ". An ONNX upload compiles only at "
+            "sizes its graph allows: declare the graph's fixed sizes, or export it with those "
+            "dims dynamic")
+    fixed: dict[str, int] = {}
+    for vi, spec in zip(graph_inputs(model), specs, strict=True):
+        shape = vi.type.tensor_type.shape
+        if not vi.type.tensor_type.HasField("shape"):
+            shape.SetInParent()
+        while len(shape.dim) < len(spec.shape):
+            shape.dim.add()
+        for i, (d, size) in enumerate(zip(shape.dim, spec.shape, strict=True)):
+            if not (d.HasField("dim_value") and d.dim_value > 0):
+                fixed[d.dim_param or f"{spec.name}[{i}]"] = size
+                d.Clear()
+                d.dim_value = size
+    return fixed
+
+
+def _forget_inferred_shapes(model: Any) -> None:
+    """Intermediate and output shapes were inferred for the dynamic graph: drop them."""
+    del model.graph.value_info[:]
+    for out in model.graph.output:
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+
+
+def unfixed_dims(model: Any) -> list[UnfixedDim]:
+    """Every node output whose inferred shape still has a non-static dim, named by node."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # best effort; onnxslim already inferred what it could
+        inferred = model
+    shapes = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    out: list[UnfixedDim] = []
+    for i, node in enumerate(inferred.graph.node):
+        for name in node.output:
+            vi = shapes.get(name)
+            if vi is None or not vi.type.HasField("tensor_type"):
+                continue
+            tt = vi.type.tensor_type
+            if not tt.HasField("shape"):
+                out.append(UnfixedDim(name, "<unknown rank>", node.op_type,
+                                      node.name or f"{node.op_type}{i}"))
+                continue
+            for j, d in enumerate(tt.shape.dim):
+                if not (d.HasField("dim_value") and d.dim_value > 0):
+                    label = f"dim {j}" + (f" ({d.dim_param!r})" if d.dim_param else "")
+                    out.append(UnfixedDim(name, label, node.op_type,
+                                          node.name or f"{node.op_type}{i}"))
+    return out
+
+
+def _origins(unfixed: Iterable[UnfixedDim]) -> list[UnfixedDim]:
+    """The first tensor per symbolic dim: where the dynamic size enters the graph."""
+    seen: set[str] = set()
+    first = []
+    for u in unfixed:
+        key = u.dim.split(" ", 2)[-1] if "(" in u.dim else f"{u.tensor}:{u.dim}"
+        if key not in seen:
+            seen.add(key)
+            first.append(u)
+    return first
+
+
+def specialize(model: Any, specs: Sequence[InputSpec]) -> tuple[Any, Specialized]:
+    """A static copy of `model` at the declared shapes (see the module docstring)."""
+    import onnx
+    import onnxslim
+
+    check_inputs(model, specs)
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    nodes_before = len(work.graph.node)
+    fixed = _fix_inputs(work, specs)
+    _forget_inferred_shapes(work)
+    try:
+        with quiet():
+            slim = onnxslim.slim(work, skip_optimizations=_SKIPPED_OPTIMIZATIONS)
+    except Exception as e:
+        raise InvalidSourceError(
+            f"shape inference / constant folding at the declared shapes failed: "
+            f"{type(e).__name__}: {e}. Check that the declared shapes are ones the model "
+            "accepts (run it once with onnxruntime at those shapes)") from e
+    if slim is None:
+        raise InvalidSourceError("onnxslim returned no model for the declared shapes")
+    remaining = _origins(unfixed_dims(slim))
+    if remaining:
+        named = "; ".join(f"{u.dim} of {u.tensor!r} (output of {u.op_type} node "
+                          f"{u.node!r})" for u in remaining[:10])
+        raise ShapeSpecializationError(
+            f"the declared shapes do not make the graph static: {named}. These sizes depend "
+            "on tensor values, not on input shapes; move that part of the model into app "
+            "code or export the model with a static size there", remaining)
+    return slim, Specialized(fixed, nodes_before, len(slim.graph.node))
+
+
+def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path) -> Specialized | None:
+    """Writes the static graph for `specs` to `out`; None when the upload was static already
+    (then it is copied unchanged: a static upload passes through as it was)."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path))
+    except Exception as e:
+        raise InvalidSourceError(f"cannot read {path.name} as ONNX: {e}") from e
+    check_inputs(model, specs)
+    if is_static(model):
+        _fix_inputs(model, specs)  # only checks: static dims that differ are refused
+        onnx.save(model, str(out))
+        return None
+    static, report = specialize(model, specs)
+    onnx.save(static, str(out))
+    return report
