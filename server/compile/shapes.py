@@ -96,11 +96,19 @@ def graph_inputs(model: Any) -> list[Any]:
     return [i for i in model.graph.input if i.name not in inits]
 
 
+# Symbolic names that mean "unknown", not "the same size wherever it appears" (paddle2onnx
+# writes '?' for every unknown dim of an input).
+ANONYMOUS_DIMS = frozenset({"", "?", "-1"})
+
+
 def _dims(vi: Any) -> list[int | str]:
     """Each dim of a value's shape: its size, else its symbolic name ('' when unnamed)."""
     out: list[int | str] = []
     for d in vi.type.tensor_type.shape.dim:
-        out.append(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else d.dim_param)
+        if d.HasField("dim_value") and d.dim_value > 0:
+            out.append(d.dim_value)
+        else:
+            out.append("" if d.dim_param in ANONYMOUS_DIMS else d.dim_param)
     return out
 
 
@@ -128,7 +136,7 @@ def declared_shape_conflicts(graph_dims: Mapping[str, Sequence[int | str]],
                 if isinstance(actual, int):
                     if actual != declared:
                         conflicts.append(DimConflict(name, i, declared, actual, variant))
-                elif actual:
+                elif actual and actual not in ANONYMOUS_DIMS:
                     seen = symbolic.setdefault(actual, (name, i, declared))
                     if seen[2] != declared:
                         conflicts.append(DimConflict(name, i, declared, actual, variant))
@@ -174,7 +182,8 @@ def _fix_inputs(model: Any, specs: Sequence[InputSpec]) -> dict[str, int]:
             shape.dim.add()
         for i, (d, size) in enumerate(zip(shape.dim, spec.shape, strict=True)):
             if not (d.HasField("dim_value") and d.dim_value > 0):
-                fixed[d.dim_param or f"{spec.name}[{i}]"] = size
+                named = d.dim_param not in ANONYMOUS_DIMS
+                fixed[d.dim_param if named else f"{spec.name}[{i}]"] = size
                 d.Clear()
                 d.dim_value = size
     return fixed

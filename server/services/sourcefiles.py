@@ -225,7 +225,8 @@ def _value_info_dims(f: BinaryIO, end: int) -> list[int | str]:
         dim: int | str = ""
         f.seek(offset)
         for d_number, d_wire, d_value, d_size in _fields(f, offset + size):
-            if d_number == _DIM_VALUE and d_wire == 0 and d_value > 0:
+            # int64 on the wire: -1 (some exporters' "unknown") arrives as 2**64 - 1.
+            if d_number == _DIM_VALUE and d_wire == 0 and 0 < d_value < 1 << 63:
                 dim = d_value
             elif d_number == _DIM_PARAM and d_wire == 2 and d_size <= MAX_NAME_BYTES:
                 f.seek(d_value)
