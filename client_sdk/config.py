@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -60,6 +60,10 @@ class UpdaterConfig:
     backoff_cap_seconds: float = 6 * 3600.0
     models: Sequence[str] | None = None
     variants: Mapping[str, str] = field(default_factory=dict)
+    # Models whose bundle holds one artifact per input-shape variant the release offers this
+    # device (e.g. 360p/720p/1080p): all are loaded once and `ModelRuntime.predict(...,
+    # shape_variant=...)` switches between them without reloading.
+    all_shape_variants: Collection[str] = ()
     formats: Sequence[str] | None = None
     clock: Clock = field(default_factory=SystemClock)
     transport: Transport | None = None

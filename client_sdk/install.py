@@ -54,9 +54,14 @@ STEPS = (
 FaultHook = Callable[[str], None]
 
 
+# Role prefix of the members holding the model at other input-shape variants.
+SHAPE_ROLE_PREFIX = "shape:"
+
+
 @dataclass(frozen=True)
 class Member:
-    """One artifact file in a bundle; ``role`` is "primary" or "fallback" (CPU ONNX)."""
+    """One artifact file in a bundle; ``role`` is "primary", "fallback" (CPU ONNX) or
+    ``shape:<variant>`` (the same model compiled for another input-shape variant)."""
 
     role: str
     format: str

@@ -6,6 +6,11 @@ so a concurrent ``swap`` never fails, mixes or blocks an inference: calls alread
 on the old bundle, which is released when the last of them drops its reference. Loading a
 bundle (``prepare``) is slow and happens off the inference path; ``swap`` is a pointer store.
 
+Shape variants: a bundle installed with ``all_shape_variants`` holds the model compiled for
+each input-shape variant (``shape:<variant>`` members, e.g. 360p/720p/1080p); ``prepare`` loads
+them all, and ``predict(..., shape_variant="720p")`` picks the loaded backend by a dict lookup,
+so switching resolution never reloads a model.
+
 Circuit breaker: when the primary backend (e.g. QNN) raises, the call is retried on the
 bundle's CPU ONNX fallback member; after ``breaker_threshold`` consecutive failures the loaded
 model switches to the fallback for good and a FALLBACK event is reported.
@@ -24,7 +29,7 @@ import numpy as np
 from client_sdk.backends import Arrays, Backend, open_backend
 from client_sdk.errors import BackendError, BackendUnavailableError, ModelNotLoadedError
 from client_sdk.events import Event, EventCallback, EventKind, emit
-from client_sdk.install import Bundle, BundleStore, Member
+from client_sdk.install import SHAPE_ROLE_PREFIX, Bundle, BundleStore, Member
 
 ACTIVE = "active"
 CANDIDATE = "candidate"
@@ -38,6 +43,7 @@ class Prediction:
     sha256: str
     backend: str
     outputs: Arrays
+    shape_variant: str = ""
 
 
 class LoadedModel:
@@ -51,10 +57,14 @@ class LoadedModel:
         *,
         threshold: int,
         on_event: EventCallback | None,
+        shapes: Mapping[str, Backend] | None = None,
     ) -> None:
         self.bundle = bundle
         self._backend = primary
         self._fallback = fallback
+        self.primary_shape = bundle.members[0].target.get("shape_variant", "")
+        # The other input-shape variants, loaded once (read-only after construction).
+        self._shapes: dict[str, Backend] = dict(shapes or {})
         self._threshold = threshold
         self._failures = 0
         self._lock = threading.Lock()  # taken only on the failure path
@@ -64,7 +74,23 @@ class LoadedModel:
     def backend_name(self) -> str:
         return self._backend.name
 
-    def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> Prediction:
+    @property
+    def shape_variants(self) -> tuple[str, ...]:
+        """The input-shape variants this loaded model can run, the primary's first."""
+        return tuple(s for s in (self.primary_shape, *self._shapes) if s)
+
+    def run(self, inputs: Mapping[str, np.ndarray[Any, Any]],
+            shape_variant: str | None = None) -> Prediction:
+        if shape_variant and shape_variant != self.primary_shape:
+            other = self._shapes.get(shape_variant)
+            if other is None:
+                raise ModelNotLoadedError(
+                    f"{self.bundle.model} {self.bundle.version} has no shape variant "
+                    f"{shape_variant!r}; loaded: {list(self.shape_variants)} (install with "
+                    "UpdaterConfig(all_shape_variants=[model]))")
+            b = self.bundle
+            return Prediction(b.model, b.version, b.sha256, other.name, other.run(inputs),
+                              shape_variant)
         backend = self._backend
         try:
             outputs = backend.run(inputs)
@@ -77,7 +103,8 @@ class LoadedModel:
             if self._failures:
                 self._failures = 0
         b = self.bundle
-        return Prediction(b.model, b.version, b.sha256, backend.name, outputs)
+        return Prediction(b.model, b.version, b.sha256, backend.name, outputs,
+                          self.primary_shape)
 
     def _record_failure(self, backend: Backend, error: BackendError) -> Backend | None:
         with self._lock:
@@ -131,8 +158,11 @@ class ModelRuntime:
                 f"{primary_m.format} unavailable ({e}); using {fallback.name}",
             ))
             primary, fallback = fallback, None
+        shapes = {m.role.removeprefix(SHAPE_ROLE_PREFIX): self._open(bundle, m)
+                  for m in bundle.members if m.role.startswith(SHAPE_ROLE_PREFIX)}
         return LoadedModel(
-            bundle, primary, fallback, threshold=self._threshold, on_event=self._on_event
+            bundle, primary, fallback, threshold=self._threshold, on_event=self._on_event,
+            shapes=shapes,
         )
 
     def swap(self, loaded: LoadedModel, slot: str = ACTIVE) -> LoadedModel | None:
@@ -162,12 +192,15 @@ class ModelRuntime:
         return self._slots.get((model, slot))
 
     def predict(
-        self, model: str, inputs: Mapping[str, np.ndarray[Any, Any]], slot: str = ACTIVE
+        self, model: str, inputs: Mapping[str, np.ndarray[Any, Any]], slot: str = ACTIVE,
+        *, shape_variant: str | None = None,
     ) -> Prediction:
-        """Run ``inputs`` on the model's bundle in ``slot``; never blocks on a swap."""
+        """Run ``inputs`` on the model's bundle in ``slot``; never blocks on a swap.
+        ``shape_variant`` picks one of the bundle's loaded input-shape variants (default:
+        the primary member's)."""
         loaded = self._slots.get((model, slot))
         if loaded is None:
             if slot != ACTIVE:
                 raise ModelNotLoadedError(f"no {slot} bundle loaded for model {model!r}")
             loaded = self.load_active(model)
-        return loaded.run(inputs)
+        return loaded.run(inputs, shape_variant)

@@ -10,25 +10,32 @@ rollback or a no-op, and ``drops_candidate`` says when a held candidate is no lo
 
 A plan's members are the first artifact the device can run (``primary``) and, for a non-ONNX
 primary, a CPU ONNX ``fallback``: the ONNX artifact for the device's platform with the same
-variant, else the portable one (platform ``onnx``) built for the same input shapes.
+variant, else the portable one (platform ``onnx``) built for the same input shapes. For a model
+in ``all_shape_variants``, one ``shape:<variant>`` member per other input-shape variant the
+release offers this device follows (the runtime loads them all and switches by name). A
+release that lists the device's platform in ``failed_platforms`` offers it the portable
+artifacts (``manifests.artifacts_for``).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import manifests
 from client_sdk.compile import COREML_FORMATS, FORMAT_ONNX, QNN_FORMATS
 from client_sdk.errors import ClientSDKError
 from client_sdk.fsutil import check_name
-from client_sdk.install import Member, Pointer, bundle_id_for
+from client_sdk.install import SHAPE_ROLE_PREFIX, Member, Pointer, bundle_id_for
 from client_sdk.runtime import ACTIVE, CANDIDATE
 from manifests import Artifact, DeviceProfile, Manifest, Release
 
 # The platform of the portable CPU artifacts the server compiles for every model.
-PORTABLE_PLATFORM = "onnx"
+PORTABLE_PLATFORM = manifests.PORTABLE_PLATFORM
+# Shape variant names that are safe inside a member file name (the server's variant rule).
+_SAFE_SHAPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 
 _EXT = {FORMAT_ONNX: ".onnx", **{f: ".onnx" for f in QNN_FORMATS},
         **{f: ".mlpackage.tar" for f in COREML_FORMATS}}
@@ -83,6 +90,7 @@ def select(
     formats: Sequence[str],
     variants: Mapping[str, str] | None = None,
     models: Sequence[str] | None = None,
+    all_shape_variants: Collection[str] = (),
 ) -> Selection:
     """The plans and refusals for ``models`` (default: every model the manifest offers)."""
     variants = variants or {}
@@ -104,7 +112,9 @@ def select(
                 f"platform={device.platform}, soc={device.soc or '-'}, "
                 f"os={device.os_version or '-'}, app={device.app_version or '-'})")))
             continue
-        active = plan_for(model, release, device, formats, variants.get(model))
+        shapes = model in all_shape_variants
+        active = plan_for(model, release, device, formats, variants.get(model),
+                          all_shapes=shapes)
         if active is None:
             offered = sorted({a.format for a in release.artifacts})
             refused.append(Refusal(model, (
@@ -114,7 +124,8 @@ def select(
         plans.append(active)
         shadow = candidate_release(manifest, model, device, active.release)
         if shadow is not None:
-            cand = plan_for(model, shadow, device, formats, variants.get(model), slot=CANDIDATE)
+            cand = plan_for(model, shadow, device, formats, variants.get(model),
+                            slot=CANDIDATE, all_shapes=shapes)
             if cand is not None:
                 plans.append(cand)
     return Selection(tuple(plans), tuple(refused))
@@ -139,9 +150,10 @@ def candidate_release(manifest: Manifest, model: str, device: DeviceProfile,
 
 
 def plan_for(model: str, release: Release, device: DeviceProfile, formats: Sequence[str],
-             variant: str | None = None, *, slot: str = ACTIVE) -> Plan | None:
+             variant: str | None = None, *, slot: str = ACTIVE,
+             all_shapes: bool = False) -> Plan | None:
     """The plan for ``release`` in ``slot``, or None when no artifact of it runs here."""
-    chosen = members(release, device, formats, variant)
+    chosen = members(release, device, formats, variant, all_shapes=all_shapes)
     if not chosen:
         return None
     ids = tuple(m for m, _ in chosen)
@@ -149,11 +161,14 @@ def plan_for(model: str, release: Release, device: DeviceProfile, formats: Seque
 
 
 def members(release: Release, device: DeviceProfile, formats: Sequence[str],
-            variant: str | None = None) -> list[tuple[Member, Artifact]]:
+            variant: str | None = None, *, all_shapes: bool = False
+            ) -> list[tuple[Member, Artifact]]:
     """The primary artifact (first match of device, format and variant) and, for a non-ONNX
-    primary, its CPU fallback; [] when nothing in ``release`` runs on this device."""
-    usable = [a for a in release.artifacts
-              if manifests.artifact_matches(a, device) and a.format in formats]
+    primary, its CPU fallback (then, with ``all_shapes``, the other input-shape variants);
+    [] when nothing in ``release`` runs on this device."""
+    # Matching artifacts, or the portable ones when the release lists this device's platform
+    # as failed (released without its build).
+    usable = [a for a in manifests.artifacts_for(release, device) if a.format in formats]
     if variant is not None:
         usable = [a for a in usable if a.variant == variant]
     if not usable:
@@ -164,7 +179,23 @@ def members(release: Release, device: DeviceProfile, formats: Sequence[str],
         cpu = cpu_fallback(release, primary, device)
         if cpu is not None:
             chosen.append((member("fallback", cpu), cpu))
+    if all_shapes:
+        chosen.extend(shape_members(usable, primary))
     return chosen
+
+
+def shape_members(usable: Sequence[Artifact], primary: Artifact
+                  ) -> list[tuple[Member, Artifact]]:
+    """One member per other input-shape variant offered (the first usable artifact of each,
+    in manifest order), role ``shape:<variant>``."""
+    seen = {primary.target.get("shape_variant", "")}
+    out: list[tuple[Member, Artifact]] = []
+    for a in usable:
+        shape = a.target.get("shape_variant", "")
+        if shape and shape not in seen and _SAFE_SHAPE.match(shape):
+            seen.add(shape)
+            out.append((member(f"{SHAPE_ROLE_PREFIX}{shape}", a), a))
+    return out
 
 
 def cpu_fallback(release: Release, primary: Artifact, device: DeviceProfile) -> Artifact | None:
@@ -184,9 +215,11 @@ def cpu_fallback(release: Release, primary: Artifact, device: DeviceProfile) -> 
 
 
 def member(role: str, a: Artifact) -> Member:
-    """The bundle member that holds artifact ``a`` in ``role`` ("primary" or "fallback")."""
+    """The bundle member that holds artifact ``a`` in ``role`` ("primary", "fallback" or
+    ``shape:<variant>``, whose file is ``shape-<variant>``)."""
+    stem = role.replace(":", "-")
     return Member(role=role, format=a.format, platform=a.platform, variant=a.variant,
-                  file=f"{role}{_EXT.get(a.format, '.bin')}", sha256=a.sha256,
+                  file=f"{stem}{_EXT.get(a.format, '.bin')}", sha256=a.sha256,
                   length=a.length, target=dict(a.target),
                   compile_settings=dict(a.compile_settings))
 

@@ -222,7 +222,8 @@ class Updater:
         """Choose, per model, the release and members for this device (no I/O)."""
         self.state = State.SELECTING
         return select(manifest, self.config.device, formats=self.formats,
-                      variants=self.config.variants, models=self.config.models)
+                      variants=self.config.variants, models=self.config.models,
+                      all_shape_variants=self.config.all_shape_variants)
 
     # -- step 3: fetch -------------------------------------------------------------------
 

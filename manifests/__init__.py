@@ -41,8 +41,10 @@ from .manifest import (
     ShadowThresholds,
 )
 from .rollout import (
+    PORTABLE_PLATFORM,
     DeviceProfile,
     artifact_matches,
+    artifacts_for,
     bucket,
     filters_match,
     rollout_includes,
@@ -66,6 +68,7 @@ __all__ = [
     "MANIFEST_PAYLOAD_TYPE",
     "MAX_SAFE_INTEGER",
     "MAX_SIGNATURES",
+    "PORTABLE_PLATFORM",
     "PPM",
     "RELEASE_ROLE",
     "ROOT_MAX_SIZE",
@@ -102,6 +105,7 @@ __all__ = [
     "WrongChannelError",
     "WrongTypeError",
     "artifact_matches",
+    "artifacts_for",
     "bucket",
     "compare_versions",
     "filters_match",

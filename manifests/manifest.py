@@ -5,7 +5,8 @@ JSON (payloadType ``application/vnd.modelfleet.manifest+json``)::
     {"type": "manifest", "channel": "prod", "serial": 7, "expires": 1767225600,
      "models": {"<model>": {"releases": [<release>, ...]}}}
 
-    release  = {"version", "rollout": <rollout>, "artifacts": [<artifact>, ...]}
+    release  = {"version", "rollout": <rollout>, "artifacts": [<artifact>, ...],
+                "failed_platforms": [str, ...]}               (optional; absent = none)
     artifact = {"platform", "variant", "format", "url", "length", "sha256",
                 "compile_settings": {str: str|int|bool}, "target": {str: str},
                 "patches": [{"from_sha256", "url", "length", "sha256", "algorithm"}]}
@@ -214,6 +215,10 @@ class Release:
     rollout: Rollout
     artifacts: list[Artifact]
     extra: JSONObject = field(default_factory=dict)
+    # Platforms whose build failed and that the release engineer released anyway: their
+    # devices run the portable ONNX artifact (``rollout.artifacts_for``). Written only when
+    # non-empty, so releases without it serialize exactly as before.
+    failed_platforms: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, value: JSONValue, path: str = "release") -> Release:
@@ -224,12 +229,16 @@ class Release:
             raise f.fail("rollout", "is required")
         rollout = Rollout.from_dict(raw_rollout, f"{path}.rollout")
         artifacts = f.array("artifacts", Artifact.from_dict)
-        return cls(version, rollout, artifacts, f.extra())
+        failed = f.array("failed_platforms", nonempty_string_item, required=False)
+        return cls(version, rollout, artifacts, f.extra(), failed)
 
     def to_dict(self) -> JSONObject:
         artifacts: list[JSONValue] = [a.to_dict() for a in self.artifacts]
-        return merge_extra({"version": self.version, "rollout": self.rollout.to_dict(),
-                            "artifacts": artifacts}, self.extra)
+        known: JSONObject = {"version": self.version, "rollout": self.rollout.to_dict(),
+                             "artifacts": artifacts}
+        if self.failed_platforms:
+            known["failed_platforms"] = list(self.failed_platforms)
+        return merge_extra(known, self.extra)
 
 
 @dataclass(frozen=True)

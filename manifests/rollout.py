@@ -69,9 +69,27 @@ def artifact_matches(artifact: Artifact, device: DeviceProfile) -> bool:
     return (not soc or soc == device.soc) and (not arch or arch == device.arch)
 
 
+# The platform of the portable CPU ONNX artifact, which every device can run.
+PORTABLE_PLATFORM = "onnx"
+
+
+def artifacts_for(release: Release, device: DeviceProfile) -> list[Artifact]:
+    """The artifacts of ``release`` (in manifest order) that ``device`` may install: those that
+    match it; when none does and the device's platform is in ``release.failed_platforms``
+    (released without its build), the portable ``onnx`` artifacts instead."""
+    matching = [a for a in release.artifacts if artifact_matches(a, device)]
+    if matching or device.platform not in release.failed_platforms:
+        return matching
+    portable = DeviceProfile(device.device_id, PORTABLE_PLATFORM, device.soc, device.arch,
+                             device.os_version, device.app_version)
+    return [a for a in release.artifacts if artifact_matches(a, portable)]
+
+
 def select_artifact(release: Release, device: DeviceProfile) -> Artifact | None:
-    """The first artifact of ``release`` (in manifest order) that runs on ``device``."""
-    return next((a for a in release.artifacts if artifact_matches(a, device)), None)
+    """The first artifact of ``artifacts_for(release, device)``: the first that runs on
+    ``device``, or, for a platform the release lists as failed, the first portable one."""
+    usable = artifacts_for(release, device)
+    return usable[0] if usable else None
 
 
 def select_release(manifest: Manifest, model: str, device: DeviceProfile) -> Release | None:

@@ -135,6 +135,8 @@ def manifest_schema() -> dict[str, Any]:
           "then": {"required": ["shadow"], "properties": {"shadow": shadow}}})
     release = _obj(["version", "rollout", "artifacts"], {
         "version": NAME, "rollout": rollout, "artifacts": {"type": "array", "items": artifact},
+        # Platforms released without their build: their devices take the portable artifact.
+        "failed_platforms": _nullable(STRINGS),
     })
     model = _obj(["releases"], {"releases": {"type": "array", "items": release}})
     return {

@@ -455,7 +455,39 @@ def selection_vectors() -> list[dict[str, Any]]:
                 "release": release.version if release else None,
                 "artifact_sha256": artifact.sha256 if artifact else None,
             })
-    return [{"name": "sample", "manifest": doc, "cases": out}]
+    return [{"name": "sample", "manifest": doc, "cases": out}, _failed_platforms_vectors()]
+
+
+def _failed_platforms_vectors() -> dict[str, Any]:
+    """A release whose coreml build failed and was released anyway: coreml devices take the
+    portable onnx artifact; qnn devices their own; a platform not listed gets nothing."""
+    def artifact(platform: str, fmt: str, soc: str = "") -> Artifact:
+        name = f"ocr/3.0/{platform}/{soc or 'generic'}"
+        return Artifact(platform=platform, variant=soc or "fp32", format=fmt,
+                        url=f"https://cdn.example/{name}", length=2000, sha256=_sha(name),
+                        target={"soc": soc} if soc else {})
+    release = Release("3.0", Rollout(share_ppm=1_000_000, salt="ocr-3.0"),
+                      [artifact("onnx", "onnx"), artifact("qnn", "onnx-epcontext", "SM8650")],
+                      failed_platforms=["coreml"])
+    manifest = Manifest(channel="prod", serial=1, expires=NOW + 86_400,
+                        models={"ocr": ModelEntry([release])})
+    devices = [DeviceProfile("mac-1", "coreml", "", "arm64"),
+               DeviceProfile("s24-1", "qnn", "SM8650", "v75"),
+               DeviceProfile("s23-1", "qnn", "SM8550", "v73"),
+               DeviceProfile("pc-1", "onnx", "", "x86_64"),
+               DeviceProfile("tv-1", "tflite", "", "arm64")]
+    cases = []
+    for d in devices:
+        chosen = select_release(manifest, "ocr", d)
+        artifact_ = select_artifact(chosen, d) if chosen else None
+        cases.append({
+            "model": "ocr",
+            "device": {"device_id": d.device_id, "platform": d.platform, "soc": d.soc,
+                       "arch": d.arch, "os_version": d.os_version, "app_version": d.app_version},
+            "release": chosen.version if chosen else None,
+            "artifact_sha256": artifact_.sha256 if artifact_ else None,
+        })
+    return {"name": "failed_platforms", "manifest": manifest.to_dict(), "cases": cases}
 
 
 def build() -> dict[str, bytes]:

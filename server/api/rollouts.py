@@ -83,12 +83,16 @@ class RolloutCreate(BaseModel):
     mode: str = Field(default="active", description="active | shadow")
     filters: FiltersIn = FiltersIn()
     shadow: ShadowIn | None = None
+    allow_failed_platforms: bool = Field(
+        default=False,
+        description="release a failed version whose portable onnx build passed: devices of "
+        "the failed platforms get the onnx artifact (listed as the release's failed_platforms)")
 
     def spec(self) -> ro.RolloutSpec:
         shadow = None if self.shadow is None else manifests.ShadowThresholds(
             **self.shadow.model_dump())
         return ro.RolloutSpec(self.model, self.version, self.percentage, self.mode,
-                              self.filters.to_filters(), shadow)
+                              self.filters.to_filters(), shadow, self.allow_failed_platforms)
 
 
 class RampIn(BaseModel):
@@ -117,6 +121,9 @@ class RolloutPublic(BaseModel):
     state_reason: str
     filters: FiltersIn
     shadow: ShadowIn | None
+    failed_platforms: list[str] = Field(
+        default_factory=list, description="platforms released without their build "
+        "(allow_failed_platforms); their devices run the portable onnx artifact")
     serial: int | None = Field(description="serial of the manifest this change published "
                                "(null when the change was a no-op)")
 
@@ -160,7 +167,7 @@ def _public(view: ro.RolloutView) -> RolloutPublic:
         shadow=None if r.shadow is None else ShadowIn(
             max_kl_micro=r.shadow.max_kl_micro, max_latency_p99_us=r.shadow.max_latency_p99_us,
             min_samples=r.shadow.min_samples),
-        serial=view.serial,
+        failed_platforms=list(r.failed_platforms), serial=view.serial,
     )
 
 

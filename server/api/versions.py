@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Path, Response, UploadFile
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from server.api.deps import (
     BlobStoreDep,
@@ -73,6 +73,11 @@ class VersionPublic(BaseModel):
     notes: str
     uploads: list[UploadPublic]
     builds: list[BuildPublic]
+    failed_platforms: list[str] = Field(
+        default_factory=list, description="platforms with a failed build")
+    can_release_what_passed: bool = Field(
+        default=False, description="failed, but its portable onnx build passed: a rollout "
+        "with allow_failed_platforms=true may release it (failed platforms get onnx)")
     error: str
     created_at: datetime
     updated_at: datetime
@@ -86,6 +91,8 @@ class VersionList(BaseModel):
 def to_public(model_name: str, v: ModelVersion) -> VersionPublic:
     source = next(u for u in v.uploads if u.kind.value == "model")
     meta = v.metadata_json
+    failed = sorted({b.platform for b in v.builds if b.state is BuildState.failed})
+    passed = {b.platform for b in v.builds if b.state is BuildState.succeeded}
     return VersionPublic(
         model=model_name, version=v.version, state=v.state, source_format=v.source_format,
         sha256=source.sha256, length=source.length, platforms=meta["platforms"],
@@ -96,6 +103,8 @@ def to_public(model_name: str, v: ModelVersion) -> VersionPublic:
         builds=[BuildPublic(platform=b.platform, variant=b.variant, state=b.state,
                             attempts=b.attempts, error=b.error)
                 for b in sorted(v.builds, key=lambda b: (b.platform, b.variant))],
+        failed_platforms=failed, can_release_what_passed=(
+            v.state is VersionState.failed and "onnx" in passed and "onnx" not in failed),
         error=v.error, created_at=v.created_at, updated_at=v.updated_at,
         created_by=v.created_by,
     )

@@ -288,6 +288,10 @@ class Release(Base):
     # manifests.Filters.device_allow / device_deny (pinning).
     pinned_devices: Mapped[list[str]] = mapped_column(JSON, default=list)
     denied_devices: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # Platforms whose build failed, released anyway (rollout `allow_failed_platforms`): the
+    # manifest lists them and their devices take the portable ONNX artifact.
+    failed_platforms: Mapped[list[str]] = mapped_column(JSON, default=list,
+                                                        server_default="[]")
     shadow_max_kl_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     shadow_max_latency_p99_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     shadow_min_samples: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -111,6 +111,7 @@ def release_record(release: db.Release, model: str, version: str,
         filters=records.filters_from_columns(release.filters, release.pinned_devices,
                                              release.denied_devices),
         shadow=shadow, artifacts=artifacts,
+        failed_platforms=tuple(release.failed_platforms or ()),
     )
 
 

@@ -35,6 +35,8 @@ class RolloutRecord:
     filters: Filters = field(default_factory=Filters)
     shadow: ShadowThresholds | None = None
     artifacts: tuple[Artifact, ...] = ()
+    # Platforms whose build failed, released anyway: their devices take the portable artifact.
+    failed_platforms: tuple[str, ...] = ()
 
     @property
     def fully_rolled_out(self) -> bool:
@@ -44,7 +46,8 @@ class RolloutRecord:
         """The manifest entry devices get for this release."""
         return Release(version=self.version, artifacts=list(self.artifacts),
                        rollout=Rollout(share_ppm=self.share_ppm, salt=self.salt, mode=self.mode,
-                                       filters=self.filters, shadow=self.shadow))
+                                       filters=self.filters, shadow=self.shadow),
+                       failed_platforms=list(self.failed_platforms))
 
 
 # A release's filters are stored as the `filters` JSON column (platforms, socs, archs,

@@ -63,6 +63,9 @@ class RolloutSpec:
     mode: str = "active"
     filters: manifests.Filters = field(default_factory=manifests.Filters)
     shadow: manifests.ShadowThresholds | None = None
+    # Release a version whose portable ONNX artifact passed although other platforms failed;
+    # devices of the failed platforms get the portable artifact. Never implied.
+    allow_failed_platforms: bool = False
 
 
 def version_row(session: Session, model: str, version: str) -> db.ModelVersion:
@@ -138,10 +141,22 @@ def get_rollout(session: Session, rollout_id: int) -> RolloutView:
                        release.state_reason, None)
 
 
-def _ready_version(session: Session, spec: RolloutSpec) -> db.ModelVersion:
-    """The version to start, if it is ready and the filters fit its artifacts."""
+def failed_platforms(session: Session, version_id: int) -> list[str]:
+    """Platforms with a failed build of this version, sorted."""
+    return sorted(set(session.scalars(
+        select(db.Build.platform).where(db.Build.version_id == version_id,
+                                        db.Build.state == db.BuildState.failed))))
+
+
+def _ready_version(session: Session, spec: RolloutSpec) -> tuple[db.ModelVersion, list[str]]:
+    """The version to start and the failed platforms released with it (empty unless the
+    request opted in), if it may be released and the filters fit its artifacts."""
     version = version_row(session, spec.model, spec.version)
-    if version.state is not db.VersionState.ready:
+    failed: list[str] = []
+    if version.state is db.VersionState.failed:
+        failed = failed_platforms(session, version.id)
+        _check_release_what_passed(session, spec, version, failed)
+    elif version.state is not db.VersionState.ready:
         raise VersionNotReadyError(
             f"{spec.model} {spec.version} is {version.state.value}, not ready",
             fix="wait for its builds to finish (GET its version) or fix the failed ones",
@@ -152,8 +167,28 @@ def _ready_version(session: Session, spec: RolloutSpec) -> db.ModelVersion:
             f"{spec.model} {spec.version} has no artifacts to offer",
             fix="check its builds: every platform failed or was gated out",
         )
-    rules.check_filters(spec.filters, platforms)
-    return version
+    # Filters may name a failed platform: its devices run the portable artifact.
+    rules.check_filters(spec.filters, platforms | set(failed))
+    return version, failed
+
+
+def _check_release_what_passed(session: Session, spec: RolloutSpec, version: db.ModelVersion,
+                               failed: list[str]) -> None:
+    name = f"{spec.model} {spec.version}"
+    portable = manifests.PORTABLE_PLATFORM
+    if portable in failed or portable not in _platforms(session, version.id):
+        raise VersionNotReadyError(
+            f"{name} is failed and its portable {portable} artifact did not pass "
+            f"(failed platforms: {', '.join(failed) or 'none'})",
+            fix="fix the failed builds and retry them (POST …/builds/retry); only a version "
+            "whose onnx build passed can be released without the others")
+    if not spec.allow_failed_platforms:
+        raise VersionNotReadyError(
+            f"{name} is failed: the builds for {', '.join(failed)} failed (see GET "
+            f"/v1/models/{spec.model}/versions/{spec.version}/builds)",
+            fix="fix and retry them, or release what passed with "
+            '"allow_failed_platforms": true (devices of '
+            f"{', '.join(failed)} then get the portable {portable} artifact)")
 
 
 def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
@@ -182,7 +217,7 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
             pass  # a concurrent request created it first
 
     def change(session: Session, ch: db.Channel) -> Audited:
-        version = _ready_version(session, spec)
+        version, failed = _ready_version(session, spec)
         existing = session.scalars(select(db.Release).where(
             db.Release.channel_id == ch.id, db.Release.version_id == version.id)).first()
         if existing is not None:
@@ -196,6 +231,7 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
             channel_id=ch.id, version_id=version.id, share_ppm=share,
             salt=rules.release_salt(ch.name, spec.model, spec.version),
             mode=db.RolloutMode(spec.mode), **filters_to_columns(spec.filters),
+            failed_platforms=failed,
             shadow_max_kl_micro=spec.shadow.max_kl_micro if spec.shadow else None,
             shadow_max_latency_p99_us=spec.shadow.max_latency_p99_us if spec.shadow else None,
             shadow_min_samples=spec.shadow.min_samples if spec.shadow else None,
@@ -203,7 +239,8 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
         session.add(release)
         session.flush()
         audit.record(session, actor, "rollout.start", f"{ch.name}/{spec.model}/{spec.version}",
-                     rollout_id=release.id, share_ppm=share, mode=spec.mode)
+                     rollout_id=release.id, share_ppm=share, mode=spec.mode,
+                     **({"failed_platforms": failed} if failed else {}))
         return Audited("rollout.start", str(release.id), {}, rollout_id=release.id)
 
     result, published = publish_change(factory, pub, channel, change)

@@ -125,7 +125,9 @@ def dynamic_upsampler_onnx(path: Path) -> Path:
         helper.make_node("Slice", ["s", "mid", "end"], ["hw"], name="slice_hw"),
         helper.make_node("Mul", ["hw", "two"], ["hw2"], name="double_hw"),
         helper.make_node("Concat", ["nc", "hw2"], ["sizes"], axis=0, name="sizes"),
+        # Nearest upsampling as paddle2onnx writes it (asymmetric + floor).
         helper.make_node("Resize", ["r", "empty", "empty", "sizes"], ["up"], mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor",
                          name="upsample"),
         helper.make_node("Slice", ["s", "start", "mid"], ["n"], name="slice_n",
                          ),

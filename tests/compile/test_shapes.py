@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from compile_models import P2O_DIMS, dynamic_upsampler_onnx, value_dependent_topk_onnx
 
 from server.compile import BuildSpec, InputSpec, Pipeline, SourceFormat
 from server.compile.errors import InvalidSourceError
@@ -19,6 +18,7 @@ from server.compile.shapes import (
     specialize_file,
 )
 from server.compile.source import run_onnx_cpu
+from tests.compile.compile_models import P2O_DIMS, dynamic_upsampler_onnx, value_dependent_topk_onnx
 
 RESOLUTIONS = {"360p": (1, 3, 36, 64), "720p": (1, 3, 72, 128), "1080p": (1, 3, 108, 192)}
 
@@ -70,8 +70,9 @@ def test_declared_size_contradicting_a_static_dim_names_input_dim_declared_and_a
 
 
 def test_one_symbolic_dim_declared_with_two_sizes_is_refused(tmp_path: Path) -> None:
-    from compile_models import onnx_model
     from onnx import TensorProto, helper
+
+    from tests.compile.compile_models import onnx_model
 
     path = onnx_model(tmp_path / "two.onnx", [helper.make_node("Add", ["a", "b"], ["c"])],
                       [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 4]),
@@ -102,8 +103,9 @@ def test_value_dependent_dim_is_named_with_the_node_that_needs_it(tmp_path: Path
 
 
 def test_static_upload_passes_through_unchanged(tmp_path: Path) -> None:
-    from compile_models import onnx_model
     from onnx import TensorProto, helper
+
+    from tests.compile.compile_models import onnx_model
 
     path = onnx_model(tmp_path / "s.onnx", [helper.make_node("Relu", ["x"], ["y"])],
                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],

@@ -188,8 +188,14 @@ SELECTION = _load("selection.json")
 
 def test_selection_vectors_exercise_every_outcome() -> None:
     cases = [c for s in SELECTION for c in s["cases"]]
-    assert {c["release"] for c in cases} == {"2.0", "1.0", None}
+    assert {c["release"] for c in cases} == {"3.0", "2.0", "1.0", None}
     assert len({c["artifact_sha256"] for c in cases}) >= 6
+    # A platform the release lists as failed gets the portable onnx artifact.
+    (failed,) = [s for s in SELECTION if s["name"] == "failed_platforms"]
+    by_device = {c["device"]["device_id"]: c for c in failed["cases"]}
+    portable = by_device["pc-1"]["artifact_sha256"]
+    assert portable is not None and by_device["mac-1"]["artifact_sha256"] == portable
+    assert by_device["tv-1"]["release"] is None
 
 
 @pytest.mark.parametrize("s", SELECTION, ids=lambda s: s["name"])
