@@ -8,7 +8,7 @@ Real server app (in-process job queue, real compilers), real SDK on the CPU ONNX
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,15 +20,21 @@ from client_sdk import DeviceProfile, ModelRuntime, Outcome, Updater, UpdaterCon
 from client_sdk.backends import open_backend
 from client_sdk.install import Bundle, Member
 from tests.client.test_against_server import AppTransport
-from tests.client.test_release_what_passed import server  # noqa: F401  (fixture)
 from tests.compile.compile_models import dynamic_upsampler_onnx
+from tests.support.inprocess_app import inprocess_app, wait_settled
 
 RESOLUTIONS = {"360p": [1, 3, 36, 64], "720p": [1, 3, 72, 128], "1080p": [1, 3, 108, 192]}
 
 
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[TestClient]:
+    with inprocess_app(tmp_path) as client:
+        yield client
+
+
 @pytest.mark.slow
 def test_three_resolutions_build_three_static_artifacts_per_platform_and_switch_on_device(
-        server: TestClient, tmp_path: Path) -> None:  # noqa: F811
+        server: TestClient, tmp_path: Path) -> None:
     model = dynamic_upsampler_onnx(tmp_path / "up.onnx").read_bytes()
     assert server.post("/v1/models", json={"name": "up", "task": "other"}).status_code == 201
     meta = {"version": "1.0.0", "platforms": ["onnx", "coreml", "qnn"],
@@ -36,11 +42,7 @@ def test_three_resolutions_build_three_static_artifacts_per_platform_and_switch_
     r = server.post("/v1/models/up/versions", files={"model": ("up.onnx", model)},
                     data={"metadata": json.dumps(meta)})
     assert r.status_code == 201, r.text
-    for _ in range(600):
-        state = server.get("/v1/models/up/versions/1.0.0").json()["state"]
-        if state in ("ready", "failed"):
-            break
-        time.sleep(0.25)
+    state = wait_settled(server, "up", "1.0.0")["state"]
     builds = server.get("/v1/models/up/versions/1.0.0/builds?logs=false").json()
     assert state == "ready", [(b["platform"], b["variant"], b["error"]) for b in builds]
     cells = {(b["platform"], b["variant"]) for b in builds if b["state"] == "succeeded"}

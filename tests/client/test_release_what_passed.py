@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,13 +18,9 @@ from fastapi.testclient import TestClient
 
 from client_sdk import DeviceProfile, ModelRuntime, Outcome, Updater, UpdaterConfig
 from manifests import Manifest
-from server.app import create_app
-from server.auth import create_token
-from server.db.migrate import upgrade
-from server.publish.keys import KeyPaths, init_keys
-from server.settings import Settings
 from tests.client.onnx_models import check_whole, scaled_model
 from tests.client.test_against_server import AppTransport
+from tests.support.inprocess_app import inprocess_app, wait_settled
 
 X = np.ones((1, 4), dtype=np.float32)
 # The Core ML build is refused by its operator gate (a per-version deny of Mul): a real gate
@@ -37,17 +32,7 @@ META = {"version": "1.0.0",
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[TestClient]:
-    url = f"sqlite:///{tmp_path / 'server.db'}"
-    upgrade(url)
-    data = tmp_path / "data"
-    init_keys(KeyPaths.for_data_dir(data), now=int(time.time()), root_keys=2, threshold=1)
-    settings = Settings(env="development", data_dir=data, database_url=url,
-                        manifest_lifetime_seconds=86_400)
-    with TestClient(create_app(settings), base_url="http://testserver") as client:
-        with client.app.state.session_factory() as s:  # type: ignore[attr-defined]
-            _, secret = create_token(s, ["publish", "rollout"], name="release-engineer")
-            s.commit()
-        client.headers["Authorization"] = f"Bearer {secret}"
+    with inprocess_app(tmp_path) as client:
         yield client
 
 
@@ -58,12 +43,7 @@ def _upload_and_settle(client: TestClient) -> dict[str, object]:
                     files={"model": ("m.onnx", scaled_model(3.0), "application/octet-stream")},
                     data={"metadata": json.dumps(META)})
     assert r.status_code == 201, r.text
-    for _ in range(240):
-        version = client.get("/v1/models/clf/versions/1.0.0").json()
-        if version["state"] in ("ready", "failed"):
-            return dict(version)
-        time.sleep(0.25)
-    raise AssertionError(f"builds did not finish: {version}")
+    return wait_settled(client, "clf", "1.0.0", timeout_s=120)
 
 
 def test_failed_platform_refused_without_opt_in_then_its_device_gets_the_onnx_artifact(
