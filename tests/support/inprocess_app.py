@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from server.app import create_app
 from server.auth import create_token
 from server.db.migrate import upgrade
-from server.publish.keys import KeyPaths, init_keys
 from server.settings import Settings
+from tests.support.server_keys import init_test_keys
 
 
 @contextmanager
@@ -24,7 +24,7 @@ def inprocess_app(tmp_path: Path, scopes: Sequence[str] = ("publish", "rollout")
     url = f"sqlite:///{tmp_path / 'server.db'}"
     upgrade(url)
     data = tmp_path / "data"
-    init_keys(KeyPaths.for_data_dir(data), now=int(time.time()), root_keys=2, threshold=1)
+    init_test_keys(data, root_keys=2)
     settings = Settings(env="development", data_dir=data, database_url=url,
                         manifest_lifetime_seconds=86_400)
     with TestClient(create_app(settings), base_url="http://testserver") as client:
