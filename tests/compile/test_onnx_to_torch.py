@@ -67,3 +67,19 @@ def test_onnx2torch_drift_fails_the_core_ml_build_before_conversion(convnet, tmp
     with pytest.raises(ConversionError, match="changed the outputs"):
         CoreMLCompiler().compile(req, tmp_path)
     assert not (tmp_path / "model.mlpackage").exists()
+
+
+def test_exported_program_is_decomposed_to_core_aten_before_coremltools(tmp_path):
+    """`x.new_ones` (as transformers' attention masks write it) survives torch.export but has
+    no coremltools converter: the program is decomposed to the core ATen set first."""
+    import torch
+
+    class Masked(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.max_pool2d(x * x.new_ones(x.shape), 2)
+
+    path = tmp_path / "masked.pt2"
+    torch.export.save(torch.export.export(Masked(), (torch.zeros(1, 2, 8, 8),)), str(path))
+    (art,) = CoreMLCompiler().compile(CompileRequest(
+        path, SourceFormat.EXPORTED_PROGRAM, (InputSpec("x", (1, 2, 8, 8)),)), tmp_path)
+    assert (art.path / "Manifest.json").is_file()
