@@ -19,7 +19,7 @@ class QuietRootProbe(logging.Filter):
         args = record.args
         if isinstance(args, tuple) and len(args) == 5:
             _client, method, path, _http, status = args
-            if method == "GET" and status == 404 and ROOT_PROBE.match(str(path)):
+            if method == "GET" and status == 404 and ROOT_PROBE.fullmatch(str(path)):
                 return False
         return True
 

@@ -151,3 +151,24 @@ def test_corrupt_channel_does_not_stop_the_others_being_re_signed(
     with factory() as s:
         assert len(s.scalars(select(db.AuditEvent)
                              .where(db.AuditEvent.action == FAILED_ACTION)).all()) == 1
+
+
+def test_trailing_newline_cannot_slip_past_any_regex_in_the_source() -> None:
+    """`re.match`/`.match` with a `$` anchor accepts "name\\n"; validators use fullmatch.
+    Flags every `.match(`/`.search(` on a module-level compiled pattern (UPPER_CASE name)
+    and every `re.match`/`re.search` call in the server, the SDK and the contract."""
+    import ast
+
+    repo = Path(__file__).resolve().parents[2]
+    bad = []
+    for package in ("server", "client_sdk", "manifests", "modelfleet"):
+        for path in sorted((repo / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr in ("match", "search")
+                        and isinstance(node.func.value, ast.Name)):
+                    continue
+                owner = node.func.value.id
+                if owner == "re" or owner.lstrip("_").isupper():
+                    bad.append(f"{path.relative_to(repo)}:{node.lineno}: {owner}.{node.func.attr}")
+    assert bad == [], "use fullmatch for validation:\n" + "\n".join(bad)
