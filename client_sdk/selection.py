@@ -192,7 +192,7 @@ def shape_members(usable: Sequence[Artifact], primary: Artifact
     out: list[tuple[Member, Artifact]] = []
     for a in usable:
         shape = a.target.get("shape_variant", "")
-        if shape and shape not in seen and _SAFE_SHAPE.match(shape):
+        if shape and shape not in seen and _SAFE_SHAPE.fullmatch(shape):
             seen.add(shape)
             out.append((member(f"{SHAPE_ROLE_PREFIX}{shape}", a), a))
     return out
