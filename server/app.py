@@ -1,38 +1,33 @@
-"""The application factory: `create_app(settings)` wires the database, blob store, job queue,
-error mapping and every router in `server.api.ROUTERS`. No module-level app or engine."""
+"""The application factory: `create_app(settings)` builds the services (server/wiring.py),
+installs error mapping, every router in `server.api.ROUTERS` and the body-size cap, and runs
+the background work of an API process (signed-root import, re-signing) for its lifetime.
+No module-level app or engine."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import asyncio
+import contextlib
+import gc
+import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
 
 from server.api import ROUTERS
 from server.api.errors import install_error_handlers
 from server.api.guard import install_request_guard
 from server.api.serving import ServingFastAPI
-from server.blobstore import BlobStore, make_blob_store
-from server.db.session import make_engine, make_session_factory
-from server.jobs.interface import JobQueue, NullJobQueue
+from server.blobstore import BlobStore
+from server.jobs.interface import JobQueue
+from server.publish.errors import PublishError
+from server.publish.resign import resign_loop
+from server.services.serving import import_roots
 from server.settings import Settings
+from server.wiring import Services, build_services, key_paths
 
 API_VERSION = "0.1.0"
-
-
-# The compile area plugs its queue in here: a module with `make_job_queue(app) -> JobQueue`,
-# called once app.state holds settings, session_factory and blob_store.
-JOB_QUEUE_FACTORY_MODULE = "server.jobs.factory"
-
-
-def default_job_queue(app: FastAPI) -> JobQueue:
-    if importlib.util.find_spec(JOB_QUEUE_FACTORY_MODULE) is None:
-        return NullJobQueue()
-    factory = importlib.import_module(JOB_QUEUE_FACTORY_MODULE)
-    queue: JobQueue = factory.make_job_queue(app)
-    return queue
+log = logging.getLogger("modelfleet.app")
 
 
 def create_app(
@@ -44,32 +39,56 @@ def create_app(
     """Builds the API. The schema must already be migrated (`server.db.migrate.upgrade`;
     `modelfleet serve` does it at start). `blob_store`/`job_queue` override the ones the
     settings choose (tests, embedding)."""
-    engine = make_engine(settings.resolved_database_url)
+    services = build_services(settings, blob_store=blob_store, job_queue=job_queue)
 
-    @asynccontextmanager
+    @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        yield
-        close = getattr(_app.state.job_queue, "close", None)
-        if close is not None:  # stop the in-process compile worker before the engine goes
-            close()
-        engine.dispose()
+        async with background(services):
+            yield
+        await run_in_threadpool(services.close)
 
-    # FastAPI, plus manifest polls answered from a process cache first (server/api/serving.py).
+    # FastAPI, plus manifest polls answered from the process cache first (server/api/serving.py).
     app = ServingFastAPI(
         title="ModelFleet",
         version=API_VERSION,
         description="Model releases and over-the-air updates. Write endpoints need a bearer "
         "token with the right scope (`modelfleet tokens create --scope …`).",
         lifespan=lifespan,
+        manifest_cache=services.manifest_cache,
     )
-    app.state.settings = settings
-    app.state.engine = engine
-    app.state.session_factory = make_session_factory(engine)
-    app.state.blob_store = blob_store if blob_store is not None else make_blob_store(settings)
-    app.state.job_queue = job_queue if job_queue is not None else default_job_queue(app)
+    # The one handle on the wiring; routes reach its parts through server/api/deps.py. The
+    # plain attributes name the same objects, for tests and embedders that inspect them.
+    app.state.services = services
+    app.state.settings = services.settings
+    app.state.engine = services.engine
+    app.state.session_factory = services.session_factory
+    app.state.blob_store = services.blob_store
+    app.state.job_queue = services.job_queue
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
     # Authentication and size caps before any request body is read (server/api/guard.py).
     install_request_guard(app, settings, ROUTERS)
     return app
+
+
+@contextlib.asynccontextmanager
+async def background(services: Services) -> AsyncIterator[None]:
+    """An API process's own work: import signed roots from DATA_DIR/roots, re-sign manifests
+    before they expire."""
+    try:
+        await run_in_threadpool(import_roots, services.session_factory,
+                                key_paths(services.settings))
+    except PublishError as e:  # serve anyway: manifests and artifacts do not need the roots
+        log.error("signed roots not imported: %s", e.message)
+    task = asyncio.create_task(resign_loop(services.session_factory, services.publisher))
+    # Everything loaded at start lives as long as the process: moving it out of the cyclic
+    # GC's generations stops full collections from rescanning it under load (p99 spikes).
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()  # let a process that builds many apps (tests) collect them again
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

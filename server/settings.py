@@ -1,4 +1,5 @@
-"""Server settings, read from the environment (prefix `MODELFLEET_`) by pydantic-settings.
+"""Server settings, read from the environment (prefix `MODELFLEET_`) by pydantic-settings —
+the only reader of the environment in the server (tests/test_layers.py checks).
 
 The embedded default needs nothing but a data directory: SQLite file and blob directory live
 under it. Outside `env=development` the settings refuse missing or placeholder secrets, so a
@@ -56,6 +57,10 @@ class Settings(BaseSettings):
     # Where the release key (and, on the offline machine, the root keys) live; default
     # DATA_DIR/keys. In production mount only release.key here (root keys stay offline).
     keys_dir: Path | None = None
+
+    # Manifest polls answered in the HTTP protocol write no access-log line; with this on (and
+    # uvicorn's access log on) every poll takes the logged ASGI path (server/api/fastpoll.py).
+    log_polls: bool = False
 
     # Size caps for uploads (bytes).
     max_model_bytes: int = Field(default=4096 * MiB, gt=0)

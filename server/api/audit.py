@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from server.api.deps import SessionDep, StrictQuery, TokenPrincipal
 from server.api.errors import AUTH_ERRORS
-from server.services import audit
+from server.db import audit
 
 router = APIRouter(prefix="/v1", tags=["audit"], dependencies=[StrictQuery])
 

@@ -14,14 +14,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel
-from sqlalchemy import select
 
 from server.api.deps import JobQueueDep, PublishPrincipal, SessionDep, StrictQuery
 from server.api.errors import AUTH_ERRORS, NOT_FOUND
 from server.api.models import ModelName
-from server.db import versions
-from server.db.models import Artifact, Build, BuildState, VersionState
-from server.services import audit, registry
+from server.db.models import Build, BuildState, VersionState
+from server.services.builds import VersionBuilds, retry_failed, version_builds
 
 router = APIRouter(prefix="/v1/models/{name}/versions/{version}/builds", tags=["builds"],
                    dependencies=[StrictQuery])
@@ -73,25 +71,22 @@ def _gates(build: Build) -> dict[str, Any] | None:
     return gates
 
 
-def _list(session: SessionDep, name: str, version: str, logs: bool) -> BuildList:
-    v = registry.get_version(session, name, version)
-    builds = list(session.scalars(select(Build).where(Build.version_id == v.id)
-                                  .order_by(Build.platform, Build.variant)))
-    arts = list(session.scalars(select(Artifact).where(Artifact.version_id == v.id)
-                                .order_by(Artifact.platform, Artifact.variant)))
+def build_list(found: VersionBuilds, *, logs: bool) -> BuildList:
+    """The response shape of a version's builds (also `modelfleet builds --json`)."""
     entries = []
-    for b in builds:
+    for item in found.builds:
+        b = item.build
         mine = [ArtifactPublic(platform=a.platform, variant=a.variant, format=a.format,
                                sha256=a.sha256, length=a.length, target=a.target,
-                               compile_settings=a.compile_settings)
-                for a in arts if a.build_id == b.id]
+                               compile_settings=a.compile_settings) for a in item.artifacts]
         entries.append(BuildEntry(
             platform=b.platform, variant=b.variant, state=b.state, attempts=b.attempts,
             artifact=mine[0] if mine and b.state == BuildState.succeeded else None,
             artifacts=mine, gates=_gates(b), error=b.error, log=b.log if logs else None,
             started_at=b.started_at, finished_at=b.finished_at,
             next_attempt_at=b.next_attempt_at))
-    return BuildList(model=name, version=v.version, state=v.state, builds=entries)
+    v = found.version
+    return BuildList(model=found.model, version=v.version, state=v.state, builds=entries)
 
 
 @router.get("", responses={**NOT_FOUND})
@@ -103,7 +98,7 @@ def list_builds(
 ) -> list[BuildEntry]:
     """Every build of a version (one entry per platform and shape variant) with its
     artifact(s), gate report and log. The version's own state: GET …/versions/{version}."""
-    return _list(session, name, version, logs).builds
+    return build_list(version_builds(session, name, version), logs=logs).builds
 
 
 @router.post("/retry", responses={**AUTH_ERRORS, **NOT_FOUND})
@@ -116,19 +111,5 @@ def retry_failed_builds(
 ) -> BuildList:
     """Re-queues every failed build of the version (scope `publish`); idempotent: with no
     failed build nothing changes. The version returns to `compiling` when a worker starts."""
-    v = registry.get_version(session, name, version)
-    failed = list(session.scalars(select(Build).where(Build.version_id == v.id,
-                                                      Build.state == BuildState.failed)))
-    for b in failed:
-        b.transition(BuildState.queued)
-        b.next_attempt_at, b.locked_by = None, None
-        b.log = (b.log or "") + "--- re-queued by " + principal.actor + "\n"
-    if failed:  # clients polling see it is being rebuilt
-        versions.begin_compiling(session, v.id)
-    if failed:
-        audit.record(session, principal.actor, "builds.retry", f"{name}/{v.version}",
-                     builds=[f"{b.platform}/{b.variant}" for b in failed])
-    session.commit()
-    if failed:
-        queue.enqueue_compile(v.id)
-    return _list(session, name, version, logs=False)
+    return build_list(retry_failed(session, queue, name, version, actor=principal.actor),
+                      logs=False)

@@ -1,5 +1,8 @@
-"""FastAPI dependencies: settings, DB session, blob store, job queue, and the caller's
-principal with scope checks (`Annotated` aliases, as routes use them)."""
+"""FastAPI dependencies: the services `create_app` wired (server/wiring.py) — settings, DB
+session, blob store, job queue, publisher, manifest cache, patch scheduler — and the caller's
+principal with scope checks (`Annotated` aliases, as routes use them).
+
+The one server.api module that touches SQLAlchemy: it opens the request's session."""
 
 from __future__ import annotations
 
@@ -14,40 +17,73 @@ from server import auth
 from server.auth import Principal
 from server.blobstore import BlobStore
 from server.jobs.interface import JobQueue
+from server.publish.manifest_cache import ManifestCache
+from server.publish.patches import PatchScheduler
+from server.publish.publisher import Publisher
+from server.services.rollouts import RolloutService
 from server.settings import Settings
+from server.wiring import Services
 
 # auto_error=False: we answer a missing token ourselves, with a message that says how to fix it.
 bearer = HTTPBearer(auto_error=False, description="API token from `modelfleet tokens create`")
 
 
-def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
 
 
-def get_session(request: Request) -> Iterator[Session]:
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def get_settings(services: ServicesDep) -> Settings:
+    return services.settings
+
+
+def get_session(services: ServicesDep) -> Iterator[Session]:
     """A session per request. Routes commit explicitly; anything uncommitted rolls back."""
-    session: Session = request.app.state.session_factory()
+    session = services.session_factory()
     try:
         yield session
     finally:
         session.close()
 
 
-def get_blob_store(request: Request) -> BlobStore:
-    store: BlobStore = request.app.state.blob_store
-    return store
+def get_blob_store(services: ServicesDep) -> BlobStore:
+    return services.blob_store
 
 
-def get_job_queue(request: Request) -> JobQueue:
-    queue: JobQueue = request.app.state.job_queue
-    return queue
+def get_job_queue(services: ServicesDep) -> JobQueue:
+    return services.job_queue
+
+
+def get_publisher(services: ServicesDep) -> Publisher:
+    return services.publisher
+
+
+def get_manifest_cache(services: ServicesDep) -> ManifestCache:
+    return services.manifest_cache
+
+
+def get_patch_scheduler(services: ServicesDep) -> PatchScheduler:
+    return services.patch_scheduler
+
+
+def get_rollouts(services: ServicesDep) -> RolloutService:
+    return services.rollouts
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
+# Closed when the route returns, before a streamed body is sent (file downloads): a long
+# download does not hold a pooled connection.
+ShortSessionDep = Annotated[Session, Depends(get_session, scope="function")]
 BlobStoreDep = Annotated[BlobStore, Depends(get_blob_store)]
 JobQueueDep = Annotated[JobQueue, Depends(get_job_queue)]
+PublisherDep = Annotated[Publisher, Depends(get_publisher)]
+ManifestCacheDep = Annotated[ManifestCache, Depends(get_manifest_cache)]
+PatchSchedulerDep = Annotated[PatchScheduler, Depends(get_patch_scheduler)]
+RolloutsDep = Annotated[RolloutService, Depends(get_rollouts)]
 CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
@@ -112,9 +148,10 @@ TOKEN_SCOPES: dict[Callable[..., Principal], str | None] = {}
 def require_scope(scope: str) -> Callable[..., Principal]:
     """A dependency that authenticates the bearer token and checks it has `scope`."""
 
-    def dependency(request: Request, session: SessionDep, credentials: CredentialsDep) -> Principal:
+    def dependency(request: Request, session: SessionDep, credentials: CredentialsDep,
+                   settings: SettingsDep) -> Principal:
         principal = auth.authenticate(session, _header(credentials, request),
-                                      pepper=request.app.state.settings.token_pepper)
+                                      pepper=settings.token_pepper)
         auth.require(principal, scope)
         session.commit()  # persists last_used_at
         return principal
@@ -124,9 +161,10 @@ def require_scope(scope: str) -> Callable[..., Principal]:
     return dependency
 
 
-def any_token(request: Request, session: SessionDep, credentials: CredentialsDep) -> Principal:
+def any_token(request: Request, session: SessionDep, credentials: CredentialsDep,
+              settings: SettingsDep) -> Principal:
     principal = auth.authenticate(session, _header(credentials, request),
-                                  pepper=request.app.state.settings.token_pepper)
+                                  pepper=settings.token_pepper)
     session.commit()
     return principal
 

@@ -1,36 +1,36 @@
 """Manifest polls answered inside uvicorn's HTTP protocol, before any ASGI work.
 
 `ManifestPollProtocol` is uvicorn's httptools protocol plus one shortcut: a `GET
-/v1/channels/{channel}/manifest` whose channel has a fresh entry (younger than
-MANIFEST_CACHE_SECONDS) in the app's `ManifestCache` is answered by writing the cached
-status line, headers and bytes straight to the socket from the parser callback. Profiled,
+/v1/channels/{channel}/manifest` for which the app's `ManifestCache.lookup` has an entry
+(fresh, or stale while one reload runs: server/publish/manifest_cache.py) is answered by
+writing the cached status line, headers and bytes straight to the socket from the parser
+callback, with the same `not_modified` rule as the other poll paths. Profiled,
 most of a poll's cost under uvicorn was the per-request ASGI machinery (scope, an asyncio
 task and an Event per request, header validation in `send`), not the app's own code.
 
-Everything else — other paths and methods, a missing or older cache entry (the ASGI path
-serves it while reloading), a pipelined request behind an unfinished one, a paused
+Everything else — other paths and methods, a missing cache entry or one past its stale
+limit (the route loads it), a pipelined request behind an unfinished one, a paused
 transport, a root path — goes through uvicorn and the app unchanged. The bytes on the wire
 are the ones the ASGI path sends: uvicorn's default headers (Date, Server), then the app's
 ETag, Cache-Control (and for a 200 Content-Type, Content-Length), `connection: close` when
 the connection does not stay open.
 
-Polls answered here write no access-log line; with MODELFLEET_LOG_POLLS=1 (or uvicorn's
-access log on and this set) every poll goes through the logged ASGI path instead.
+Polls answered here write no access-log line; with `Settings.log_polls`
+(MODELFLEET_LOG_POLLS=1) and uvicorn's access log on, every poll goes through the logged
+ASGI path instead.
 
     uvicorn server.asgi:app --http server.api.fastpoll:ManifestPollProtocol --loop uvloop
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from server.api.serving import CachedManifest, ManifestCache, ServingFastAPI
-from server.publish.httpcache import if_none_match
+from server.api.serving import ServingFastAPI, request_if_none_match
+from server.publish.manifest_cache import CachedManifest, ManifestCache
 
-LOG_POLLS_ENV = "MODELFLEET_LOG_POLLS"
 PREFIX = b"/v1/channels/"
 SUFFIX = b"/manifest"
 _STATUS_200 = STATUS_LINE[200]
@@ -38,19 +38,15 @@ _STATUS_304 = STATUS_LINE[304]
 _CLOSE = b"connection: close\r\n"
 
 
-def find_manifest_cache(app: object) -> ManifestCache | None:
-    """The ServingFastAPI's cache under uvicorn's wrappers (ProxyHeadersMiddleware, …)."""
+def find_serving_app(app: Any) -> ServingFastAPI | None:
+    """The ServingFastAPI under uvicorn's wrappers (ProxyHeadersMiddleware, …)."""
     for _ in range(16):  # wrappers keep the inner app in `.app`; never loop forever
         if isinstance(app, ServingFastAPI):
-            return app.manifest_cache
+            return app
         app = getattr(app, "app", None)
         if app is None:
             return None
     return None
-
-
-def log_polls() -> bool:
-    return os.environ.get(LOG_POLLS_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class _DefaultHeaderLines:
@@ -76,11 +72,14 @@ class ManifestPollProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        cache = find_manifest_cache(self.app)
+        serving = find_serving_app(self.app)
         # Polls through the access log need the ASGI path (the logged client address may
         # come from proxy headers), so logging polls switches the shortcut off.
-        logging_polls = self.access_log and log_polls()
-        self._cache = None if (logging_polls or self.root_path) else cache
+        logging_polls = (serving is not None and self.access_log
+                         and serving.state.services.settings.log_polls)
+        self._cache: ManifestCache | None = (
+            None if (serving is None or logging_polls or self.root_path)
+            else serving.manifest_cache)
         self._poll: CachedManifest | None = None
 
     def on_message_begin(self) -> None:
@@ -110,7 +109,10 @@ class ManifestPollProtocol(HttpToolsProtocol):
             return None
         assert self._cache is not None
         # Percent-encoded or otherwise odd names never match a cached channel name.
-        return self._cache.fresh(path[len(PREFIX):-len(SUFFIX)].decode("latin-1"))
+        entry = self._cache.lookup(path[len(PREFIX):-len(SUFFIX)].decode("latin-1"))
+        if entry is not None:
+            self._cache.stats.shortcut += 1
+        return entry
 
     def on_body(self, body: bytes) -> None:
         if self._poll is None:
@@ -127,16 +129,11 @@ class ManifestPollProtocol(HttpToolsProtocol):
     def _answer(self, entry: CachedManifest) -> None:
         if self.transport.is_closing():  # the client went away; nothing to answer
             return
-        inm = None
-        for name, value in self.headers:
-            if name == b"if-none-match":
-                inm = value.decode("latin-1")
-                break
         keep_alive = (self.parser.get_http_version() != "1.0"
                       and self.parser.should_keep_alive())
         default = _DEFAULT_HEADERS.get(self.server_state.default_headers)
         close = b"" if keep_alive else _CLOSE
-        if inm is not None and (inm == entry.etag or if_none_match(inm, entry.etag)):
+        if entry.not_modified(request_if_none_match(self.headers)):
             out = b"".join((_STATUS_304, default, entry.raw_304, close, b"\r\n"))
         else:
             out = b"".join((_STATUS_200, default, entry.raw_200, close, b"\r\n", entry.data))

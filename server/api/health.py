@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from pydantic import BaseModel
-from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
 
 from server.api.deps import SessionDep, StrictQuery
 from server.api.errors import UNAVAILABLE
-from server.errors import ServiceUnavailableError
+from server.services.health import check_database
 
 router = APIRouter(tags=["health"], dependencies=[StrictQuery])
 
@@ -25,9 +23,5 @@ def healthz() -> Health:
 
 @router.get("/readyz", responses={**UNAVAILABLE})
 def readyz(session: SessionDep) -> Health:
-    try:
-        session.execute(text("SELECT 1"))
-    except SQLAlchemyError as e:
-        raise ServiceUnavailableError(f"database unreachable: {e.__class__.__name__}",
-                                      fix="check MODELFLEET_DATABASE_URL and the database") from e
+    check_database(session)
     return Health(status="ok")

@@ -4,32 +4,19 @@ Every change is audited and answered with the serial of the new signed manifest.
 
 from __future__ import annotations
 
-import dataclasses
 from decimal import Decimal
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 import manifests
-from server.api.deps import RolloutPrincipal, SessionDep, TokenPrincipal
+from server.api.deps import RolloutPrincipal, RolloutsDep, TokenPrincipal
 from server.api.errors import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
-from server.api.serving import manifest_cache, patch_scheduler, publisher
-from server.db import models as db
 from server.publish import rollouts as ro
-from server.publish.errors import ChannelNotFoundError, InvalidRolloutError
-from server.publish.preview import MAX_PREVIEW_DEVICES, preview, profile_from_dict
-from server.publish.publisher import latest_manifest, load_artifact_records, publish_channel
-from server.publish.records import RolloutRecord
-from server.publish.rules import (
-    MAX_DEVICE_IDS_PER_LIST,
-    check_filters,
-    percentage_to_ppm,
-    ppm_to_percentage,
-    release_salt,
-)
+from server.publish.preview import profile_from_dict
+from server.publish.rules import MAX_DEVICE_IDS_PER_LIST, ppm_to_percentage
+from server.services.rollouts import ChannelSummary
 
 router = APIRouter(prefix="/v1", tags=["rollouts"])
 
@@ -171,169 +158,110 @@ def _public(view: ro.RolloutView) -> RolloutPublic:
     )
 
 
-def _changed(request: Request, view: ro.RolloutView) -> RolloutPublic:
-    manifest_cache(request.app).invalidate(view.channel)
-    return _public(view)
-
-
-def _channel_public(session: Session, ch: db.Channel) -> ChannelPublic:
-    m = latest_manifest(session, ch.id)
-    return ChannelPublic(name=ch.name, description=ch.description,
-                         serial=m.serial if m else None, manifest_sha256=m.sha256 if m else None,
-                         expires=m.expires if m else None)
+def _channel_public(c: ChannelSummary) -> ChannelPublic:
+    return ChannelPublic(name=c.name, description=c.description, serial=c.serial,
+                         manifest_sha256=c.manifest_sha256, expires=c.expires)
 
 
 @router.post("/channels", status_code=201, responses={**AUTH_ERRORS, **CONFLICT, **INVALID})
-def create_channel(body: ChannelCreate, request: Request, principal: RolloutPrincipal,
-                   session: SessionDep) -> ChannelPublic:
+def create_channel(body: ChannelCreate, principal: RolloutPrincipal,
+                   rollouts: RolloutsDep) -> ChannelPublic:
     """Create a channel; its first (empty) signed manifest is published at once."""
-    ro.create_channel(request.app.state.session_factory, publisher(request.app), body.name,
-                      description=body.description, actor=principal.actor)
-    ch = session.scalars(select(db.Channel).where(db.Channel.name == body.name)).one()
-    return _channel_public(session, ch)
+    return _channel_public(rollouts.create_channel(body.name, description=body.description,
+                                                   actor=principal.actor))
 
 
 @router.get("/channels", responses={**AUTH_ERRORS})
-def list_channels(session: SessionDep, _principal: TokenPrincipal) -> list[ChannelPublic]:
-    return [_channel_public(session, ch)
-            for ch in session.scalars(select(db.Channel).order_by(db.Channel.name))]
+def list_channels(rollouts: RolloutsDep, _principal: TokenPrincipal) -> list[ChannelPublic]:
+    return [_channel_public(c) for c in rollouts.list_channels()]
 
 
 @router.get("/channels/{channel}/rollouts", responses={**AUTH_ERRORS, **NOT_FOUND})
-def list_channel_rollouts(channel: ChannelName, session: SessionDep,
+def list_channel_rollouts(channel: ChannelName, rollouts: RolloutsDep,
                           _principal: TokenPrincipal) -> list[RolloutPublic]:
     """Every rollout on the channel, newest first."""
-    return [_public(v) for v in ro.list_rollouts(session, channel)]
+    return [_public(v) for v in rollouts.list_rollouts(channel)]
 
 
 @router.post("/channels/{channel}/publish", responses={**AUTH_ERRORS, **NOT_FOUND})
-def republish(channel: ChannelName, request: Request, principal: RolloutPrincipal,
-              session: SessionDep) -> ChannelPublic:
+def republish(channel: ChannelName, principal: RolloutPrincipal,
+              rollouts: RolloutsDep) -> ChannelPublic:
     """Sign the channel again as it stands (new serial, fresh expiry)."""
-    publish_channel(request.app.state.session_factory, publisher(request.app), channel,
-                    actor=principal.actor)
-    manifest_cache(request.app).invalidate(channel)
-    ch = session.scalars(select(db.Channel).where(db.Channel.name == channel)).one()
-    return _channel_public(session, ch)
+    return _channel_public(rollouts.republish(channel, actor=principal.actor))
 
 
 @router.post("/channels/{channel}/rollouts", status_code=201,
              responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT, **INVALID})
-def start_rollout(channel: ChannelName, body: RolloutCreate, request: Request,
-                  principal: RolloutPrincipal) -> RolloutPublic:
+def start_rollout(channel: ChannelName, body: RolloutCreate, principal: RolloutPrincipal,
+                  rollouts: RolloutsDep) -> RolloutPublic:
     """Start offering a ready model version on the channel to `percentage` of the devices
     that match `filters` (409 if the version is not ready or already on the channel)."""
-    factory = request.app.state.session_factory
-    view = ro.start_rollout(factory, publisher(request.app), channel, body.spec(),
-                            actor=principal.actor)
-    with factory() as session:
-        release = session.get(db.Release, view.record.id)
-        assert release is not None
-        # Delta patches from the versions devices may hold; the manifest is re-signed with
-        # them once made (off the request path).
-        patch_scheduler(request.app).schedule(release.version_id)
-    return _changed(request, view)
+    return _public(rollouts.start(channel, body.spec(), actor=principal.actor))
 
 
 @router.get("/rollouts/{rollout_id}", responses={**AUTH_ERRORS, **NOT_FOUND})
-def get_rollout(rollout_id: RolloutId, session: SessionDep,
+def get_rollout(rollout_id: RolloutId, rollouts: RolloutsDep,
                 _principal: TokenPrincipal) -> RolloutPublic:
-    return _public(ro.get_rollout(session, rollout_id))
+    return _public(rollouts.get(rollout_id))
 
 
 @router.patch("/rollouts/{rollout_id}", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT,
                                                     **INVALID})
-def ramp_rollout(rollout_id: RolloutId, body: RampIn, request: Request,
-                 principal: RolloutPrincipal) -> RolloutPublic:
+def ramp_rollout(rollout_id: RolloutId, body: RampIn, principal: RolloutPrincipal,
+                 rollouts: RolloutsDep) -> RolloutPublic:
     """Change the share (ramp up or down). 409 on a halted or paused rollout."""
-    return _changed(request, ro.ramp_rollout(
-        request.app.state.session_factory, publisher(request.app), rollout_id, body.percentage,
-        actor=principal.actor))
+    return _public(rollouts.ramp(rollout_id, body.percentage, actor=principal.actor))
 
 
 @router.post("/rollouts/{rollout_id}/pause", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT})
-def pause_rollout(rollout_id: RolloutId, request: Request, principal: RolloutPrincipal,
+def pause_rollout(rollout_id: RolloutId, principal: RolloutPrincipal, rollouts: RolloutsDep,
                   body: ReasonIn | None = None) -> RolloutPublic:
     """Freeze the share (still offered); resume before ramping again."""
-    return _changed(request, ro.pause_rollout(
-        request.app.state.session_factory, publisher(request.app), rollout_id,
-        actor=principal.actor, reason=body.reason if body else ""))
+    return _public(rollouts.pause(rollout_id, actor=principal.actor,
+                                  reason=body.reason if body else ""))
 
 
 @router.post("/rollouts/{rollout_id}/resume", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT})
-def resume_rollout(rollout_id: RolloutId, request: Request,
-                   principal: RolloutPrincipal) -> RolloutPublic:
-    return _changed(request, ro.resume_rollout(
-        request.app.state.session_factory, publisher(request.app), rollout_id,
-        actor=principal.actor))
+def resume_rollout(rollout_id: RolloutId, principal: RolloutPrincipal,
+                   rollouts: RolloutsDep) -> RolloutPublic:
+    return _public(rollouts.resume(rollout_id, actor=principal.actor))
 
 
 @router.post("/rollouts/{rollout_id}/halt", responses={**AUTH_ERRORS, **NOT_FOUND})
-def halt_rollout(rollout_id: RolloutId, request: Request, principal: RolloutPrincipal,
+def halt_rollout(rollout_id: RolloutId, principal: RolloutPrincipal, rollouts: RolloutsDep,
                  body: ReasonIn | None = None) -> RolloutPublic:
     """The rollback: share 0 and no longer offered; devices fall back to the previous fully
     rolled-out release. Final; halting again is a no-op (`serial` null)."""
-    return _changed(request, ro.halt_rollout(
-        request.app.state.session_factory, publisher(request.app), rollout_id,
-        actor=principal.actor, reason=body.reason if body else ""))
+    return _public(rollouts.halt(rollout_id, actor=principal.actor,
+                                 reason=body.reason if body else ""))
 
 
 @router.post("/rollouts/{rollout_id}/pin", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT,
                                                        **INVALID})
-def pin_devices(rollout_id: RolloutId, body: PinIn, request: Request,
-                principal: RolloutPrincipal) -> RolloutPublic:
+def pin_devices(rollout_id: RolloutId, body: PinIn, principal: RolloutPrincipal,
+                rollouts: RolloutsDep) -> RolloutPublic:
     """Pin devices in (regardless of share and filters) or, with `deny`, out."""
-    return _changed(request, ro.pin_devices(
-        request.app.state.session_factory, publisher(request.app), rollout_id, body.device_ids,
-        deny=body.deny, actor=principal.actor))
+    return _public(rollouts.pin(rollout_id, body.device_ids, deny=body.deny,
+                                actor=principal.actor))
 
 
 @router.post("/rollouts/{rollout_id}/unpin", responses={**AUTH_ERRORS, **NOT_FOUND, **INVALID})
-def unpin_devices(rollout_id: RolloutId, body: PinIn, request: Request,
-                  principal: RolloutPrincipal) -> RolloutPublic:
+def unpin_devices(rollout_id: RolloutId, body: PinIn, principal: RolloutPrincipal,
+                  rollouts: RolloutsDep) -> RolloutPublic:
     """Remove devices from the rollout's allow- and deny-lists."""
-    return _changed(request, ro.unpin_devices(
-        request.app.state.session_factory, publisher(request.app), rollout_id, body.device_ids,
-        actor=principal.actor))
-
-
-def _proposed(session: Session, channel: ChannelName, body: PreviewIn) -> RolloutRecord:
-    if body.rollout_id is not None:
-        view = ro.get_rollout(session, body.rollout_id)
-        release = session.get(db.Release, body.rollout_id)
-        assert release is not None  # get_rollout raised otherwise
-        arts = load_artifact_records(session, release.version_id, "")
-        return dataclasses.replace(view.record, artifacts=arts)
-    if body.model is None or body.version is None or body.percentage is None:
-        raise InvalidRolloutError(
-            "preview needs either rollout_id or model, version and percentage",
-            fix='send {"rollout_id": 7} or {"model": …, "version": …, "percentage": 5}')
-    version = ro.version_row(session, body.model, body.version)
-    arts = load_artifact_records(session, version.id, "")
-    filters = body.filters.to_filters()
-    check_filters(filters, {a.platform for a in arts})
-    return RolloutRecord(
-        id=0, seq=0, model=body.model, version=body.version,
-        share_ppm=percentage_to_ppm(body.percentage),
-        salt=release_salt(channel, body.model, body.version), mode="active",
-        state=db.ReleaseState.active, filters=filters, artifacts=arts)
+    return _public(rollouts.unpin(rollout_id, body.device_ids, actor=principal.actor))
 
 
 @router.post("/channels/{channel}/preview", responses={**AUTH_ERRORS, **NOT_FOUND, **INVALID})
-def preview_rollout(channel: ChannelName, body: PreviewIn, session: SessionDep,
+def preview_rollout(channel: ChannelName, body: PreviewIn, rollouts: RolloutsDep,
                     _principal: RolloutPrincipal) -> PreviewOut:
     """Dry run: which devices (given, or every device the server has seen, newest first, at
     most 100 000) a rollout would reach — by the same rule devices apply."""
-    if session.scalars(select(db.Channel).where(db.Channel.name == channel)).first() is None:
-        raise ChannelNotFoundError(f"no channel named {channel!r}")
-    record = _proposed(session, channel, body)
-    if body.devices is not None:
-        devices = [profile_from_dict(d.device_id, d.model_dump()) for d in body.devices]
-    else:
-        rows = session.scalars(select(db.Device).order_by(db.Device.last_seen_at.desc())
-                               .limit(MAX_PREVIEW_DEVICES))
-        devices = [profile_from_dict(d.id, d.profile or {}) for d in rows]
-    result = preview(record, devices)
+    devices = (None if body.devices is None else
+               [profile_from_dict(d.device_id, d.model_dump()) for d in body.devices])
+    result = rollouts.preview(channel, rollout_id=body.rollout_id, model=body.model,
+                              version=body.version, percentage=body.percentage,
+                              filters=body.filters.to_filters(), devices=devices)
     share = len(result.included) / result.total if result.total else 0.0
     return PreviewOut(total=result.total, included=len(result.included), included_share=share,
                       included_device_ids=result.included[:1000],

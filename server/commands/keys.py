@@ -41,20 +41,16 @@ def _import_into_database(data_dir: Path, keys_dir: Path | None) -> str:
     them at start), so it is reported, not raised."""
     try:
         from server.db.migrate import upgrade
-        from server.db.session import make_engine, make_session_factory
         from server.publish.keys import KeyPaths
         from server.publish.rootstore import sync_roots
         from server.settings import Settings
+        from server.wiring import core
 
         settings = Settings(data_dir=data_dir)
         upgrade(settings.resolved_database_url)
-        engine = make_engine(settings.resolved_database_url)
-        try:
-            with make_session_factory(engine)() as session:
-                added = sync_roots(session, KeyPaths.for_data_dir(data_dir, keys_dir))
-                session.commit()
-        finally:
-            engine.dispose()
+        with core(settings) as c, c.session_factory() as session:
+            added = sync_roots(session, KeyPaths.for_data_dir(data_dir, keys_dir))
+            session.commit()
         return f"stored root version(s) {added or 'none new'} in the server database"
     except Exception as e:  # reported, not raised: the server imports them at start too
         return f"warning: roots not stored in the database yet ({e}); the server imports " \
@@ -140,26 +136,15 @@ def _republish_all(data_dir: Path) -> str:
     """Re-sign every channel with the new release key: devices that moved to the new root
     refuse manifests signed by the old one."""
     try:
-        from sqlalchemy import select
-
-        from server.blobstore import make_blob_store
-        from server.db import models as db
-        from server.db.session import make_engine, make_session_factory
         from server.publish.publisher import publish_channel
-        from server.publish.service import make_publisher
+        from server.services.rollouts import channel_names
         from server.settings import Settings
+        from server.wiring import core
 
-        settings = Settings(data_dir=data_dir)
-        engine = make_engine(settings.resolved_database_url)
-        try:
-            factory = make_session_factory(engine)
-            pub = make_publisher(settings, make_blob_store(settings))
-            with factory() as session:
-                names = list(session.scalars(select(db.Channel.name)))
-            serials = [publish_channel(factory, pub, n, actor="cli",
+        with core(Settings(data_dir=data_dir)) as c:
+            names = channel_names(c.session_factory)
+            serials = [publish_channel(c.session_factory, c.publisher, n, actor="cli",
                                        action="manifest.rekey").serial for n in names]
-        finally:
-            engine.dispose()
         return f"re-signed {len(names)} channel(s) with the new release key (serials {serials})"
     except Exception as e:  # reported: the operator can re-publish through the API
         return (f"warning: channels not re-signed ({e}); POST /v1/channels/{{channel}}/publish "

@@ -61,16 +61,18 @@ def register(app: typer.Typer) -> None:
                    f"blobs: {settings.blob_store}, docs: /docs)")
         # Fresh manifest polls are answered inside the HTTP protocol, unlogged unless
         # --log-polls (server/api/fastpoll.py); everything else is uvicorn as usual.
-        from server.api.fastpoll import LOG_POLLS_ENV, ManifestPollProtocol
+        from server.api.fastpoll import ManifestPollProtocol
 
-        if log_polls:  # also read by worker processes
-            os.environ[LOG_POLLS_ENV] = "1"
+        if log_polls:
+            settings = settings.model_copy(update={"log_polls": True})
         if workers == 1:
             uvicorn.run(create_app(settings), host=host, port=port, http=ManifestPollProtocol,
                         loop="auto", log_level="info", log_config=log_config())
             return
-        # Worker processes build the app themselves, from the environment.
+        # Worker processes build the app themselves, from the environment (server/asgi.py).
         os.environ["MODELFLEET_DATA_DIR"] = str(settings.data_dir)
+        if log_polls:
+            os.environ["MODELFLEET_LOG_POLLS"] = "1"
         uvicorn.run("server.asgi:app", host=host, port=port, workers=workers,
                     http="server.api.fastpoll:ManifestPollProtocol", loop="auto",
                     log_level="info", log_config=log_config())

@@ -25,10 +25,10 @@ def _open(data_dir: Path) -> tuple[Settings, sessionmaker[Session]]:
     """(settings, session factory) for the database the server at `data_dir` uses; the
     schema is migrated first so tokens can be created before the first `serve`."""
     from server.commands.common import migrated_settings
-    from server.db.session import make_engine, make_session_factory
+    from server.wiring import build_core
 
     settings = migrated_settings(data_dir)
-    return settings, make_session_factory(make_engine(settings.resolved_database_url))
+    return settings, build_core(settings).session_factory
 
 
 @tokens_app.command("create")
@@ -41,8 +41,8 @@ def create(
 ) -> None:
     """Create a token. The secret is printed once, alone on the last line of stdout."""
     from server.auth import create_token
+    from server.db import audit
     from server.errors import ServiceError
-    from server.services import audit
 
     settings, factory = _open(data_dir)
     with factory() as session:
@@ -97,8 +97,8 @@ def revoke(
 ) -> None:
     """Revoke a token; requests with it get 401 from now on."""
     from server.auth import revoke_token
+    from server.db import audit
     from server.errors import ServiceError
-    from server.services import audit
 
     _settings, factory = _open(data_dir)
     with factory() as session:

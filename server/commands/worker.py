@@ -18,21 +18,20 @@ import typer
 
 
 def _snapshot(data_dir: Path | None, model: str, version: str) -> dict[str, Any]:
-    from server.api.builds import _list
-    from server.db.session import make_engine, make_session_factory
+    from server.api.builds import build_list
     from server.errors import NotFoundError
+    from server.services.builds import version_builds
     from server.settings import Settings
+    from server.wiring import core
 
     settings = Settings() if data_dir is None else Settings(data_dir=data_dir)
-    engine = make_engine(settings.resolved_database_url)
     try:
-        with make_session_factory(engine)() as session:
-            return _list(session, model, version, logs=True).model_dump(mode="json")
+        with core(settings) as c, c.session_factory() as session:
+            found = version_builds(session, model, version)
+            return build_list(found, logs=True).model_dump(mode="json")
     except NotFoundError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
-    finally:
-        engine.dispose()
 
 
 def register(app: typer.Typer) -> None:
@@ -63,11 +62,17 @@ def register(app: typer.Typer) -> None:
                        "`modelfleet serve` instead)", err=True)
             raise typer.Exit(2)
         from server.jobs.procrastinate_queue import run_worker
+        from server.wiring import build_worker
 
         typer.echo(f"compile worker: concurrency {concurrency}, heartbeat {heartbeat}s, "
                    f"takeover after {stalled_after}s")
-        run_worker(settings, concurrency=concurrency, heartbeat_s=heartbeat,
-                   stalled_after_s=stalled_after)
+        made = build_worker(settings, heartbeat_s=heartbeat, stalled_after_s=stalled_after)
+        try:
+            run_worker(settings.resolved_database_url, made.runner, made.patch_runner,
+                       concurrency=concurrency, heartbeat_s=heartbeat,
+                       stalled_after_s=stalled_after)
+        finally:
+            made.core.close()
 
     @app.command()
     def builds(

@@ -72,8 +72,7 @@ class PatchRunner:
                  publisher: Callable[[], Publisher], *, worker_id: str,
                  policy: DeltaPolicy | None = None, retry: RetryPolicy | None = None,
                  heartbeat_s: float = 5.0, stale_after_s: float = 120.0,
-                 max_job_s: float = 3600.0,
-                 on_published: Callable[[str], None] | None = None) -> None:
+                 max_job_s: float = 3600.0) -> None:
         self._sf = self.session_factory = session_factory
         self._publisher = publisher  # called per job: made lazily, key read at each publish
         self.worker_id = worker_id
@@ -83,7 +82,6 @@ class PatchRunner:
             running=PatchJobState.running, worker_id=worker_id, retry=retry,
             heartbeat_s=heartbeat_s, stale_after_s=stale_after_s, max_run_s=max_job_s)
         self.retry = self.lease.retry
-        self.on_published = on_published
 
     # ---- claiming ------------------------------------------------------------------------
 
@@ -115,7 +113,7 @@ class PatchRunner:
                 PatchJob.version_id == version_id)) or 1
         try:
             with self.lease.heartbeat(version_id):
-                published = patch_and_republish(self._sf, self._publisher(), version_id,
+                patch_and_republish(self._sf, self._publisher(), version_id,
                                                  policy=self.policy, republish=attempts > 1)
         except DeltaInputError as e:
             log.error("patch job of version %s failed: %s", version_id, e)
@@ -125,10 +123,8 @@ class PatchRunner:
                         traceback.format_exc())
             self._settle(version_id, error=f"{type(e).__name__}: {e}", retry=True)
         else:
+            # Each re-publish reached the manifest cache through the publisher's event.
             self._settle(version_id, error=None, retry=False)
-            for manifest in published:
-                if self.on_published is not None:
-                    self.on_published(manifest.channel)
 
     def _settle(self, version_id: int, *, error: str | None, retry: bool) -> None:
         with self._sf() as s:

@@ -3,8 +3,9 @@
 - `ProcrastinateJobQueue.enqueue_compile(version_id)` (API side) defers one
   `modelfleet.compile_build` job per due build of the version, with a queueing lock per build
   so a repeated enqueue does not stack duplicates.
-- `run_worker(settings, ...)` (`modelfleet worker`) runs jobs; each job hands the build to
-  `BuildRunner`, whose database claim makes a duplicate delivery harmless.
+- `run_worker(url, runner, patch_runner)` (`modelfleet worker`, runners from
+  `server.wiring.build_worker`) runs jobs; each job hands the build to `BuildRunner`, whose
+  database claim makes a duplicate delivery harmless.
 - `enqueue_patches(version_id)` records the version's `patch_jobs` row (`request_patches`)
   and defers one `modelfleet.make_patches` job (queueing lock per version); the worker hands
   it to `PatchRunner`, which makes the patches and re-signs the channels offering the
@@ -21,22 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
 import procrastinate
 from procrastinate import exceptions as pexc
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.blobstore import BlobStore
 from server.jobs.patch_runner import PatchRunner, request_patches
 from server.jobs.runner import BuildRunner
-from server.settings import Settings
-
-if TYPE_CHECKING:
-    from server.publish.publisher import Publisher
 
 log = logging.getLogger(__name__)
 TASK_NAME = "modelfleet.compile_build"
@@ -44,28 +37,39 @@ QUEUE = "compile"
 PATCH_TASK_NAME = "modelfleet.make_patches"
 PATCH_QUEUE = "patches"
 
-# Set by the worker process before it starts taking jobs (one of each per process).
-_RUNNER: BuildRunner | None = None
-_PATCH_RUNNER: PatchRunner | None = None
+
+def compile_task(runner: BuildRunner) -> Callable[[int], None]:
+    """The `modelfleet.compile_build` task of a worker: hands the build to its runner."""
+
+    def compile_build(build_id: int) -> None:
+        ran = runner.process(build_id)
+        # A transient failure leaves the build queued with a due time; the rescue loop of
+        # any worker re-defers it once due, so nothing is scheduled from inside the job.
+        log.info("build %s %s", build_id, "done" if ran else "not claimable (owned or not due)")
+
+    return compile_build
 
 
-def compile_build(build_id: int) -> None:
-    if _RUNNER is None:
-        raise RuntimeError("compile worker not initialised (use `modelfleet worker`)")
-    ran = _RUNNER.process(build_id)
-    # A transient failure leaves the build queued with a due time; the rescue loop of any
-    # worker re-defers it once due, so nothing is scheduled from inside the job.
-    log.info("build %s %s", build_id, "done" if ran else "not claimable (owned or not due)")
+def patch_task(runner: PatchRunner) -> Callable[[int], None]:
+    """The `modelfleet.make_patches` task of a worker: hands the version to its runner."""
+
+    def make_patches(version_id: int) -> None:
+        ran = runner.process(version_id)
+        # As for builds: a failed attempt leaves the job queued with a due time, and the
+        # rescue loop re-defers it then.
+        log.info("patches for version %s %s", version_id,
+                 "attempted" if ran else "not claimable (owned, not due or done)")
+
+    return make_patches
 
 
-def make_patches(version_id: int) -> None:
-    if _PATCH_RUNNER is None:
-        raise RuntimeError("patch worker not initialised (use `modelfleet worker`)")
-    ran = _PATCH_RUNNER.process(version_id)
-    # As for builds: a failed attempt leaves the job queued with a due time, and the rescue
-    # loop re-defers it then.
-    log.info("patches for version %s %s", version_id,
-             "attempted" if ran else "not claimable (owned, not due or done)")
+def _defer_only(task: str) -> Callable[..., None]:
+    """The API side's stand-in: it defers the task by name and never runs it."""
+
+    def refuse(**_kwargs: int) -> None:
+        raise RuntimeError(f"{task} runs in `modelfleet worker`, not in the API process")
+
+    return refuse
 
 
 def conninfo(database_url: str) -> str:
@@ -87,7 +91,8 @@ def ensure_schema(app: procrastinate.App, dsn: str) -> None:
         app.schema_manager.apply_schema()
 
 
-def _register(app: procrastinate.App) -> procrastinate.App:
+def _register(app: procrastinate.App, compile_build: Callable[..., None],
+              make_patches: Callable[..., None]) -> procrastinate.App:
     # Registered per app (not via a shared Blueprint, which binds to the first app only).
     app.task(name=TASK_NAME, queue=QUEUE, pass_context=False)(compile_build)
     app.task(name=PATCH_TASK_NAME, queue=PATCH_QUEUE, pass_context=False)(make_patches)
@@ -95,8 +100,9 @@ def _register(app: procrastinate.App) -> procrastinate.App:
 
 
 def make_sync_app(database_url: str) -> procrastinate.App:
+    """The API side's app: defers both tasks, runs neither."""
     return _register(procrastinate.App(connector=procrastinate.SyncPsycopgConnector(
-        conninfo=conninfo(database_url))))
+        conninfo=conninfo(database_url))), _defer_only(TASK_NAME), _defer_only(PATCH_TASK_NAME))
 
 
 class ProcrastinateJobQueue:
@@ -186,30 +192,14 @@ async def _rescue_loop(app: procrastinate.App, runner: BuildRunner, every_s: flo
         await asyncio.sleep(every_s)
 
 
-def run_worker(settings: Settings, *, concurrency: int = 1, heartbeat_s: float = 10.0,
-               stalled_after_s: float = 30.0, runner: BuildRunner | None = None,
-               patch_runner: PatchRunner | None = None) -> None:
-    """Blocks running compile and patch jobs until SIGINT/SIGTERM (graceful: the current
-    job ends)."""
-    global _RUNNER, _PATCH_RUNNER
-    from server.blobstore import make_blob_store
-    from server.db.session import make_engine, make_session_factory
-
-    url = settings.resolved_database_url
-    worker_id = f"worker:{socket.gethostname()}:{os.getpid()}"
-    if runner is None or patch_runner is None:
-        engine = make_engine(url)
-        store = make_blob_store(settings)
-        if runner is None:
-            runner = BuildRunner(make_session_factory(engine), store, worker_id=worker_id,
-                                 heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s)
-        if patch_runner is None:
-            patch_runner = make_patch_runner(settings, make_session_factory(engine), store,
-                                             worker_id=worker_id, heartbeat_s=heartbeat_s,
-                                             stale_after_s=stalled_after_s)
-    _RUNNER, _PATCH_RUNNER = runner, patch_runner
+def run_worker(database_url: str, runner: BuildRunner, patch_runner: PatchRunner, *,
+               concurrency: int = 1, heartbeat_s: float = 10.0,
+               stalled_after_s: float = 30.0) -> None:
+    """Blocks running compile and patch jobs with these runners (server/wiring.py builds
+    them) until SIGINT/SIGTERM (graceful: the current job ends)."""
+    url = database_url
     app = _register(procrastinate.App(connector=procrastinate.PsycopgConnector(
-        conninfo=conninfo(url))))
+        conninfo=conninfo(url))), compile_task(runner), patch_task(patch_runner))
 
     async def main() -> None:
         async with app.open_async():
@@ -231,20 +221,3 @@ def run_worker(settings: Settings, *, concurrency: int = 1, heartbeat_s: float =
                 rescue.cancel()
 
     asyncio.run(main())
-
-
-
-def make_patch_runner(settings: Settings, session_factory: sessionmaker[Session],
-                      store: BlobStore, *, worker_id: str, **kw: Any) -> PatchRunner:
-    """The worker's `PatchRunner`: publishes with this server's release key and base URL
-    (`server.publish.service.make_publisher`), made on the first patch job."""
-    from server.publish.service import make_publisher
-
-    made: list[Publisher] = []
-
-    def publisher() -> Publisher:
-        if not made:
-            made.append(make_publisher(settings, store))
-        return made[0]
-
-    return PatchRunner(session_factory, publisher, worker_id=worker_id, **kw)

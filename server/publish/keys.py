@@ -98,9 +98,8 @@ class KeyPaths:
 
     @classmethod
     def for_data_dir(cls, data_dir: Path, keys_dir: Path | None = None) -> KeyPaths:
-        env = os.environ.get("MODELFLEET_KEYS_DIR")
-        chosen = keys_dir or (Path(env) if env else data_dir / "keys")
-        return cls(keys_dir=chosen, roots_dir=data_dir / "roots")
+        """`keys_dir` (Settings.keys_dir, i.e. MODELFLEET_KEYS_DIR) or DATA_DIR/keys."""
+        return cls(keys_dir=keys_dir or data_dir / "keys", roots_dir=data_dir / "roots")
 
     @property
     def release_key_path(self) -> Path:

@@ -19,7 +19,6 @@ import logging
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,11 +29,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server.blobstore import BlobStore
 from server.blobstore.keys import patch_key
+from server.db import audit
 from server.db import models as db
 from server.db.types import utcnow
 from server.delta import DeltaPolicy, make_patches
 from server.publish.publisher import PublishedManifest, Publisher, publish_channel
-from server.services import audit
 
 log = logging.getLogger("modelfleet.publish.patches")
 
@@ -152,12 +151,11 @@ class PatchScheduler:
     """Runs `patch_and_republish` off the request path: via the job queue's durable
     `enqueue_patches`, else (a queue without it) on one background thread of this process."""
 
-    def __init__(self, factory: sessionmaker[Session], pub: Publisher, job_queue: object,
-                 on_published: Callable[[str], None] | None = None) -> None:
+    def __init__(self, factory: sessionmaker[Session], pub: Publisher,
+                 job_queue: object) -> None:
         self.factory = factory
         self.pub = pub
         self.job_queue = job_queue
-        self.on_published = on_published
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -179,9 +177,8 @@ class PatchScheduler:
 
     def _run(self, version_id: int) -> None:
         try:
-            for published in patch_and_republish(self.factory, self.pub, version_id):
-                if self.on_published is not None:
-                    self.on_published(published.channel)
+            # each re-publish reaches the manifest cache through the publisher's event
+            patch_and_republish(self.factory, self.pub, version_id)
         except Exception:  # logged; the artifacts are still served in full without patches
             log.exception("making patches for version %d failed", version_id)
 

@@ -29,6 +29,7 @@ import manifests
 from manifests.manifest import Mode
 from server.blobstore import BlobStore
 from server.blobstore.keys import current_manifest_key, manifest_key
+from server.db import audit
 from server.db import models as db
 from server.publish import records
 from server.publish.builder import build_manifest, join_url
@@ -37,7 +38,6 @@ from server.publish.errors import (
     ManifestTooLargeError,
     SerialConflictError,
 )
-from server.services import audit
 
 log = logging.getLogger("modelfleet.publish")
 
@@ -63,6 +63,19 @@ class Publisher:
     base_url: str
     lifetime_seconds: int
     clock: Callable[[], int] = field(default=lambda: int(time.time()))
+    # Called after each publish committed (the "published" event): the manifest cache drops
+    # the channel's entry here, wherever the publish came from (route, patch job, re-sign).
+    subscribers: list[Callable[[PublishedManifest], None]] = field(default_factory=list)
+
+    def subscribe(self, callback: Callable[[PublishedManifest], None]) -> None:
+        self.subscribers.append(callback)
+
+    def announce(self, published: PublishedManifest) -> None:
+        for callback in self.subscribers:
+            try:
+                callback(published)
+            except Exception:  # the publish is committed; one subscriber must not undo it
+                log.exception("a subscriber of channel %s's publish failed", published.channel)
 
 
 @dataclass(frozen=True)
@@ -229,7 +242,8 @@ def publish_change(
 
 
 def update_current(pub: Publisher, published: PublishedManifest) -> None:
-    """Point manifests/<channel>.json at the new bytes (after commit, so it never runs ahead)."""
+    """After commit (so it never runs ahead): point manifests/<channel>.json at the new bytes,
+    then announce the publish to the publisher's subscribers (the manifest cache)."""
     try:
         with pub.blob_store.open(published.blob_key) as f:
             data = f.read(MANIFEST_MAX_BYTES + 1)
@@ -237,6 +251,7 @@ def update_current(pub: Publisher, published: PublishedManifest) -> None:
                            content_type="application/json")
     except Exception:  # the DB is the source of truth; the next publish repairs the pointer
         log.exception("could not update %s", current_manifest_key(published.channel))
+    pub.announce(published)
 
 
 @dataclass(frozen=True)

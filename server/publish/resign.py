@@ -17,6 +17,7 @@ import logging
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from server.db import audit
 from server.db import models as db
 from server.publish.publisher import (
     Audited,
@@ -25,7 +26,6 @@ from server.publish.publisher import (
     latest_manifest,
     publish_change,
 )
-from server.services import audit
 
 log = logging.getLogger("modelfleet.publish.resign")
 

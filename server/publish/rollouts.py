@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 import manifests
+from server.db import audit
 from server.db import models as db
 from server.publish import rules
 from server.publish.errors import (
@@ -38,7 +39,6 @@ from server.publish.publisher import (
     update_current,
 )
 from server.publish.records import RolloutRecord, filters_to_columns
-from server.services import audit
 
 CHANNEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 

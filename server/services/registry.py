@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, selectinload
 from server.blobstore import BlobStore
 from server.blobstore.keys import source_key
 from server.compile.shapes import declared_shape_conflicts
+from server.db import audit
 from server.db.models import (
     Build,
     Model,
@@ -32,7 +33,6 @@ from server.db.models import (
 )
 from server.errors import ConflictError, InvalidInputError, NotFoundError
 from server.jobs.interface import JobQueue
-from server.services import audit
 from server.services.sourcefiles import (
     check_npz,
     check_onnx_self_contained,

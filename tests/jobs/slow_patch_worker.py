@@ -7,8 +7,6 @@ Usage: python slow_patch_worker.py MARKER_FILE (settings from MODELFLEET_* varia
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -31,22 +29,15 @@ def hanging_creators(marker: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    from server.blobstore import make_blob_store
-    from server.db.session import make_engine, make_session_factory
-    from server.jobs.procrastinate_queue import make_patch_runner, run_worker
-    from server.jobs.runner import BuildRunner
+    from server.jobs.procrastinate_queue import run_worker
+    from server.wiring import build_worker
 
     marker = Path(sys.argv[1])
     settings = Settings()
-    factory = make_session_factory(make_engine(settings.resolved_database_url))
-    store = make_blob_store(settings)
-    name = f"slow:{socket.gethostname()}:{os.getpid()}"
-    patches = make_patch_runner(settings, factory, store, worker_id=name,
-                                policy=DeltaPolicy(creators=hanging_creators(marker)),
-                                heartbeat_s=0.5, stale_after_s=3)
-    runner = BuildRunner(factory, store, worker_id=name, heartbeat_s=0.5, stale_after_s=3)
-    run_worker(settings, runner=runner, patch_runner=patches, heartbeat_s=0.5,
-               stalled_after_s=3)
+    made = build_worker(settings, heartbeat_s=0.5, stalled_after_s=3)
+    made.patch_runner.policy = DeltaPolicy(creators=hanging_creators(marker))
+    run_worker(settings.resolved_database_url, made.runner, made.patch_runner,
+               heartbeat_s=0.5, stalled_after_s=3)
 
 
 if __name__ == "__main__":

@@ -29,22 +29,20 @@ class HangingPipeline(Pipeline):
 
 
 def main() -> None:
-    import os
-    import socket
-
-    from server.blobstore import make_blob_store
-    from server.db.session import make_engine, make_session_factory
     from server.jobs.procrastinate_queue import run_worker
     from server.jobs.runner import BuildRunner
+    from server.wiring import build_worker
 
     marker = Path(sys.argv[1])
     settings = Settings()
+    made = build_worker(settings, heartbeat_s=0.5, stalled_after_s=3)
     runner = BuildRunner(
-        make_session_factory(make_engine(settings.resolved_database_url)),
-        make_blob_store(settings), worker_id=f"slow:{socket.gethostname()}:{os.getpid()}",
+        made.core.session_factory, made.core.blob_store,
+        worker_id=made.runner.worker_id.replace("worker:", "slow:", 1),
         pipeline_factory=lambda log: HangingPipeline(log, marker),
         heartbeat_s=0.5, stale_after_s=3)
-    run_worker(settings, runner=runner, heartbeat_s=0.5, stalled_after_s=3)
+    run_worker(settings.resolved_database_url, runner, made.patch_runner, heartbeat_s=0.5,
+               stalled_after_s=3)
 
 
 if __name__ == "__main__":

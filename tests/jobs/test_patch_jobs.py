@@ -23,7 +23,7 @@ from server.jobs.patch_runner import PatchRunner, request_patches
 from server.jobs.runner import RetryPolicy, wait_for
 from server.publish import rollouts as ro
 from server.publish.patches import generate_patches
-from server.publish.service import make_publisher
+from server.wiring import make_publisher
 from tests.jobs.patch_helpers import (
     add_ready_version,
     check_patch_applies,
@@ -79,6 +79,10 @@ def test_rollout_of_v2_after_v1_lists_a_verified_patch_made_by_the_in_process_wo
             job_row(factory, version2).__dict__
         (patch,) = manifest_patches(client, root)
         check_patch_applies(client, patch, v1, v2, tmp_path)
+        # The re-signed manifest is served as soon as it is published (the publisher's event
+        # drops the cached one); the job row is settled just after.
+        assert wait_for(lambda: job_row(factory, version2).state == db.PatchJobState.done,
+                        10, 0.05)
         job = job_row(factory, version2)
         assert (job.state, job.attempts, job.patches_added, job.error) == (
             db.PatchJobState.done, 1, 1, "")

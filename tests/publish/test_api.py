@@ -16,8 +16,8 @@ from server.blobstore import LocalBlobStore
 from server.db import models as db
 from server.db.migrate import upgrade
 from server.publish.keys import KeyPaths, rotate_root
-from server.publish.service import manifest_base_url
 from server.settings import Settings
+from server.wiring import manifest_base_url
 from tests.publish.conftest import version_maker
 from tests.support.server_keys import init_test_keys
 

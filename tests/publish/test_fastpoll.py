@@ -17,8 +17,7 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from server.api.fastpoll import LOG_POLLS_ENV, ManifestPollProtocol
-from server.api.serving import MANIFEST_CACHE_SECONDS
+from server.api.fastpoll import ManifestPollProtocol
 from server.app import create_app
 from server.auth import create_token
 from server.blobstore import LocalBlobStore
@@ -26,8 +25,9 @@ from server.db import models as db
 from server.db.migrate import upgrade
 from server.publish import rollouts as ro
 from server.publish.keys import KeyPaths
-from server.publish.service import make_publisher
+from server.publish.manifest_cache import MANIFEST_CACHE_SECONDS
 from server.settings import Settings
+from server.wiring import make_publisher
 from tests.publish.conftest import version_maker
 from tests.support.server_keys import init_test_keys
 
@@ -271,14 +271,13 @@ def test_pipelined_requests_are_answered_in_order_and_http10_closes(settings):
         assert r.status == 200 and r.header("connection") == "close"
 
 
-def test_head_and_logged_polls_go_through_the_app(settings, monkeypatch):
+def test_head_and_logged_polls_go_through_the_app(settings):
     publish_prod(settings, "1.0")
     with serve(settings) as srv:
         srv.raw(get())
         r, _ = parse(srv.raw(get(MANIFEST, "Connection: close", method="HEAD"), until_close=True))
         assert r.status == 200 and r.body == b"" and len(srv.app.calls) == 2
-    monkeypatch.setenv(LOG_POLLS_ENV, "1")
-    with serve(settings, access_log=True) as srv:
+    with serve(settings.model_copy(update={"log_polls": True}), access_log=True) as srv:
         srv.raw(get())
         srv.raw(get())
         assert len(srv.app.calls) == 2
@@ -330,8 +329,9 @@ def test_workers_starting_together_import_the_roots_once_without_failing(setting
     unique constraint fires, and the retry finds and checks the stored root."""
     import hashlib
 
-    from server.api import serving
     from server.publish import rootstore
+    from server.services.serving import import_roots
+    from server.wiring import key_paths
 
     real_chain = rootstore.load_root_chain
     app = create_app(settings)
@@ -349,8 +349,47 @@ def test_workers_starting_together_import_the_roots_once_without_failing(setting
         return chain
 
     monkeypatch.setattr(rootstore, "load_root_chain", chain_after_another_worker)
-    assert serving.import_roots(app) == []  # nothing left to add: the other worker did
+    # nothing left to add: the other worker did
+    assert import_roots(app.state.session_factory, key_paths(settings)) == []
     assert raced
     with app.state.session_factory() as s:
         assert rootstore.latest_root_version(s) == 1
     app.state.engine.dispose()
+
+
+def test_during_a_slow_reload_the_shortcut_serves_the_stale_entry_and_one_reload_runs(settings):
+    """The bench's finding: the shortcut answered only entries younger than the cache time,
+    so on slow cores every poll during a reload fell through to the ASGI path. Now the stale
+    entry is served by the shortcut while ONE reload runs."""
+    publish_prod(settings, "1.0")
+    with serve(settings) as srv:
+        etag = parse(srv.raw(get()))[0].header("etag")  # the miss fills the cache
+        cache = srv.app.app.state.services.manifest_cache
+        load = cache.loader
+        reloading, release, reloaded = threading.Event(), threading.Event(), threading.Event()
+
+        def slow_load(channel: str) -> tuple[bytes, str]:
+            reloading.set()
+            release.wait(10)  # a reload that takes as long as the test needs
+            try:
+                return load(channel)
+            finally:
+                reloaded.set()
+
+        cache.loader = slow_load
+        cache.ttl = 0.05
+        time.sleep(0.1)  # the entry is now older than the cache time
+        calls, before = len(srv.app.calls), cache.stats.shortcut
+        answers = [parse(srv.raw(get(MANIFEST, f"If-None-Match: {etag}")))[0].status
+                   for _ in range(20)]
+        assert reloading.wait(5), "no reload started"
+        assert answers == [304] * 20
+        assert len(srv.app.calls) == calls, "polls during the reload reached the app"
+        assert cache.stats.shortcut - before == 20 and cache.stats.reloads == 1
+        cache.ttl = 30.0
+        release.set()
+        assert reloaded.wait(5)
+        time.sleep(0.05)  # the reload's result is stored on the event loop's executor thread
+        r, _ = parse(srv.raw(get()))
+        assert r.status == 200 and r.header("etag") == etag and cache.stats.reloads == 1
+        assert len(srv.app.calls) == calls

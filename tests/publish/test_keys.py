@@ -68,8 +68,12 @@ def test_corrupt_key_file_is_refused_with_the_path(paths):
 
 
 def test_keys_dir_from_environment(tmp_path, monkeypatch):
+    from server.settings import Settings
+    from server.wiring import key_paths
+
     monkeypatch.setenv("MODELFLEET_KEYS_DIR", str(tmp_path / "elsewhere"))
-    assert KeyPaths.for_data_dir(tmp_path).keys_dir == tmp_path / "elsewhere"
+    assert key_paths(Settings(data_dir=tmp_path)).keys_dir == tmp_path / "elsewhere"
+    assert KeyPaths.for_data_dir(tmp_path).keys_dir == tmp_path / "keys"  # settings read it
 
 
 def test_rotation_makes_root_v2_signed_by_old_and_new_thresholds(paths):

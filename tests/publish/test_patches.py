@@ -88,11 +88,12 @@ def test_unrelated_bytes_get_no_patch(factory, blob_store, pub):
     assert generate_patches(factory, blob_store, new) == 0
 
 
-def test_scheduler_runs_off_the_calling_thread_and_reports_the_channel(
+def test_scheduler_runs_off_the_calling_thread_and_the_publisher_announces_the_channel(
         factory, pub, versions):
     _, ids = versions
     seen: list[str] = []
-    scheduler = PatchScheduler(factory, pub, job_queue=object(), on_published=seen.append)
+    pub.subscribe(lambda published: seen.append(published.channel))
+    scheduler = PatchScheduler(factory, pub, job_queue=object())
     scheduler.schedule(ids[1])
     scheduler.shutdown()  # waits for the queued job
     assert seen == ["prod"]

@@ -46,7 +46,7 @@ def upload(client: TestClient, headers: dict[str, str], data: bytes, metadata: s
 
 
 def blob_keys(client: TestClient) -> list[str]:
-    return list(client.app.state.blob_store.list_keys())  # type: ignore[attr-defined]
+    return list(client.app.state.services.blob_store.list_keys())  # type: ignore[attr-defined]
 
 
 def count(factory: sessionmaker[Session], model: type) -> int:
@@ -179,7 +179,7 @@ def test_upload_onnx_version_records_sha_state_builds_and_enqueues(
     assert len(job_queue.enqueued) == 1
     # The stored blob is the uploaded file, byte for byte.
     (key,) = blob_keys(client)
-    with client.app.state.blob_store.open(key) as f:  # type: ignore[attr-defined]
+    with client.app.state.services.blob_store.open(key) as f:  # type: ignore[attr-defined]
         assert f.read() == onnx_bytes
 
 
@@ -445,7 +445,7 @@ def test_storage_failure_midway_leaves_no_blob_and_no_version(
 ) -> None:
     create_model(client, publish_headers)
     store = FailOnField(tmp_path / "failing", "reference")
-    client.app.state.blob_store = store  # type: ignore[attr-defined]
+    client.app.state.services.blob_store = store  # type: ignore[attr-defined]
     data = npz_bytes(x=np.ones(3))
     r = upload(client, publish_headers, onnx_bytes, meta(), calibration=data, reference=data)
     assert r.status_code == 503 and "No space left" in r.json()["detail"]
@@ -458,7 +458,7 @@ def test_upload_to_s3_store_over_http(client: TestClient, publish_headers, onnx_
                                       s3_bucket) -> None:
     from server.blobstore.s3 import S3BlobStore
 
-    client.app.state.blob_store = S3BlobStore(  # type: ignore[attr-defined]
+    client.app.state.services.blob_store = S3BlobStore(  # type: ignore[attr-defined]
         s3_bucket.bucket, endpoint_url=s3_bucket.endpoint_url, access_key="testing",
         secret_key="testing")
     create_model(client, publish_headers)
@@ -474,7 +474,7 @@ def test_s3_bucket_missing_is_503_and_no_version(client: TestClient, publish_hea
                                                  session_factory) -> None:
     from server.blobstore.s3 import S3BlobStore
 
-    client.app.state.blob_store = S3BlobStore(  # type: ignore[attr-defined]
+    client.app.state.services.blob_store = S3BlobStore(  # type: ignore[attr-defined]
         "missing-bucket", endpoint_url=s3_server, access_key="testing", secret_key="testing")
     create_model(client, publish_headers)
     r = upload(client, publish_headers, onnx_bytes, meta())
@@ -534,12 +534,12 @@ def test_losing_a_concurrent_upload_race_leaves_no_trace(
 
     def competing_upload() -> None:
         with TestClient(client.app) as other:  # type: ignore[arg-type]
-            other.app.state.blob_store = winner_store  # type: ignore[attr-defined]
+            other.app.state.services.blob_store = winner_store  # type: ignore[attr-defined]
             r = upload(other, publish_headers, onnx_bytes, meta())
             assert r.status_code == 201
 
     loser_store = CompetingUploadOnFirstPut(tmp_path / "loser", competing_upload)
-    client.app.state.blob_store = loser_store  # type: ignore[attr-defined]
+    client.app.state.services.blob_store = loser_store  # type: ignore[attr-defined]
     data = onnx_bytes if same_file else make_onnx_bytes(7.0)
     r = upload(client, publish_headers, data, meta())
     assert r.status_code == (200 if same_file else 409), r.text

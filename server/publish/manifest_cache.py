@@ -1,0 +1,145 @@
+"""The one manifest-poll path: a per-process cache of each channel's signed bytes, and the one
+conditional-request rule (If-None-Match → 304) every poll answerer applies.
+
+Three places answer a `GET /v1/channels/{channel}/manifest`, cheapest first: the uvicorn
+protocol shortcut (server/api/fastpoll.py), the app class before routing
+(`server.api.serving.ServingFastAPI`), and the route. All three call `ManifestCache.lookup`
+and `CachedManifest.not_modified`; only the route, on a miss, waits for `load`.
+
+`lookup` returns an entry younger than `max_stale`; an entry older than `ttl` is still
+returned while ONE background reload runs (stale-while-revalidate). Before, the shortcut
+answered only entries younger than `ttl`, so every poll during a reload fell through to the
+slower paths: on slow cores a reload takes long enough that half the polls did.
+
+A publish through this process drops the channel's entry at once (the publisher's
+"published" event, wired in server/wiring.py); a reload that started before the publish
+does not put its older bytes back (a generation counter per channel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from server.publish.httpcache import etag_for, if_none_match
+
+log = logging.getLogger("modelfleet.serving")
+
+MANIFEST_CACHE_SECONDS = 1.0
+MANIFEST_MAX_STALE_SECONDS = 10.0
+# Devices and CDNs revalidate at most a minute later: a halt reaches the fleet within a
+# minute plus the poll interval, and a revalidation is a cheap 304.
+MANIFEST_CACHE_CONTROL = "public, max-age=60, must-revalidate"
+CACHE_CONTROL_BYTES = MANIFEST_CACHE_CONTROL.encode()
+
+# channel -> (signed bytes, sha256); raises ChannelNotFoundError for an unknown channel.
+ManifestLoader = Callable[[str], tuple[bytes, str]]
+
+
+def _header_lines(headers: tuple[tuple[bytes, bytes], ...]) -> bytes:
+    return b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+
+
+@dataclass(frozen=True)
+class CachedManifest:
+    data: bytes
+    etag: str
+    loaded_at: float
+    # Response headers built once per load, not once per poll: ASGI header lists…
+    headers_304: tuple[tuple[bytes, bytes], ...] = ()
+    headers_200: tuple[tuple[bytes, bytes], ...] = ()
+    # …and the same as HTTP/1.1 header lines, for the protocol shortcut.
+    raw_304: bytes = b""
+    raw_200: bytes = b""
+
+    @classmethod
+    def of(cls, data: bytes, etag: str, loaded_at: float | None = None) -> CachedManifest:
+        common = ((b"etag", etag.encode()), (b"cache-control", CACHE_CONTROL_BYTES))
+        full = (*common, (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()))
+        return cls(data, etag, time.monotonic() if loaded_at is None else loaded_at,
+                   common, full, _header_lines(common), _header_lines(full))
+
+    def not_modified(self, if_none_match_header: str | None) -> bool:
+        """The conditional-request rule of every poll path: True → answer 304."""
+        if if_none_match_header is None:
+            return False
+        # The common case (a device echoing our ETag) without parsing the header.
+        return if_none_match_header == self.etag or if_none_match(if_none_match_header,
+                                                                  self.etag)
+
+
+@dataclass
+class PollStats:
+    """Which path answered each poll (per process): the shortcut's share is the bench figure."""
+
+    shortcut: int = 0  # uvicorn protocol (server/api/fastpoll.py)
+    app: int = 0  # ServingFastAPI.__call__, before routing
+    route: int = 0  # the FastAPI route (a miss, HEAD, an entry past max_stale)
+    reloads: int = 0  # background reloads started
+
+    @property
+    def total(self) -> int:
+        return self.shortcut + self.app + self.route
+
+
+class ManifestCache:
+    """The current signed bytes per channel, per process (see module docstring)."""
+
+    def __init__(self, loader: ManifestLoader, *, ttl: float = MANIFEST_CACHE_SECONDS,
+                 max_stale: float = MANIFEST_MAX_STALE_SECONDS) -> None:
+        self.loader = loader
+        self.ttl = ttl
+        self.max_stale = max_stale
+        self.stats = PollStats()
+        self._entries: dict[str, CachedManifest] = {}
+        self._generation: dict[str, int] = {}
+        self._reloading: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def lookup(self, channel: str) -> CachedManifest | None:
+        """The entry to answer a poll with, or None (the caller then waits for `load`).
+
+        Must run on the event loop: an entry past `ttl` starts one background reload."""
+        entry = self._entries.get(channel)
+        if entry is None:
+            return None
+        age = time.monotonic() - entry.loaded_at
+        if age > self.max_stale:
+            return None  # too old to serve: the route reloads it (and reports a failure)
+        if age > self.ttl and channel not in self._reloading:
+            self._reloading.add(channel)
+            self.stats.reloads += 1
+            task = asyncio.get_running_loop().create_task(self._reload(channel))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return entry
+
+    async def load(self, channel: str) -> CachedManifest:
+        """Reads the channel's current manifest (in a thread) and caches it."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.load_sync, channel)
+
+    def load_sync(self, channel: str) -> CachedManifest:
+        generation = self._generation.get(channel, 0)
+        data, sha256 = self.loader(channel)
+        entry = CachedManifest.of(data, etag_for(sha256))
+        # A publish during the read invalidated the channel: keep its newer state instead.
+        if self._generation.get(channel, 0) == generation:
+            self._entries[channel] = entry
+        return entry
+
+    def invalidate(self, channel: str) -> None:
+        """Drops the channel's entry (called on every publish through this process)."""
+        self._generation[channel] = self._generation.get(channel, 0) + 1
+        self._entries.pop(channel, None)
+
+    async def _reload(self, channel: str) -> None:
+        try:
+            await self.load(channel)
+        except Exception:  # polls past max_stale then go the slow way and report it
+            log.exception("reloading the manifest of %s failed", channel)
+        finally:
+            self._reloading.discard(channel)

@@ -1,0 +1,168 @@
+"""The composition root: settings → the services a process runs on. The only module that
+knows how the server's parts fit together; `create_app`, `modelfleet worker` and every CLI
+command build their objects here, and nothing else constructs them.
+
+- `build_core(settings)`: database engine and session factory, blob store, publisher — what
+  every process needs (CLI commands use this alone).
+- `build_services(settings)`: the API process — core plus manifest cache (subscribed to the
+  publisher's "published" event), job queue (chosen by `settings.job_backend`) and patch
+  scheduler.
+- `build_worker(settings)`: a `modelfleet worker` process — core plus the build and patch
+  runners its procrastinate tasks hand jobs to.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.blobstore import BlobStore, make_blob_store
+from server.db.session import make_engine, make_session_factory
+from server.jobs.inprocess import InProcessJobQueue
+from server.jobs.interface import JobQueue
+from server.jobs.patch_runner import PatchRunner
+from server.jobs.runner import BuildRunner
+from server.publish.keys import KeyPaths, load_release_key
+from server.publish.manifest_cache import ManifestCache
+from server.publish.patches import PatchScheduler
+from server.publish.publisher import PublishedManifest, Publisher
+from server.services.rollouts import RolloutService
+from server.services.serving import current_manifest
+from server.settings import Settings
+
+
+def key_paths(settings: Settings) -> KeyPaths:
+    """Keys under DATA_DIR/keys unless `keys_dir` (MODELFLEET_KEYS_DIR) says else."""
+    return KeyPaths.for_data_dir(settings.data_dir, settings.keys_dir)
+
+
+def manifest_base_url(settings: Settings) -> str:
+    """MODELFLEET_PUBLIC_BASE_URL when it was set; else "" — manifests then carry URLs
+    relative to the server's base URL, which devices resolve against the URL they use. The
+    setting's built-in default names one host and port, and would send devices elsewhere
+    whenever the server runs on another one."""
+    return settings.public_base_url if "public_base_url" in settings.model_fields_set else ""
+
+
+def make_publisher(settings: Settings, blob_store: BlobStore) -> Publisher:
+    """The publisher for this server: the release key is read at each publish, so a rotated
+    key (`modelfleet keys rotate --rotate-release`) takes effect without a restart."""
+    loader = functools.partial(load_release_key, key_paths(settings).release_key_path)
+    return Publisher(blob_store=blob_store, release_key=loader,
+                     base_url=manifest_base_url(settings),
+                     lifetime_seconds=settings.manifest_lifetime_seconds)
+
+
+@dataclass
+class Core:
+    """What every process needs."""
+
+    settings: Settings
+    engine: Engine
+    session_factory: sessionmaker[Session]
+    blob_store: BlobStore
+    publisher: Publisher
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def build_core(settings: Settings, *, blob_store: BlobStore | None = None) -> Core:
+    engine = make_engine(settings.resolved_database_url)
+    store = blob_store if blob_store is not None else make_blob_store(settings)
+    return Core(settings, engine, make_session_factory(engine), store,
+                make_publisher(settings, store))
+
+
+@contextmanager
+def core(settings: Settings) -> Iterator[Core]:
+    """`build_core` for a CLI command: the engine is disposed at the end."""
+    made = build_core(settings)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@dataclass
+class Services(Core):
+    """The API process: `create_app` keeps this on `app.state.services`; routes get its
+    parts through server/api/deps.py."""
+
+    manifest_cache: ManifestCache
+    job_queue: JobQueue
+    patch_scheduler: PatchScheduler
+    rollouts: RolloutService
+
+    def close(self) -> None:
+        close = getattr(self.job_queue, "close", None)
+        if callable(close):  # stop the in-process worker before the engine goes
+            close()
+        self.patch_scheduler.shutdown()
+        super().close()
+
+
+def build_services(settings: Settings, *, blob_store: BlobStore | None = None,
+                   job_queue: JobQueue | None = None) -> Services:
+    """`blob_store` / `job_queue` override the ones the settings choose (tests, embedding)."""
+    base = build_core(settings, blob_store=blob_store)
+    cache = ManifestCache(functools.partial(current_manifest, base.session_factory,
+                                            base.blob_store))
+
+    def drop_cached(published: PublishedManifest) -> None:
+        cache.invalidate(published.channel)
+
+    base.publisher.subscribe(drop_cached)
+    queue = job_queue if job_queue is not None else make_job_queue(base)
+    scheduler = PatchScheduler(base.session_factory, base.publisher, queue)
+    return Services(base.settings, base.engine, base.session_factory, base.blob_store,
+                    base.publisher, cache, queue, scheduler,
+                    RolloutService(base.session_factory, base.publisher, scheduler))
+
+
+def make_job_queue(base: Core) -> JobQueue:
+    """inprocess (embedded default): a worker thread in the API process, started here.
+    procrastinate (production): the API only defers jobs; `modelfleet worker` runs them."""
+    if base.settings.job_backend == "procrastinate":
+        from server.jobs.procrastinate_queue import ProcrastinateJobQueue, queued_build_ids
+
+        return ProcrastinateJobQueue(base.settings.resolved_database_url,
+                                     queued_build_ids(base.session_factory),
+                                     base.session_factory)
+    worker_id = InProcessJobQueue.worker_name()
+    runner = BuildRunner(base.session_factory, base.blob_store, worker_id=worker_id)
+    patches = PatchRunner(base.session_factory, lambda: base.publisher, worker_id=worker_id)
+    queue = InProcessJobQueue(runner, patches)
+    queue.start()  # picks up builds left queued or abandoned by an earlier process
+    return queue
+
+
+@dataclass
+class Worker:
+    """A `modelfleet worker` process: the runners its procrastinate tasks call."""
+
+    core: Core
+    runner: BuildRunner
+    patch_runner: PatchRunner
+
+
+def worker_id() -> str:
+    return f"worker:{socket.gethostname()}:{os.getpid()}"
+
+
+def build_worker(settings: Settings, *, heartbeat_s: float = 10.0,
+                 stalled_after_s: float = 30.0) -> Worker:
+    base = build_core(settings)
+    name = worker_id()
+    runner = BuildRunner(base.session_factory, base.blob_store, worker_id=name,
+                         heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s)
+    patches = PatchRunner(base.session_factory, lambda: base.publisher, worker_id=name,
+                          heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s)
+    return Worker(base, runner, patches)

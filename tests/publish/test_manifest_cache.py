@@ -1,0 +1,97 @@
+"""The one manifest-poll path (server/publish/manifest_cache.py) and its wiring: every publish,
+from any source, drops the cached manifest through the publisher's "published" event; a
+reload that began before a publish does not put the older bytes back; the one
+conditional-request rule."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from server.db.migrate import upgrade
+from server.jobs.interface import NullJobQueue
+from server.publish.manifest_cache import CachedManifest, ManifestCache
+from server.publish.resign import resign_due
+from server.settings import Settings
+from server.wiring import Services, build_services
+from tests.support.server_keys import init_test_keys
+
+
+def on_loop(cache: ManifestCache, channel: str) -> CachedManifest | None:
+    async def look() -> CachedManifest | None:
+        return cache.lookup(channel)
+
+    return asyncio.run(look())
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Services:
+    data = tmp_path / "data"
+    init_test_keys(data)
+    settings = Settings(data_dir=data)
+    upgrade(settings.resolved_database_url)
+    made = build_services(settings, job_queue=NullJobQueue())
+    made.rollouts.create_channel("prod", description="", actor="t")
+    yield made
+    made.close()
+
+
+def test_a_re_sign_drops_the_cached_manifest_through_the_published_event(services):
+    """Before, only routes invalidated; a re-sign (or a patch job) left the old bytes cached."""
+    cache = services.manifest_cache
+    old = cache.load_sync("prod")
+    assert on_loop(cache, "prod") == old
+    (published,) = resign_due(services.session_factory, services.publisher, margin=10**9)
+    assert on_loop(cache, "prod") is None  # dropped: the next poll loads the new serial
+    new = cache.load_sync("prod")
+    assert new.etag == f'"{published.sha256}"' != old.etag
+
+
+def test_a_publish_through_the_rollout_service_drops_the_cached_manifest(services):
+    cache = services.manifest_cache
+    cache.load_sync("prod")
+    services.rollouts.republish("prod", actor="t")
+    assert on_loop(cache, "prod") is None
+
+
+def test_a_reload_begun_before_a_publish_does_not_put_the_older_bytes_back():
+    reading, publish_done = threading.Event(), threading.Event()
+    current = {"prod": b"serial 1"}
+
+    def load(channel: str) -> tuple[bytes, str]:
+        data = current[channel]  # read before the publish…
+        reading.set()
+        publish_done.wait(5)  # …returned after it
+        return data, hashlib.sha256(data).hexdigest()
+
+    cache = ManifestCache(load)
+    loader = threading.Thread(target=cache.load_sync, args=("prod",))
+    loader.start()
+    assert reading.wait(5)
+    current["prod"] = b"serial 2"
+    cache.invalidate("prod")  # the publisher's event
+    publish_done.set()
+    loader.join(5)
+    assert on_loop(cache, "prod") is None, "the pre-publish read was cached"
+    cache.loader = lambda ch: (current[ch], hashlib.sha256(current[ch]).hexdigest())
+    assert cache.load_sync("prod").data == b"serial 2"
+
+
+def test_an_entry_past_the_stale_limit_is_not_served():
+    cache = ManifestCache(lambda ch: (b"x", "0" * 64), ttl=0.01, max_stale=0.05)
+    cache.load_sync("prod")
+    time.sleep(0.1)
+    assert on_loop(cache, "prod") is None  # the route then loads it and reports failures
+
+
+@pytest.mark.parametrize(("header", "answer"), [
+    (None, False), ('"abc"', True), ('W/"abc"', True), ('"x", "abc"', True), ("*", True),
+    ('"abcd"', False), ("", False),
+])
+def test_one_conditional_rule_for_every_poll_path(header, answer):
+    assert CachedManifest.of(b"{}", '"abc"').not_modified(header) is answer
