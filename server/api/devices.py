@@ -8,11 +8,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
-from sqlalchemy import select
 
 from server.api.deps import SessionDep, StrictQuery, TokenPrincipal
 from server.api.errors import AUTH_ERRORS
-from server.db import models as db
+from server.services.devices import recently_seen
 
 router = APIRouter(prefix="/v1", tags=["devices"], dependencies=[StrictQuery])
 
@@ -35,9 +34,7 @@ def list_devices(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
 ) -> DevicePage:
-    rows = session.scalars(select(db.Device)
-                           .order_by(db.Device.last_seen_at.desc(), db.Device.id)
-                           .limit(limit).offset(offset))
+    rows = recently_seen(session, limit=limit, offset=offset)
     return DevicePage(devices=[DevicePublic(id=d.id, profile=d.profile or {},
                                             first_seen_at=d.first_seen_at,
                                             last_seen_at=d.last_seen_at) for d in rows])
