@@ -146,7 +146,7 @@ class Pipeline:
             return [], None, "not run: the version has no reference or calibration inputs"
         try:
             limit = int(spec.settings.get("numeric_samples", DEFAULT_NUMERIC_SAMPLES))
-            feeds = load_samples(path, inputs)[:max(limit, 1)]
+            feeds = load_samples(path, inputs, variant)[:max(limit, 1)]
             ref = reference_outputs(spec.source_path, spec.source_format, inputs, feeds)
         except CompileError as e:
             return [], None, f"not run: reference inputs unusable: {e}"

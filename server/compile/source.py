@@ -46,28 +46,44 @@ def example_inputs(specs: tuple[InputSpec, ...]) -> dict[str, NDArray[Any]]:
     return {s.name: np.zeros(s.shape, dtype=numpy_dtype(s)) for s in specs}
 
 
-def load_samples(path: Path, specs: tuple[InputSpec, ...]) -> list[dict[str, NDArray[Any]]]:
-    """Reads an .npz of inputs into per-sample feeds, checking names, shapes and dtypes."""
+def sample_key(name: str, variant: str) -> str:
+    """The .npz array holding input `name`'s samples for one shape variant."""
+    return f"{name}@{variant}"
+
+
+def load_samples(path: Path, specs: tuple[InputSpec, ...], variant: str = ""
+                 ) -> list[dict[str, NDArray[Any]]]:
+    """Reads an .npz of inputs into per-sample feeds, checking names, shapes and dtypes.
+
+    A version with several shape variants may give each its own samples: an array named
+    `<input>@<variant>` (e.g. `image@720p`) is used for that variant instead of `<input>`."""
     try:
         npz = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
         raise CalibrationError(f"cannot read {path.name} as .npz: {e}") from e
     with npz:
-        missing = [s.name for s in specs if s.name not in npz.files]
+        keys = {s.name: sample_key(s.name, variant)
+                if variant and sample_key(s.name, variant) in npz.files else s.name
+                for s in specs}
+        missing = [s.name for s in specs if keys[s.name] not in npz.files]
         if missing:
             raise CalibrationError(
                 f"{path.name} lacks arrays for inputs {missing}; it has {sorted(npz.files)}. "
-                "Save one array per input name, shaped (N, *input_shape)."
+                "Save one array per input name, shaped (N, *input_shape) (or one per input and "
+                "shape variant, named '<input>@<variant>')."
             )
         batches: dict[str, NDArray[Any]] = {}
         counts = set()
         for s in specs:
-            arr = npz[s.name]
+            arr = npz[keys[s.name]]
             if tuple(arr.shape) == s.shape:
                 arr = arr[None]
             if tuple(arr.shape[1:]) != s.shape:
                 raise CalibrationError(
-                    f"{path.name}[{s.name!r}] has shape {arr.shape}; expected (N, *{s.shape})"
+                    f"{path.name}[{keys[s.name]!r}] has shape {arr.shape}; expected "
+                    f"(N, *{s.shape})" + (f" for shape variant {variant!r} (give it its own "
+                                          f"array {sample_key(s.name, variant)!r})"
+                                          if variant and keys[s.name] == s.name else "")
                 )
             batches[s.name] = arr[:MAX_SAMPLES].astype(numpy_dtype(s), copy=False)
             counts.add(batches[s.name].shape[0])

@@ -7,6 +7,7 @@ Real server app (in-process job queue, real compilers), real SDK on the CPU ONNX
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +40,12 @@ def test_three_resolutions_build_three_static_artifacts_per_platform_and_switch_
     assert server.post("/v1/models", json={"name": "up", "task": "other"}).status_code == 201
     meta = {"version": "1.0.0", "platforms": ["onnx", "coreml", "qnn"],
             "inputs": [{"name": "x", "dtype": "float32", "shapes": RESOLUTIONS}]}
-    r = server.post("/v1/models/up/versions", files={"model": ("up.onnx", model)},
+    ref = io.BytesIO()  # reference inputs per shape variant: the numeric gate runs on each
+    gen = np.random.default_rng(5)
+    np.savez(ref, **{f"x@{n}": gen.standard_normal((1, *s)).astype(np.float32)
+                     for n, s in RESOLUTIONS.items()})
+    r = server.post("/v1/models/up/versions",
+                    files={"model": ("up.onnx", model), "reference": ("ref.npz", ref.getvalue())},
                     data={"metadata": json.dumps(meta)})
     assert r.status_code == 201, r.text
     state = wait_settled(server, "up", "1.0.0")["state"]
@@ -50,6 +56,8 @@ def test_three_resolutions_build_three_static_artifacts_per_platform_and_switch_
     for b in builds:
         assert b["gates"]["shapes"]["fixed"]["p2o.DynamicDimension.1"] == RESOLUTIONS[
             b["variant"]][2]
+        numeric = b["gates"]["numeric"]["status"]
+        assert numeric == ("not_run" if b["platform"] == "coreml" else "passed"), b["gates"]
 
     r = server.post("/v1/channels/prod/rollouts",
                     json={"model": "up", "version": "1.0.0", "percentage": 100})
@@ -91,5 +99,5 @@ def test_three_resolutions_build_three_static_artifacts_per_platform_and_switch_
             p = runtime.predict("up", {"x": rng.standard_normal(shape).astype(np.float32)},
                                 shape_variant=name)
             assert p.shape_variant == name
-            assert p.outputs["y"].shape == (1, 4 * shape[2] * 2 * shape[3] * 2)
+            assert p.outputs["y"].shape == (1, 4, shape[2] * 2 * shape[3] * 2)
     assert len(opened) == loads  # switching never reloaded a session

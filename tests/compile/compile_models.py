@@ -102,7 +102,7 @@ def dynamic_upsampler_onnx(path: Path) -> Path:
     """A paddle2onnx-style opset-12 graph: dynamic batch/height/width named like p2o's dims,
     and shape arithmetic (Shape → Slice/Gather → Mul → Concat) feeding a Resize and a Reshape.
 
-    conv 3→4 → relu → resize to 2×(H, W) (sizes from its own Shape) → reshape [N, -1].
+    conv 3→4 → relu → resize to 2×(H, W) (sizes from its own Shape) → reshape [N, 4, -1].
     """
     from onnx import TensorProto, helper, numpy_helper
 
@@ -115,6 +115,7 @@ def dynamic_upsampler_onnx(path: Path) -> Path:
         numpy_helper.from_array(np.array([4], np.int64), "end"),
         numpy_helper.from_array(np.array([2], np.int64), "two"),
         numpy_helper.from_array(np.array([-1], np.int64), "minus1"),
+        numpy_helper.from_array(np.array([4], np.int64), "four"),
         numpy_helper.from_array(np.array([], np.float32), "empty"),
     ]
     nodes = [
@@ -132,12 +133,13 @@ def dynamic_upsampler_onnx(path: Path) -> Path:
         helper.make_node("Slice", ["s", "start", "mid"], ["n"], name="slice_n",
                          ),
         helper.make_node("Gather", ["n", "start"], ["n0"], axis=0, name="batch"),
-        helper.make_node("Concat", ["n0", "minus1"], ["flat_shape"], axis=0, name="flat_shape"),
+        helper.make_node("Concat", ["n0", "four", "minus1"], ["flat_shape"], axis=0,
+                         name="flat_shape"),
         helper.make_node("Reshape", ["up", "flat_shape"], ["y"], name="flatten"),
     ]
     return onnx_model(
         path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(P2O_DIMS))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["p2o.DynamicDimension.0",
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["p2o.DynamicDimension.0", 4,
                                                                  "p2o.DynamicDimension.3"])],
         inits, opset=12)
 

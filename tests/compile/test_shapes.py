@@ -43,7 +43,7 @@ def test_dynamic_p2o_dims_are_fixed_and_shape_arithmetic_folded(upsampler: Path)
     assert [n.op_type for n in static.graph.node] == ["Conv", "Relu", "Resize", "Reshape"]
     assert report.nodes_before == 12 and report.nodes_after == 4
     out = static.graph.output[0].type.tensor_type.shape
-    assert [d.dim_value for d in out.dim] == [1, 4 * 64 * 96]
+    assert [d.dim_value for d in out.dim] == [1, 4, 64 * 96]
     # The uploaded graph is left as it was (specialize works on a copy).
     assert _input_dims(model)[0] == list(P2O_DIMS)
 
@@ -102,6 +102,21 @@ def test_value_dependent_dim_is_named_with_the_node_that_needs_it(tmp_path: Path
     assert "topk_by_k" in outs[0].error
 
 
+def test_reference_samples_per_shape_variant_are_picked_by_name(tmp_path: Path) -> None:
+    from server.compile.errors import CalibrationError
+    from server.compile.source import load_samples
+
+    ref = tmp_path / "ref.npz"
+    np.savez(ref, **{"x@small": np.zeros((3, 1, 4), np.float32),
+                     "x": np.ones((1, 1, 8), np.float32)})
+    small = load_samples(ref, (InputSpec("x", (1, 4)),), "small")
+    assert len(small) == 3 and small[0]["x"].shape == (1, 4)
+    plain = load_samples(ref, (InputSpec("x", (1, 8)),), "big")  # no x@big: x is used
+    assert len(plain) == 1 and float(plain[0]["x"].sum()) == 8.0
+    with pytest.raises(CalibrationError, match="give it its own array 'x@other'"):
+        load_samples(ref, (InputSpec("x", (1, 16)),), "other")
+
+
 def test_static_upload_passes_through_unchanged(tmp_path: Path) -> None:
     from onnx import TensorProto, helper
 
@@ -119,7 +134,12 @@ def test_three_declared_resolutions_yield_one_static_artifact_per_variant_and_pl
         upsampler: Path, tmp_path: Path) -> None:
     variants = {name: (InputSpec("x", shape),) for name, shape in RESOLUTIONS.items()}
     rng = np.random.default_rng(3)
-    outs = Pipeline().build(BuildSpec(upsampler, SourceFormat.ONNX, variants), tmp_path)
+    # Reference inputs per shape variant ("x@720p"), so the numeric gate runs on each.
+    ref = tmp_path / "ref.npz"
+    np.savez(ref, **{f"x@{name}": rng.standard_normal((2, *shape)).astype(np.float32)
+                     for name, shape in RESOLUTIONS.items()})
+    outs = Pipeline().build(BuildSpec(upsampler, SourceFormat.ONNX, variants,
+                                      reference_path=ref), tmp_path)
 
     # An outcome's variant names precision and target ("720p-fp16"); its shape variant is
     # in the target.
@@ -131,10 +151,14 @@ def test_three_declared_resolutions_yield_one_static_artifact_per_variant_and_pl
         # The operator gate judged the specialized graph: its shape arithmetic is gone.
         assert "Shape" not in o.gates["operators"][0]["operators"]
         assert o.gates["operators"][0]["passed"]
+        expected = "not_run" if platform == "coreml" else "passed"  # Core ML needs macOS
+        assert o.gates["numeric"]["status"] == expected, (variant, platform, o.gates["numeric"])
+        if platform != "coreml":
+            assert o.gates["numeric"]["samples"] == 2
     # Each variant's ONNX artifact is static at its own resolution.
     for variant, shape in RESOLUTIONS.items():
         art = tmp_path / variant / "source.onnx"
         assert _input_dims(onnx.load(str(art))) == [list(shape)]
         x = rng.standard_normal(shape).astype(np.float32)
         (got,) = run_onnx_cpu(art, [{"x": x}])
-        assert got[0].shape == (1, 4 * shape[2] * 2 * shape[3] * 2)
+        assert got[0].shape == (1, 4, shape[2] * 2 * shape[3] * 2)

@@ -46,7 +46,7 @@ def _check_conversion(module: Any, request: CompileRequest) -> dict[str, Any] | 
 
     if request.reference_path is None:
         return None
-    feeds = load_samples(request.reference_path, request.inputs)[:4]
+    feeds = load_samples(request.reference_path, request.inputs, request.shape_variant)[:4]
     expected = run_onnx_cpu(request.onnx_path or request.source_path, feeds)
     got = []
     with torch.no_grad():

@@ -103,7 +103,8 @@ class QnnCompiler:
         src = ensure_onnx(request, workdir)
         refuse_wide_int64(src)
         if request.calibration_path is not None and wanted != "fp16":
-            samples = load_samples(request.calibration_path, request.inputs)
+            samples = load_samples(request.calibration_path, request.inputs,
+                                   request.shape_variant)
             with quiet():
                 model = quantize_qdq(src, workdir / "model.qdq.onnx", samples, act_bits)
             precision = Precision.INT8
