@@ -9,12 +9,13 @@ files are copied as they are.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from server.hashing import file_sha256
 
 MAX_PACKED_BYTES = 8 * 1024**3  # refuse absurd outputs rather than fill the disk
 
@@ -29,16 +30,6 @@ class PackedArtifact:
     sha256: str
     length: int
     packing: str  # "file" | "tar"
-
-
-def sha256_file(path: Path) -> tuple[str, int]:
-    h = hashlib.sha256()
-    n = 0
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            n += len(chunk)
-    return h.hexdigest(), n
 
 
 def _entries(root: Path) -> list[Path]:
@@ -92,7 +83,7 @@ def pack_directory(src: Path, out: Path) -> PackedArtifact:
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    digest, length = sha256_file(out)
+    digest, length = file_sha256(out)
     return PackedArtifact(out, digest, length, "tar")
 
 
@@ -106,7 +97,7 @@ def pack(src: Path, out_dir: Path) -> PackedArtifact:
         shutil.copyfile(src, out)
     if out.stat().st_size > MAX_PACKED_BYTES:
         raise PackingError(f"{src.name} exceeds {MAX_PACKED_BYTES} bytes")
-    digest, length = sha256_file(out)
+    digest, length = file_sha256(out)
     return PackedArtifact(out, digest, length, "file")
 
 

@@ -31,6 +31,7 @@ import zstandard
 
 from client_sdk import patching as fmt
 from server.delta.onnx_layout import Tensor, read_layout
+from server.hashing import file_sha256
 
 TENSOR_CHUNK = 4 * 1024 * 1024  # bytes of one tensor encoded as one op (<= fmt.MAX_OP_LENGTH)
 # Elements per tensor op: context order needs an 8-byte index per element on both sides, so
@@ -250,19 +251,10 @@ def _chunks(region: Region) -> Iterator[tuple[int, int]]:
         yield start, min(step, region.length - start)
 
 
-def _sha256_file(path: Path) -> tuple[int, bytes]:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while block := f.read(1024 * 1024):
-            digest.update(block)
-            size += len(block)
-    return size, digest.digest()
-
-
 def create_mfdelta1(base: Path, new: Path, out: Path, *, level: int = 3) -> None:
     """Write an mfdelta1 patch turning ``base`` into ``new`` to ``out`` (atomically)."""
-    base_size, base_sha = _sha256_file(base)
+    base_hex, base_size = file_sha256(base)
+    base_sha = bytes.fromhex(base_hex)
     new_size = os.path.getsize(new)
     regions = plan_regions(read_layout(new), read_layout(base), new_size)
     fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".part")

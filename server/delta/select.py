@@ -10,7 +10,6 @@ full artifact). It runs in job workers, off the request path.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -22,17 +21,13 @@ import bsdiff4
 from client_sdk.patching import PatchError, apply_patch
 from server.delta.errors import DeltaInputError
 from server.delta.mfdelta1 import create_mfdelta1
+from server.hashing import file_sha256
 
 log = logging.getLogger(__name__)
 
 
 def sha256_file(path: Path) -> str:
-    # Our own: the server takes from the SDK only its public package and the patch format.
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_sha256(path)[0]
 
 Creator = Callable[[Path, Path, Path, "DeltaPolicy"], None]
 
