@@ -50,7 +50,7 @@ def seeded_app(tmp_path: Path) -> tuple[FastAPI, dict[str, str]]:
         r = c.post("/v1/models/seed/versions", headers=headers,
                    files={"model": ("m.onnx", make_onnx_bytes(), "application/octet-stream")},
                    data={"metadata": '{"version": "1.0.0", "platforms": ["onnx"], "inputs": '
-                                     '[{"name": "x", "dtype": "float32", "shape": [1, 3]}]}'})
+                                     '[{"name": "x", "dtype": "float32", "shape": [1, 3, 8, 8]}]}'})
         assert r.status_code == 201, r.text
     return app, headers
 
