@@ -99,6 +99,7 @@ class ManifestCache:
         self._generation: dict[str, int] = {}
         self._reloading: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._loading: dict[str, asyncio.Future[CachedManifest]] = {}
 
     def lookup(self, channel: str) -> CachedManifest | None:
         """The entry to answer a poll with, or None (the caller then waits for `load`).
@@ -119,8 +120,21 @@ class ManifestCache:
         return entry
 
     async def load(self, channel: str) -> CachedManifest:
-        """Reads the channel's current manifest (in a thread) and caches it."""
-        return await asyncio.get_running_loop().run_in_executor(None, self.load_sync, channel)
+        """Reads the channel's current manifest (in a thread) and caches it. Concurrent
+        callers share one read: after an idle spell every connection's first poll misses at
+        once, and each used to start its own (a queue of database reads behind the
+        executor, seconds of p99 when reads are slow)."""
+        pending = self._loading.get(channel)
+        if pending is None:
+            pending = asyncio.get_running_loop().run_in_executor(None, self.load_sync, channel)
+            self._loading[channel] = pending
+
+            def done(future: asyncio.Future[CachedManifest]) -> None:
+                if self._loading.get(channel) is future:
+                    del self._loading[channel]
+
+            pending.add_done_callback(done)
+        return await asyncio.shield(pending)
 
     def load_sync(self, channel: str) -> CachedManifest:
         generation = self._generation.get(channel, 0)
@@ -135,6 +149,7 @@ class ManifestCache:
         """Drops the channel's entry (called on every publish through this process)."""
         self._generation[channel] = self._generation.get(channel, 0) + 1
         self._entries.pop(channel, None)
+        self._loading.pop(channel, None)  # polls from now on read the new state afresh
 
     async def _reload(self, channel: str) -> None:
         try:
