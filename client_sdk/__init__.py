@@ -6,7 +6,9 @@ Public surface (everything else is internal)::
                                   compile → stage → swap (``check_once()``, ``run(stop)``)
     UpdaterConfig, Limits         explicit configuration (no env vars, no global state)
     ModelRuntime                  what the app calls to predict; atomic swaps, circuit breaker
-    Transport, Response           the one network seam; UrllibTransport is the default
+    Transport, Response           the one network seam (fetch, post); UrllibTransport is the
+                                  default
+    Reporter                      device identity, enrolment and signed telemetry uploads
     Clock, SystemClock            injected time
     Event, EventKind              what the SDK reports to the app
     UpdateResult, ModelResult, Outcome, Prediction
@@ -30,11 +32,13 @@ from client_sdk.errors import (
     OversizeError,
     PatchFailedError,
     RuntimeSDKError,
+    TelemetryError,
     TrustError,
 )
 from client_sdk.events import Event, EventKind
 from client_sdk.http_transport import UrllibTransport
 from client_sdk.runtime import ModelRuntime, Prediction
+from client_sdk.telemetry import Reporter
 from client_sdk.transport import Response, Transport
 from client_sdk.updater import ModelResult, Outcome, Updater, UpdateResult
 from manifests import DeviceProfile
@@ -63,9 +67,11 @@ __all__ = [
     "OversizeError",
     "PatchFailedError",
     "Prediction",
+    "Reporter",
     "Response",
     "RuntimeSDKError",
     "SystemClock",
+    "TelemetryError",
     "Transport",
     "TrustError",
     "UpdateResult",

@@ -53,6 +53,14 @@ class Downloader:
         self.transport = transport
         self.dir = config.data_dir / "downloads"
         self._stopped = stopped
+        self._how: list[tuple[str, int]] = []  # the last fetch: (via, bytes) per member
+
+    def how(self) -> tuple[str, int]:
+        """How the last ``fetch`` got its bytes: "patch" if any member came via a patch, else
+        "full" if any was downloaded whole, else "held"; and the bytes downloaded."""
+        ways = {w for w, _ in self._how}
+        via = next((w for w in ("patch", "full") if w in ways), "held")
+        return via, sum(n for _, n in self._how)
 
     def _event(self, event: Event) -> None:
         emit(self.config.on_event, event)
@@ -69,9 +77,11 @@ class Downloader:
         """Get every member's verified bytes into downloads/ (``held``: sha256 → file of what
         the device already has, reused or patched from); returns (member, file) pairs."""
         out: list[tuple[Member, Path]] = []
+        self._how = []
         for member, artifact in plan.artifacts:
             target = self.dir / f"{artifact.sha256}.ready"
             if artifact.sha256 in held:
+                self._how.append(("held", 0))
                 _copy(held[artifact.sha256], target)
                 if sha256_file(target) != artifact.sha256:
                     target.unlink(missing_ok=True)
@@ -100,6 +110,7 @@ class Downloader:
             try:
                 self._fetch_via_patch(plan, artifact, patch, held[patch.from_sha256], target,
                                       deadline)
+                self._how.append(("patch", patch.length))
                 return
             except DeadlineExceededError:
                 raise
@@ -119,6 +130,7 @@ class Downloader:
                                                         total),
         )
         os.replace(part, target)
+        self._how.append(("full", artifact.length))
 
     def _fetch_via_patch(self, plan: Plan, artifact: Artifact, patch: manifests.Patch,
                          base: Path, target: Path, deadline: Deadline) -> None:

@@ -10,6 +10,7 @@
     ├── IntegrityError                a download's length or sha256 differs from the manifest
     ├── PatchFailedError              a patch could not be applied (the updater falls back to full)
     ├── InstallError                  the bundle store on disk could not be written or read
+    ├── TelemetryError                the server refused the device's enrolment or reports
     └── RuntimeSDKError               inference-side failures
         ├── ModelNotLoadedError       no active bundle for that model (nothing installed yet)
         ├── BackendUnavailableError   the backend cannot run here (e.g. Core ML off macOS)
@@ -74,6 +75,10 @@ class PatchFailedError(ClientSDKError):
 
 class InstallError(ClientSDKError):
     """The on-disk bundle store could not be written or is inconsistent."""
+
+
+class TelemetryError(ClientSDKError):
+    """The server refused the device's enrolment or reports; the message says why."""
 
 
 class RuntimeSDKError(ClientSDKError):

@@ -91,16 +91,19 @@ def _check_url(url: str) -> urllib.parse.SplitResult:
     return parts
 
 
-def _request_bytes(parts: urllib.parse.SplitResult, headers: Mapping[str, str]) -> bytes:
+def _request_bytes(parts: urllib.parse.SplitResult, headers: Mapping[str, str],
+                   method: str = "GET", body: bytes = b"") -> bytes:
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     host = parts.netloc.rsplit("@", 1)[-1]
-    lines = [f"GET {target} HTTP/1.1", f"Host: {host}", "Accept-Encoding: identity",
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", "Accept-Encoding: identity",
              "Connection: close"]
+    if method != "GET":
+        lines.append(f"Content-Length: {len(body)}")
     for name, value in headers.items():
         if any(c in f"{name}{value}" for c in "\r\n"):
             raise FetchError(f"refusing header {name!r} with a line break")
         lines.append(f"{name}: {value}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
 def _stream(resp: http.client.HTTPResponse, what: str) -> Iterator[bytes]:
@@ -157,8 +160,21 @@ class UrllibTransport:
         raise FetchError(f"more than {self._max_redirects} redirects fetching {url} "
                          "(a redirect loop?)")
 
+    def post(self, url: str, body: bytes, headers: Mapping[str, str],
+             timeout: float) -> Response:
+        """POST ``body`` to ``url`` (no redirects followed: a telemetry endpoint does not
+        move). The response headers must arrive within ``timeout`` seconds in total, then
+        each body read waits at most ``timeout``."""
+        idle = max(timeout, 0.001)
+        parts = _check_url(url)
+        conn, resp = self._open(parts, {"User-Agent": self._user_agent, **headers},
+                                _Budget(idle, time.monotonic() + idle), url, "POST", body)
+        conn.budget.end = None
+        return self._response(resp, conn, url)
+
     def _open(self, parts: urllib.parse.SplitResult, headers: Mapping[str, str],
-              budget: _Budget, url: str) -> tuple[_Connection, http.client.HTTPResponse]:
+              budget: _Budget, url: str, method: str = "GET",
+              body: bytes = b"") -> tuple[_Connection, http.client.HTTPResponse]:
         host = parts.hostname or ""
         port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
@@ -174,10 +190,10 @@ class UrllibTransport:
                 sock.settimeout(budget.recv_timeout())
                 sock = self._ssl.wrap_socket(sock, server_hostname=host)
             sock.settimeout(budget.recv_timeout())
-            sock.sendall(_request_bytes(parts, headers))
+            sock.sendall(_request_bytes(parts, headers, method, body))
             conn = _Connection(sock, budget)
             # HTTPResponse only calls makefile("rb") on its socket: ours bounds every recv.
-            resp = http.client.HTTPResponse(cast(socket.socket, conn), method="GET")
+            resp = http.client.HTTPResponse(cast(socket.socket, conn), method=method)
             resp.begin()
             return conn, resp
         except BaseException as e:

@@ -14,12 +14,24 @@ so switching resolution never reloads a model.
 Circuit breaker: when the primary backend (e.g. QNN) raises, the call is retried on the
 bundle's CPU ONNX fallback member; after ``breaker_threshold`` consecutive failures the loaded
 model switches to the fallback for good and a FALLBACK event is reported.
+
+Shadow mode: a bundle in the "candidate" slot never answers ``predict`` (unless asked for by
+``slot=``); each active prediction is offered to it on the ``ShadowWorker`` thread (bounded
+queue, drops counted) which compares the outputs and latencies and decides its verdict
+(``client_sdk.shadow``). A failed candidate is cleared from the slot at once.
+
+Local rollback: ``client_sdk.health`` watches a newly active bundle; when it fails at run time
+the previous bundle is loaded and swapped in at once and made active on disk (no download), and
+the bad artifact is recorded as failed so the updater never installs it again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +39,24 @@ from typing import Any
 import numpy as np
 
 from client_sdk.backends import Arrays, Backend, open_backend
-from client_sdk.errors import BackendError, BackendUnavailableError, ModelNotLoadedError
+from client_sdk.clock import Clock, SystemClock
+from client_sdk.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ClientSDKError,
+    ModelNotLoadedError,
+)
 from client_sdk.events import Event, EventCallback, EventKind, emit
+from client_sdk.health import HealthMonitor, Policy
 from client_sdk.install import SHAPE_ROLE_PREFIX, Bundle, BundleStore, Member
+from client_sdk.shadow import FAILED, ShadowStore
+from client_sdk.shadow_worker import Session, ShadowWorker
+from client_sdk.telemetry import Outbox, update_report
 
 ACTIVE = "active"
 CANDIDATE = "candidate"
+# The lock the updater holds while it installs (runtime rollbacks take it to write the pointer).
+LOCK_NAME = ".updater.lock"
 BackendFactory = Callable[[Bundle, Member], Backend]
 
 
@@ -134,13 +158,29 @@ class ModelRuntime:
         on_event: EventCallback | None = None,
         breaker_threshold: int = 3,
         backend_factory: BackendFactory = open_backend,
+        clock: Clock | None = None,
+        shadow_queue: int = 8,
+        shadow_persist_every: int = 25,
+        health: Policy | None = None,
     ) -> None:
-        self.store = BundleStore(Path(data_dir))
+        """``shadow_queue``: samples waiting for the candidate before new ones are dropped;
+        ``shadow_persist_every``: samples between two writes of the shadow statistics;
+        ``health``: when a newly active bundle is rolled back (``client_sdk.health``)."""
+        self.data_dir = Path(data_dir)
+        self.store = BundleStore(self.data_dir)
         self._on_event = on_event
         self._threshold = breaker_threshold
         self._open = backend_factory
         self._slots: dict[tuple[str, str], LoadedModel] = {}
         self._swap_lock = threading.Lock()
+        self._rollback_lock = threading.Lock()
+        self.shadow_store = ShadowStore(self.data_dir)
+        self.clock = clock or SystemClock()
+        self.shadow = ShadowWorker(self.shadow_store, self.clock,
+                                   queue_size=shadow_queue, persist_every=shadow_persist_every,
+                                   on_decided=self._decided)
+        self.health = HealthMonitor(self.data_dir, health)
+        self.outbox = Outbox(self.data_dir)
 
     def prepare(self, bundle: Bundle) -> LoadedModel:
         """Load ``bundle`` (slow; off the inference path). Falls back to the CPU ONNX member
@@ -166,27 +206,62 @@ class ModelRuntime:
         )
 
     def swap(self, loaded: LoadedModel, slot: str = ACTIVE) -> LoadedModel | None:
-        """Make ``loaded`` serve ``slot`` of its model; returns what it replaced."""
-        key = (loaded.bundle.model, slot)
+        """Make ``loaded`` serve ``slot`` of its model; returns what it replaced. A candidate
+        whose artifact already failed shadow on this device is not taken."""
+        b = loaded.bundle
+        if slot == CANDIDATE and self.shadow_store.verdict(b.sha256) == FAILED:
+            self.clear(b.model, CANDIDATE)
+            return None
+        key = (b.model, slot)
         with self._swap_lock:
             old = self._slots.get(key)
             self._slots[key] = loaded
+            if slot == ACTIVE:
+                cand = self._slots.get((b.model, CANDIDATE))
+                if cand is not None and cand.bundle.bundle_id == b.bundle_id:
+                    del self._slots[(b.model, CANDIDATE)]  # promoted: no longer a candidate
+        if slot == CANDIDATE:
+            self.shadow.attach(loaded)
+        else:
+            session = self.shadow.session(b.model)
+            if session is not None and session.loaded.bundle.bundle_id == b.bundle_id:
+                self.shadow.detach(b.model)
+            self.health.swapped(b.model, b.bundle_id, b.sha256, b.version)
         return old
 
     def clear(self, model: str, slot: str = CANDIDATE) -> None:
         with self._swap_lock:
             self._slots.pop((model, slot), None)
+        if slot == CANDIDATE:
+            self.shadow.detach(model)
 
     def load_active(self, model: str) -> LoadedModel:
-        """Load and swap in the bundle the store's pointer names as active."""
-        bundle = self.store.active(model)
+        """Load and swap in the bundle the store's pointer names as active (and its candidate,
+        when it holds one still in shadow). A bundle crash-looping the app is rolled back."""
+        pointer = self.store.pointer(model)
+        bundle = self.store.active(model, pointer)
         if bundle is None:
             raise ModelNotLoadedError(
                 f"no active bundle for model {model!r}; run `modelfleet device update` first"
             )
         loaded = self.prepare(bundle)
         self.swap(loaded)
+        why = self.health.started(model, bundle.bundle_id, bundle.sha256, bundle.version)
+        if why is not None:
+            loaded = self._rollback(loaded, why) or loaded
+        if pointer.candidate and self.loaded(model, CANDIDATE) is None:
+            self._load_candidate(model, pointer.candidate)
         return loaded
+
+    def _load_candidate(self, model: str, bundle_id: str) -> None:
+        cand = self.store.find(model, bundle_id)
+        if cand is None or self.shadow_store.verdict(cand.sha256) == FAILED:
+            return
+        try:
+            self.swap(self.prepare(cand), CANDIDATE)
+        except ClientSDKError as e:
+            self.shadow_store.mark_failed(cand.sha256, model, cand.version,
+                                          f"candidate does not load: {e}")
 
     def loaded(self, model: str, slot: str = ACTIVE) -> LoadedModel | None:
         return self._slots.get((model, slot))
@@ -203,4 +278,86 @@ class ModelRuntime:
             if slot != ACTIVE:
                 raise ModelNotLoadedError(f"no {slot} bundle loaded for model {model!r}")
             loaded = self.load_active(model)
-        return loaded.run(inputs, shape_variant)
+        if slot != ACTIVE:
+            return loaded.run(inputs, shape_variant)
+        bid = loaded.bundle.bundle_id
+        t0 = time.perf_counter_ns()
+        try:
+            p = loaded.run(inputs, shape_variant)
+        except BackendError:
+            why = self.health.error(model, bid)
+            if why is not None:
+                self._rollback(loaded, why)
+            raise
+        us = (time.perf_counter_ns() - t0) // 1000
+        why = self.health.ok(model, bid, us)
+        if why is not None:
+            self._rollback(loaded, why)
+        if self.shadow.wants(model):
+            self.shadow.offer(model, inputs, p.outputs, us, shape_variant)
+        return p
+
+    # -- shadow verdicts and local rollback ---------------------------------------------
+
+    def _decided(self, model: str, session: Session) -> None:
+        """The shadow worker decided ``session``'s verdict: a failed candidate leaves its
+        slot at once (the updater deletes its bundle on its next cycle)."""
+        stats = session.stats
+        if stats.verdict == FAILED:
+            with self._swap_lock:
+                if self._slots.get((model, CANDIDATE)) is session.loaded:
+                    del self._slots[(model, CANDIDATE)]
+            emit(self._on_event, Event(EventKind.FAILED, model, stats.version,
+                                       f"candidate failed shadow mode: {stats.reason}"))
+        else:
+            emit(self._on_event, Event(EventKind.VERIFIED, model, stats.version,
+                                       "candidate passed shadow mode; waiting for promotion"))
+
+    def _rollback(self, bad: LoadedModel, reason: str) -> LoadedModel | None:
+        """Put the previous bundle back in place of ``bad`` (no download); returns it, or
+        None when there is no previous bundle to go back to."""
+        b = bad.bundle
+        with self._rollback_lock:
+            if self._slots.get((b.model, ACTIVE)) is not bad:
+                return self._slots.get((b.model, ACTIVE))  # another thread already did it
+            pointer = self.store.pointer(b.model)
+            prev = (self.store.find(b.model, pointer.previous)
+                    if pointer.active == b.bundle_id and pointer.previous else None)
+            if prev is None:
+                emit(self._on_event, Event(EventKind.FAILED, b.model, b.version,
+                                           f"{reason}; no previous bundle to roll back to"))
+                return None
+            self.shadow_store.mark_failed(b.sha256, b.model, b.version,
+                                          f"rolled back at run time: {reason}")
+            loaded = self.prepare(prev)
+            self.swap(loaded)
+            self.health.rolled_back(b.model, prev.bundle_id, prev.sha256, prev.version)
+            with _data_dir_lock(self.data_dir):
+                if self.store.pointer(b.model).active == b.bundle_id:
+                    self.store.activate(b.model, prev.bundle_id)
+            self.outbox.add(update_report(b.model, prev.version, prev.sha256, "rolled_back",
+                                          at=int(self.clock.time()), via="held",
+                                          reason=f"from {b.version}: {reason}"))
+        emit(self._on_event, Event(EventKind.ROLLED_BACK, b.model, prev.version,
+                                   f"{b.version} {reason}; rolled back"))
+        return loaded
+
+    def flush_shadow(self) -> None:
+        """Wait for the queued shadow samples and persist the statistics."""
+        self.shadow.flush()
+
+    def close(self) -> None:
+        """Finish the shadow work, persist it, and record a clean exit (crash-loop count)."""
+        self.shadow.close()
+        self.health.clean_exit()
+
+
+@contextlib.contextmanager
+def _data_dir_lock(data_dir: Path) -> Iterator[None]:
+    """The updater's install lock, waited for (a rollback must not race an install)."""
+    with open(data_dir / LOCK_NAME, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

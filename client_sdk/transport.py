@@ -1,6 +1,7 @@
 """The SDK's single I/O seam to the network: the ``Transport`` protocol and its ``Response``.
 
-Everything the updater downloads goes through ``Transport.fetch``. Tests swap in an in-memory
+Everything the updater downloads goes through ``Transport.fetch``; telemetry and enrolment
+go through ``Transport.post``. Tests swap in an in-memory
 repository simulator; production uses ``client_sdk.http.UrllibTransport``. Caps and deadlines
 are enforced by the caller while it iterates ``Response.chunks`` so every transport gets them.
 """
@@ -45,3 +46,8 @@ class Transport(Protocol):
     for ``UrllibTransport``, the wait for the response headers in total)."""
 
     def fetch(self, url: str, headers: Mapping[str, str], timeout: float) -> Response: ...
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str],
+             timeout: float) -> Response:
+        """POST ``body``; same status, error and timeout rules as ``fetch``."""
+        ...

@@ -54,6 +54,8 @@ from client_sdk.selection import (
     drops_candidate,
     select,
 )
+from client_sdk.shadow import FAILED, PENDING, ShadowStore
+from client_sdk.telemetry import Outbox, update_report
 from client_sdk.transport import Transport
 from client_sdk.trust import ChannelState, TrustedMetadata, TrustStore
 from manifests import Manifest
@@ -90,6 +92,7 @@ class ModelResult:
     error: str = ""  # exception class name when the outcome came from an error
     version: str = ""
     sha256: str = ""
+    verdict: str = ""  # candidates: the shadow verdict on this device (pending|passed|failed)
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,8 @@ class Updater:
         for note in self.store.recover_all():
             emit(config.on_event, Event(EventKind.ROLLED_BACK, reason=note))
         self.trusted = TrustedMetadata(config.pinned_root, self.trust_store.load_root())
+        self.shadow = ShadowStore(config.data_dir)
+        self.outbox = Outbox(config.data_dir)
         self._pointers: dict[str, Pointer] = {}  # this cycle's pointer per model (see _pointer)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -143,6 +148,13 @@ class Updater:
     def _event(self, kind: EventKind, model: str = "", version: str = "", reason: str = "",
                done: int = 0, total: int = 0) -> None:
         emit(self.config.on_event, Event(kind, model, version, reason, done, total))
+
+    def _telemetry(self, plan: Plan, event: str, via: str | None = None,
+                   nbytes: int | None = None, reason: str | None = None) -> None:
+        """Queue an update report (metrics only) for the next upload."""
+        self.outbox.add(update_report(
+            plan.model, plan.version, plan.sha256, event, at=int(self.config.clock.time()),
+            via=via, nbytes=nbytes, reason=reason, channel=self.config.channel))
 
     def _step(self, name: str) -> None:
         if self.config.fault_hook is not None:
@@ -255,24 +267,39 @@ class Updater:
         way = direction(plan, pointer, active_version)
         if way is Direction.CURRENT:
             return self._report(plan, way)
+        via = "held"
         try:
             bundle = self.store.find(model, plan.bundle_id)
             if bundle is None:
                 files = self.fetch(plan, self.store.held_files(model, pointer), deadline)
+                via, nbytes = self.downloader.how()
+                self._telemetry(plan, "downloaded", via, nbytes)
                 self.state = State.INSTALLING
                 bundle = self.store.stage(model, plan.version, files, compile_bundle)
+                self._telemetry(plan, "verified", via, nbytes)
                 if plan.slot == ACTIVE:
                     self._event(EventKind.STAGED, model, plan.version)
+            if plan.slot == CANDIDATE:
+                self.shadow.register(bundle.sha256, model, plan.version, _thresholds(plan))
             self._switch(bundle, plan.slot)
         except ClientSDKError as e:
+            self._telemetry(plan, "failed", reason=f"{type(e).__name__}: {e}")
             return self._report(plan, way, e)
+        if plan.slot == ACTIVE:
+            back = way is Direction.BACK
+            self._telemetry(plan, "rolled_back" if back else "activated", via)
         return self._report(plan, way)
 
     def _switch(self, bundle: Bundle, slot: str) -> None:
         """Load ``bundle`` in the runtime (off the inference path), point ``slot`` at it on
         disk (atomic), then swap it into the runtime's slot."""
         runtime = self.config.runtime
-        loaded = runtime.prepare(bundle) if runtime is not None else None
+        loaded = None
+        if runtime is not None:
+            held = runtime.loaded(bundle.model, CANDIDATE)
+            # A promoted candidate is already loaded: swap that very object in.
+            loaded = (held if slot == ACTIVE and held is not None
+                      and held.bundle.bundle_id == bundle.bundle_id else runtime.prepare(bundle))
         current = self._pointer(bundle.model)
         if slot == ACTIVE:
             new = self.store.activate(bundle.model, bundle.bundle_id, current)
@@ -287,23 +314,46 @@ class Updater:
         """The event and result of applying ``plan`` (``error``: why it failed)."""
         model, version, sha = plan.model, plan.version, plan.sha256
         candidate = plan.slot == CANDIDATE
+        verdict = (self.shadow.verdict(sha) or PENDING) if candidate else ""
         if error is not None:
             outcome = Outcome.REFUSED if isinstance(error, VERIFICATION_ERRORS) else Outcome.FAILED
             self._event(EventKind.FAILED, model, version,
                         f"candidate: {error}" if candidate else str(error))
             return ModelResult(model, outcome, str(error), type(error).__name__,
-                               version if candidate else "")
+                               version if candidate else "", verdict=verdict)
         if way is Direction.CURRENT:
             if not candidate:
                 self._event(EventKind.UP_TO_DATE, model, version)
-            return ModelResult(model, Outcome.UP_TO_DATE, version=version, sha256=sha)
+            return ModelResult(model, Outcome.UP_TO_DATE, version=version, sha256=sha,
+                               verdict=verdict)
         if candidate:
             self._event(EventKind.STAGED, model, version, "candidate (shadow mode)")
-            return ModelResult(model, Outcome.UPDATED, version=version, sha256=sha)
+            return ModelResult(model, Outcome.UPDATED, version=version, sha256=sha,
+                               verdict=verdict)
         back = way is Direction.BACK
         self._event(EventKind.ROLLED_BACK if back else EventKind.ACTIVE, model, version)
         return ModelResult(model, Outcome.ROLLED_BACK if back else Outcome.UPDATED,
                            version=version, sha256=sha)
+
+    def _without_failed(self, plans: tuple[Plan, ...]
+                        ) -> tuple[tuple[Plan, ...], list[ModelResult]]:
+        """Plans whose artifact did not fail on this device (shadow verdict, or a run-time
+        rollback): a failed artifact is never fetched or loaded again. The others come back
+        as results saying why (candidates with ``verdict`` "failed")."""
+        keep: list[Plan] = []
+        skipped: list[ModelResult] = []
+        for p in plans:
+            failed = self.shadow.failed(p.sha256)
+            held = self._pointer(p.model).active
+            if failed is None or (p.slot == ACTIVE and held == p.bundle_id):
+                keep.append(p)
+                continue
+            why = f"{p.version} failed on this device: {failed.reason or 'shadow verdict'}"
+            self._event(EventKind.REFUSED, p.model, p.version, why)
+            skipped.append(ModelResult(p.model, Outcome.REFUSED, why, version=p.version,
+                                       sha256=p.sha256,
+                                       verdict=FAILED if p.slot == CANDIDATE else ""))
+        return tuple(keep), skipped
 
     def _drop_stale_candidates(self, plans: tuple[Plan, ...]) -> None:
         """Models whose channel no longer offers a shadow release to this device lose their
@@ -333,12 +383,14 @@ class Updater:
             results = [ModelResult(r.model, Outcome.REFUSED, r.reason) for r in chosen.refused]
             for r in results:
                 self._event(EventKind.REFUSED, r.model, reason=r.reason)
-            self.downloader.gc(chosen.plans)
-            candidates: list[ModelResult] = []
-            for plan in chosen.plans:
+            plans, skipped = self._without_failed(chosen.plans)
+            self.downloader.gc(plans)
+            candidates: list[ModelResult] = [s for s in skipped if s.verdict]
+            results += [s for s in skipped if not s.verdict]
+            for plan in plans:
                 applied = self._apply(plan, deadline)
                 (candidates if plan.slot == CANDIDATE else results).append(applied)
-            self._drop_stale_candidates(chosen.plans)
+            self._drop_stale_candidates(plans)
         finally:
             self.state = State.IDLE
             self._pointers = {}
@@ -370,6 +422,19 @@ class Updater:
             if on_result is not None:
                 on_result(outcome)
             stop.wait(schedule.next_delay(ok))
+
+
+def _thresholds(plan: Plan) -> dict[str, int] | None:
+    """The release's shadow limits as stored with the candidate's statistics."""
+    t = plan.release.rollout.shadow
+    if t is None:
+        return None
+    out = {"max_kl_micro": t.max_kl_micro, "max_latency_p99_us": t.max_latency_p99_us,
+           "min_samples": t.min_samples}
+    duration = t.extra.get("min_duration_s")
+    if isinstance(duration, int) and not isinstance(duration, bool) and duration > 0:
+        out["min_duration_s"] = duration
+    return out
 
 
 @contextlib.contextmanager

@@ -3,8 +3,15 @@
     modelfleet device update --server URL --channel CH --root ROOT_JSON --data-dir DIR
         --device-id ID --platform P [--soc S --arch A --os-version V --app-version V]
         [--model NAME …] [--variant MODEL=VARIANT …] [--once] [--interval SECONDS]
+        [--enroll-token TOKEN]
     modelfleet device predict --data-dir DIR --model NAME --input X.npz
     modelfleet device status --data-dir DIR
+
+After each cycle the agent uploads its pending telemetry (signed by the device key; metrics
+only): it enrols once with ``--enroll-token`` (a token of scope ``enroll``); without one and
+never enrolled it still updates, it just cannot report (the reports wait in the bounded
+outbox). ``predict`` answers with the active bundle and feeds the candidate (shadow mode),
+persisting its statistics before it exits.
 
 JSON on stdout. Exit status: 0 when the cycle ran (up_to_date / updated / rolled_back, or an
 offer not meant for this device was refused); 1 on any verification failure (one-line reason on
@@ -24,7 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from client_sdk import ClientSDKError, Event, UpdateResult
+    from client_sdk import ClientSDKError, Event, UpdaterConfig, UpdateResult
     from client_sdk.install import BundleStore
 
 device_app = typer.Typer(no_args_is_help=True)
@@ -117,7 +124,8 @@ def _report(
               for m in result.models]
     reasons = [f"{m.model}: {m.reason}" for m in result.models if m.reason]
     candidates = [{"model": m.model, "outcome": m.outcome.value, "reason": m.reason,
-                   "error": m.error, "version": m.version, "sha256": m.sha256}
+                   "error": m.error, "version": m.version, "sha256": m.sha256,
+                   "verdict": m.verdict or "pending"}
                   for m in result.candidates]
     payload: dict[str, Any] = {"outcome": result.outcome.value, "serial": result.serial,
                "reason": "; ".join(reasons), "active": _active(store), "models": models,
@@ -150,6 +158,9 @@ def update(
     once: Annotated[bool, typer.Option(metavar="", help="Run one cycle and exit.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 300.0,
     deadline: Annotated[float, typer.Option(help="Overall deadline per cycle, seconds.")] = 900.0,
+    enroll_token: Annotated[str, typer.Option(
+        help="Enrolment token (scope enroll): enrols the device once to report telemetry.")
+    ] = "",
 ) -> None:
     """Run update cycles: verify the channel manifest, download, patch, compile, swap."""
     _keep_stdout_for_json()
@@ -185,6 +196,7 @@ def update(
         except ClientSDKError as e:
             outcome = e
         payload, code, reason = _report(outcome, updater.store)
+        payload["telemetry"] = _upload(cfg, enroll_token)
         if code:
             _fail(code, reason, payload)
         typer.echo(json.dumps(payload, sort_keys=True))
@@ -195,12 +207,33 @@ def update(
 
     def emit(result: UpdateResult | ClientSDKError) -> None:
         payload, _code, reason = _report(result, updater.store)
+        payload["telemetry"] = _upload(cfg, enroll_token)
         typer.echo(json.dumps(payload, sort_keys=True))
         if reason:
             typer.echo(f"error: {reason}", err=True)
 
     updater.run(stop, emit)
     typer.echo(json.dumps({"stopped": True, "active": _active(updater.store)}, sort_keys=True))
+
+
+def _upload(cfg: UpdaterConfig, token: str) -> dict[str, Any]:
+    """Enrol (once, with ``token``), collect and send the telemetry; never fails the cycle."""
+    from client_sdk import ClientSDKError, SystemClock, UrllibTransport
+    from client_sdk.telemetry import Reporter
+
+    try:
+        rep = Reporter(cfg.data_dir, cfg.base_url, cfg.transport or UrllibTransport(),
+                       cfg.device, SystemClock(), channel=cfg.channel,
+                       timeout=cfg.request_timeout_seconds)
+        enrolled_now = rep.enroll(token) if token and not rep.enrolled() else False
+        rep.collect()
+        r = rep.flush()
+    except ClientSDKError as e:
+        typer.echo(f"warning: telemetry: {' '.join(str(e).split())}", err=True)
+        return {"status": "error", "reason": " ".join(str(e).split())}
+    return {"status": r.status, "sent": r.sent, "duplicates": r.duplicates,
+            "pending": r.pending, "dropped": r.dropped, "enrolled": rep.enrolled(),
+            "enrolled_now": enrolled_now}
 
 
 def _store(data_dir: Path) -> BundleStore:
@@ -239,12 +272,20 @@ def predict(
             _fail(EXIT_VERIFICATION, f"active bundle of {model} fails its sha256 check; run "
                   "`modelfleet device update` to repair it")
         p = runtime.predict(model, inputs)
+        shadow = runtime.shadow.session(model)
     except ClientSDKError as e:
         # The whole message on one line: onnxruntime puts the useful part ("index: 2 Got: 32
         # Expected: 64") on the lines after the first.
         _fail(EXIT_OTHER, " ".join(str(e).split()))
         return
+    finally:
+        runtime.close()  # the candidate's sample is compared and its statistics persisted
     outputs = {k: {"shape": list(v.shape), "dtype": str(v.dtype), "data": v.tolist()}
                for k, v in p.outputs.items()}
-    typer.echo(json.dumps({"model": p.model, "version": p.version, "sha256": p.sha256,
-                           "backend": p.backend, "outputs": outputs}, sort_keys=True))
+    doc: dict[str, Any] = {"model": p.model, "version": p.version, "sha256": p.sha256,
+                           "backend": p.backend, "outputs": outputs}
+    if shadow is not None:
+        st = shadow.stats
+        doc["candidate"] = {"version": st.version, "sha256": st.sha256,
+                            "samples": st.samples, "verdict": st.verdict}
+    typer.echo(json.dumps(doc, sort_keys=True))

@@ -47,6 +47,19 @@ def _handler(sim: RepositorySimulator, redirect_blobs: bool) -> type[BaseHTTPReq
             self.end_headers()
             self.wfile.write(bytes(body))
 
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            headers = {k: v for k, v in self.headers.items()}
+            resp = sim.post(BASE + self.path, body, headers, 30)
+            data = b"".join(resp.chunks)
+            self.send_response(resp.status)
+            for k, v in resp.headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
     return Handler
 
 

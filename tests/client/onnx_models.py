@@ -12,17 +12,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 def scaled_model(
-    k: float, *, padding: int = 0, tweak: int = 0, use_padding: bool = False
+    k: float, *, padding: int = 0, tweak: int = 0, use_padding: bool = False, width: int = 4
 ) -> bytes:
     """A model computing y = x*k (x: float32[1,4]) plus the constant output tag=[k].
 
     ``padding`` adds an unused initializer of that many float32s (seeded, identical across
     calls) to make the file bigger for patch tests; ``tweak`` changes its first values, so two
     models differing only in ``k``/``tweak`` make a small bsdiff4 patch. ``use_padding`` adds
-    an output ``padsum`` so optimizers keep the padding (realistic compile cost).
+    an output ``padsum`` so optimizers keep the padding (realistic compile cost). ``width``:
+    the input's second dimension (a model the app's [1, 4] inputs do not fit fails to run).
     """
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])
     tag = helper.make_tensor_value_info("tag", TensorProto.FLOAT, [1])
     inits = [numpy_helper.from_array(np.array([k], dtype=np.float32), "k")]
     if padding:

@@ -7,8 +7,10 @@ it would over HTTP — ETag/304, Range/206/416 and 404 included.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
+import json
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -95,6 +97,7 @@ class RepositorySimulator:
         self.sign_with: list[SigningKey] | None = None  # None = the release keys
         self.fetches: list[Fetch] = []
         self.faults = Faults()
+        self.telemetry = TelemetrySink(clock)
         self.publish_root(1, self.root_keys, self.root_keys)
         self._names = itertools.count(1)
 
@@ -142,8 +145,10 @@ class RepositorySimulator:
                      sha256=sha, algorithm=algorithm)
 
     def release(self, version: str, artifacts: list[Artifact], *, share_ppm: int = 1_000_000,
-                filters: Filters | None = None, mode: str = "active") -> Release:
-        shadow = manifests.ShadowThresholds(1000, 10_000, 10) if mode == "shadow" else None
+                filters: Filters | None = None, mode: str = "active",
+                shadow: manifests.ShadowThresholds | None = None) -> Release:
+        if mode == "shadow" and shadow is None:
+            shadow = manifests.ShadowThresholds(1000, 10_000, 10)
         rollout = Rollout(share_ppm, f"salt-{version}", mode, filters or Filters(),  # type: ignore[arg-type]
                           shadow)
         return Release(version, rollout, artifacts)
@@ -231,7 +236,77 @@ class RepositorySimulator:
             self.clock.sleep(self.faults.slow_seconds_per_chunk)
             yield piece
 
+    def post(self, url: str, body: bytes, headers: Mapping[str, str],
+             timeout: float) -> Response:
+        status, reply, extra = self.telemetry.handle(urllib.parse.urlsplit(url).path, body,
+                                                     {k.lower(): v for k, v in headers.items()})
+        return self._response(status, json.dumps(reply).encode(), extra)
+
     # -- inspection ----------------------------------------------------------------------
 
     def fetched(self, prefix: str = "") -> list[Fetch]:
         return [f for f in self.fetches if f.path.startswith(prefix)]
+
+
+class TelemetrySink:
+    """The server's side of TELEMETRY_SPEC in miniature: enrolment with a token, signature
+    verification over the exact body, staleness, idempotent report ids; knobs to fail."""
+
+    def __init__(self, clock: FakeClock, token: str = "enroll-secret") -> None:
+        self.clock = clock
+        self.token = token
+        self.keys: dict[str, str] = {}          # device_id -> public key hex
+        self.reports: dict[str, dict[str, object]] = {}  # report id -> report
+        self.bodies: list[bytes] = []           # every telemetry body received
+        self.fail_next: list[int] = []          # statuses to answer (then store nothing)
+        self.lose_reply_next = 0                # store, but answer 503 (a lost reply)
+        self.duplicates = 0
+
+    def handle(self, path: str, body: bytes, headers: dict[str, str]
+               ) -> tuple[int, dict[str, object], dict[str, str]]:
+        if path == "/v1/devices/enroll":
+            if headers.get("authorization") != f"Bearer {self.token}":
+                return 401, {"code": "token_invalid"}, {}
+            doc = json.loads(body)
+            known = self.keys.get(doc["device_id"])
+            if known is not None and known != doc["public_key"]:
+                return 409, {"code": "device_key_mismatch"}, {}
+            self.keys[doc["device_id"]] = doc["public_key"]
+            return (200 if known else 201), {"device_id": doc["device_id"]}, {}
+        if path != "/v1/telemetry":
+            return 404, {}, {}
+        self.bodies.append(body)
+        if self.fail_next:
+            status = self.fail_next.pop(0)
+            return status, {"code": "unavailable"}, ({"retry-after": "5"} if status == 429
+                                                     else {})
+        import nacl.exceptions
+        import nacl.signing
+
+        device = headers.get("x-device-id", "")
+        key = self.keys.get(device)
+        if key is None:
+            return 401, {"code": "device_unknown"}, {}
+        try:
+            nacl.signing.VerifyKey(bytes.fromhex(key)).verify(
+                body, base64.b64decode(headers.get("x-device-signature", "")))
+        except (nacl.exceptions.BadSignatureError, ValueError):
+            return 401, {"code": "device_signature_invalid"}, {}
+        doc = json.loads(body)
+        if doc["device_id"] != device or abs(doc["sent_at"] - self.clock.time()) > 600:
+            return 401, {"code": "device_report_stale"}, {}
+        accepted = dups = 0
+        for r in doc["reports"]:
+            if r["id"] in self.reports:
+                dups += 1
+            else:
+                self.reports[r["id"]] = r
+                accepted += 1
+        self.duplicates += dups
+        if self.lose_reply_next:
+            self.lose_reply_next -= 1
+            return 503, {}, {}
+        return 200, {"accepted": accepted, "duplicates": dups}, {}
+
+    def of_kind(self, kind: str) -> list[dict[str, object]]:
+        return [r for r in self.reports.values() if r["kind"] == kind]

@@ -159,3 +159,54 @@ def test_native_library_output_on_fd1_does_not_corrupt_the_json_on_stdout():
                          timeout=60, check=True)
     assert out.stdout == '{"ok": true}\n'
     assert "LIBNATIVE: banner" in out.stderr
+
+
+def test_shadow_candidate_through_the_agent_enrols_reports_and_fails(served, tmp_path):
+    """`device update --enroll-token` enrols once and uploads; `device predict` answers with
+    the active bundle and feeds the candidate, persisting its statistics before exiting."""
+    from manifests import ShadowThresholds
+
+    sim, base, root = served
+    bad = scaled_model(3.0)
+    sim.publish("clf", [
+        sim.release("2.0", [sim.artifact(bad)], mode="shadow",
+                    shadow=ShadowThresholds(1000, 1_000_000, min_samples=2)),
+        sim.release("1.0", [sim.artifact(scaled_model(1.0))])])
+    data = tmp_path / "device"
+    token = sim.telemetry.token
+    first = cli(*update_args(base, root, data), "--once", "--enroll-token", token)
+    assert first.returncode == 0, first.stderr
+    out = json.loads(first.stdout)
+    assert out["active"][0]["version"] == "1.0"
+    assert [(c["model"], c["version"], c["verdict"]) for c in out["candidates"]] == [
+        ("clf", "2.0", "pending")]
+    assert out["telemetry"]["enrolled"] and out["telemetry"]["status"] == "ok"
+    assert list(sim.telemetry.keys) == ["edge-7"]
+
+    x = np.array([[0.5, -1.0, 2.0, 0.25]], dtype=np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    for n in (1, 2):
+        pred = cli("predict", "--data-dir", str(data), "--model", "clf", "--input",
+                   str(tmp_path / "x.npz"))
+        assert pred.returncode == 0, pred.stderr
+        body = json.loads(pred.stdout)
+        assert body["version"] == "1.0" and body["outputs"]["y"]["data"] == [x[0].tolist()]
+        assert body["candidate"]["samples"] == n
+    assert body["candidate"]["verdict"] == "failed"
+
+    again = json.loads(cli(*update_args(base, root, data), "--once").stdout)
+    assert [(c["version"], c["verdict"]) for c in again["candidates"]] == [("2.0", "failed")]
+    assert again["telemetry"]["status"] == "ok"  # enrolled before: no token needed now
+    summaries = {(r["samples"], r["verdict"]) for r in sim.telemetry.of_kind("shadow")}
+    assert summaries == {(0, "pending"), (2, "failed")}
+
+
+def test_agent_without_an_enrolment_token_still_updates(served, tmp_path):
+    sim, base, root = served
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(scaled_model(1.0))])])
+    run = cli(*update_args(base, root, tmp_path / "device"), "--once")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["active"][0]["version"] == "1.0"
+    assert out["telemetry"]["status"] == "not_enrolled" and out["telemetry"]["pending"] >= 2
+    assert sim.telemetry.bodies == []

@@ -1,0 +1,191 @@
+"""``ShadowWorker``: runs candidate models on the app's inputs, off the app's thread.
+
+``ModelRuntime.predict`` answers with the active model, then ``offer``s the input (with the
+active outputs and latency) here: a non-blocking put into a bounded queue — when the queue is
+full the sample is dropped and counted, so the app never waits for the candidate. One worker
+thread runs the candidate, compares (``client_sdk.shadow.compare``), aggregates into the
+candidate's ``ShadowStats``, persists them every ``persist_every`` samples and whenever the
+verdict is decided, and reports a decided verdict to ``on_decided``. ``flush`` waits until the
+queue is drained and persists everything (the CLI calls it before exiting).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from client_sdk.clock import Clock
+from client_sdk.errors import ModelNotLoadedError
+from client_sdk.shadow import PENDING, ShadowStats, ShadowStore, compare
+
+if TYPE_CHECKING:
+    from client_sdk.runtime import LoadedModel
+
+Decided = Callable[[str, "Session"], None]
+
+
+@dataclass
+class Session:
+    """One candidate under comparison: its loaded model and its stats."""
+
+    loaded: LoadedModel
+    stats: ShadowStats
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    dropped: int = 0  # drops since the last merge into stats (app thread, under ``lock``)
+    detached: bool = False
+
+
+_Item = tuple[Session, dict[str, np.ndarray[Any, Any]], dict[str, np.ndarray[Any, Any]], int,
+              str | None]
+
+
+class ShadowWorker:
+    """One thread, one bounded queue, the sessions by model (see the module docstring)."""
+
+    def __init__(self, store: ShadowStore, clock: Clock, *, queue_size: int,
+                 persist_every: int, on_decided: Decided) -> None:
+        self.store = store
+        self._clock = clock
+        self._q: queue.Queue[_Item | None] = queue.Queue(maxsize=max(queue_size, 1))
+        self._persist_every = max(persist_every, 1)
+        self._on_decided = on_decided
+        self._sessions: dict[str, Session] = {}
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    # -- sessions --------------------------------------------------------------------------
+
+    def attach(self, loaded: LoadedModel) -> Session | None:
+        """Start (or resume, from the persisted stats) comparing ``loaded`` as its model's
+        candidate; None when that artifact already has a verdict (nothing left to measure)."""
+        b = loaded.bundle
+        stats = self.store.load(b.sha256) or ShadowStats(b.sha256, b.model, b.version)
+        self.detach(b.model)
+        if stats.verdict != PENDING:
+            return None
+        session = Session(loaded, stats)
+        self._sessions[b.model] = session
+        self._ensure_thread()
+        return session
+
+    def detach(self, model: str) -> None:
+        old = self._sessions.pop(model, None)
+        if old is not None:
+            old.detached = True
+            self._persist(old)
+
+    def session(self, model: str) -> Session | None:
+        return self._sessions.get(model)
+
+    def wants(self, model: str) -> bool:
+        """True when ``model`` has a candidate still being measured (one dict read)."""
+        s = self._sessions.get(model)
+        return s is not None and s.stats.verdict == PENDING
+
+    # -- the app's side --------------------------------------------------------------------
+
+    def offer(self, model: str, inputs: Mapping[str, np.ndarray[Any, Any]],
+              outputs: Mapping[str, np.ndarray[Any, Any]], active_us: int,
+              shape_variant: str | None) -> bool:
+        """Queue one sample for the candidate without ever blocking; False when dropped."""
+        s = self._sessions.get(model)
+        if s is None or s.stats.verdict != PENDING:
+            return False
+        if self._q.full():
+            return self._drop(s)
+        # Copies: the app may reuse its buffers once predict returns.
+        item = (s, {k: np.array(v, copy=True) for k, v in inputs.items()},
+                {k: np.array(v, copy=True) for k, v in outputs.items()}, active_us,
+                shape_variant)
+        try:
+            self._q.put_nowait(item)
+        except queue.Full:
+            return self._drop(s)
+        return True
+
+    @staticmethod
+    def _drop(s: Session) -> bool:
+        with s.lock:
+            s.dropped += 1
+        return False
+
+    # -- the worker's side -----------------------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="modelfleet-shadow",
+                                                daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            try:
+                if item is None:
+                    return
+                self._process(*item)
+            finally:
+                self._q.task_done()
+
+    def _process(self, s: Session, inputs: dict[str, np.ndarray[Any, Any]],
+                 outputs: dict[str, np.ndarray[Any, Any]], active_us: int,
+                 shape_variant: str | None) -> None:
+        if s.detached or s.stats.verdict != PENDING:
+            return
+        t0 = time.perf_counter_ns()
+        try:
+            got = s.loaded.run(inputs, shape_variant).outputs
+        except ModelNotLoadedError:
+            return  # the candidate lacks that input-shape variant: not comparable
+        except Exception as e:
+            with s.lock:
+                s.stats.fail(f"candidate raised {type(e).__name__}: {e}")
+            self._decided(s)
+            return
+        cand_us = (time.perf_counter_ns() - t0) // 1000
+        sample = compare(outputs, got, active_us, cand_us)
+        now = int(self._clock.time())
+        with s.lock:
+            s.stats.add(sample, now)
+            verdict = s.stats.decide(now)
+            due = s.stats.samples % self._persist_every == 0
+        if verdict != PENDING:
+            self._decided(s)
+        elif due:
+            self._persist(s)
+
+    def _decided(self, s: Session) -> None:
+        self._persist(s)
+        self._on_decided(s.stats.model, s)
+
+    def _persist(self, s: Session) -> None:
+        with s.lock:
+            s.stats.dropped += s.dropped
+            s.dropped = 0
+            data = ShadowStats.from_dict(s.stats.to_dict())  # a copy: the worker goes on
+        self.store.save(data)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Wait until every queued sample is processed, then persist every session."""
+        if self._thread is not None and self._thread.is_alive():
+            self._q.join()
+        for s in list(self._sessions.values()):
+            self._persist(s)
+
+    def close(self) -> None:
+        """Drain, persist and stop the worker thread."""
+        self.flush()
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._q.put(None)
+            thread.join()
+        self._thread = None
