@@ -124,9 +124,12 @@ class ManifestCache:
         callers share one read: after an idle spell every connection's first poll misses at
         once, and each used to start its own (a queue of database reads behind the
         executor, seconds of p99 when reads are slow)."""
+        loop = asyncio.get_running_loop()
         pending = self._loading.get(channel)
-        if pending is None:
-            pending = asyncio.get_running_loop().run_in_executor(None, self.load_sync, channel)
+        # (A read begun on another event loop — a test client's per-request loop — is not
+        # awaited here: that loop may be gone before it completes.)
+        if pending is None or pending.get_loop() is not loop:
+            pending = loop.run_in_executor(None, self.load_sync, channel)
             self._loading[channel] = pending
 
             def done(future: asyncio.Future[CachedManifest]) -> None:
