@@ -34,6 +34,7 @@ class Scope(enum.StrEnum):
     publish = "publish"  # create models, upload versions
     rollout = "rollout"  # channels, releases, rollout changes
     admin = "admin"  # everything, including token management
+    enroll = "enroll"  # devices enrol their own key with it (POST /v1/devices/enroll), nothing else
 
 
 def hash_token(token: str, pepper: str = "") -> str:
@@ -60,7 +61,7 @@ def parse_scopes(values: Iterable[str]) -> list[str]:
         raise InvalidInputError(
             "a token needs at least one scope",
             field="scope",
-            fix="pass --scope publish (or rollout, admin)",
+            fix="pass --scope publish (or rollout, admin, enroll)",
         )
     return scopes
 

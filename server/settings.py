@@ -71,6 +71,15 @@ class Settings(BaseSettings):
     # Uploads streamed at once per server process; one more is a 503 with Retry-After.
     max_concurrent_uploads: int = Field(default=4, gt=0)
 
+    # Device telemetry (POST /v1/telemetry, docs/shadow.md): body cap, accepted clock skew
+    # of a batch's sent_at, per-device rate limit (requests/s and burst).
+    max_telemetry_body_bytes: int = Field(default=256 * 1024, gt=0)
+    telemetry_max_skew_seconds: int = Field(default=600, gt=0)
+    telemetry_rate_per_second: float = Field(default=10.0, gt=0)
+    telemetry_burst: int = Field(default=20, gt=0)
+    # POSTed a JSON event when the guard halts a rollout by itself; empty = no webhook.
+    halt_webhook_url: str = ""
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:

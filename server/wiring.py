@@ -33,6 +33,7 @@ from server.publish.keys import KeyPaths, load_release_key
 from server.publish.manifest_cache import ManifestCache
 from server.publish.patches import PatchScheduler
 from server.publish.publisher import PublishedManifest, Publisher
+from server.services.fleet.service import Fleet, make_fleet
 from server.services.rollouts import RolloutService
 from server.services.serving import current_manifest
 from server.settings import Settings
@@ -100,6 +101,7 @@ class Services(Core):
     job_queue: JobQueue
     patch_scheduler: PatchScheduler
     rollouts: RolloutService
+    fleet: Fleet  # device telemetry and the rollout guard (server/services/fleet/)
 
     def close(self) -> None:
         close = getattr(self.job_queue, "close", None)
@@ -124,7 +126,8 @@ def build_services(settings: Settings, *, blob_store: BlobStore | None = None,
     scheduler = PatchScheduler(base.session_factory, base.publisher, queue)
     return Services(base.settings, base.engine, base.session_factory, base.blob_store,
                     base.publisher, cache, queue, scheduler,
-                    RolloutService(base.session_factory, base.publisher, scheduler))
+                    RolloutService(base.session_factory, base.publisher, scheduler),
+                    make_fleet(base.settings, base.session_factory, base.publisher))
 
 
 def make_job_queue(base: Core) -> JobQueue:

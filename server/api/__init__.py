@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from server.api import audit, builds, devices, health, models, rollouts, serving, ui, versions
+from server.api import (
+    audit,
+    builds,
+    devices,
+    health,
+    models,
+    rollouts,
+    serving,
+    telemetry,
+    ui,
+    versions,
+)
 
 ROUTERS: list[APIRouter] = [
     health.router,
@@ -16,5 +27,6 @@ ROUTERS: list[APIRouter] = [
     serving.router,
     rollouts.router,
     devices.router,
+    telemetry.router,
     ui.router,
 ]

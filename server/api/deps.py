@@ -20,6 +20,7 @@ from server.jobs.interface import JobQueue
 from server.publish.manifest_cache import ManifestCache
 from server.publish.patches import PatchScheduler
 from server.publish.publisher import Publisher
+from server.services.fleet.service import Fleet
 from server.services.rollouts import RolloutService
 from server.settings import Settings
 from server.wiring import Services
@@ -73,6 +74,10 @@ def get_rollouts(services: ServicesDep) -> RolloutService:
     return services.rollouts
 
 
+def get_fleet(services: ServicesDep) -> Fleet:
+    return services.fleet
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
 # Closed when the route returns, before a streamed body is sent (file downloads): a long
@@ -84,6 +89,7 @@ PublisherDep = Annotated[Publisher, Depends(get_publisher)]
 ManifestCacheDep = Annotated[ManifestCache, Depends(get_manifest_cache)]
 PatchSchedulerDep = Annotated[PatchScheduler, Depends(get_patch_scheduler)]
 RolloutsDep = Annotated[RolloutService, Depends(get_rollouts)]
+FleetDep = Annotated[Fleet, Depends(get_fleet)]
 CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
@@ -173,5 +179,6 @@ TOKEN_SCOPES[any_token] = None
 
 PublishPrincipal = Annotated[Principal, Depends(require_scope(auth.Scope.publish.value))]
 RolloutPrincipal = Annotated[Principal, Depends(require_scope(auth.Scope.rollout.value))]
+EnrollPrincipal = Annotated[Principal, Depends(require_scope(auth.Scope.enroll.value))]
 AdminPrincipal = Annotated[Principal, Depends(require_scope(auth.Scope.admin.value))]
 TokenPrincipal = Annotated[Principal, Depends(any_token)]

@@ -11,8 +11,10 @@ POST/PUT/PATCH/DELETE the guard, in this order and before a byte of the body is 
 2. multipart uploads (routes with `File`/`Form` fields): takes one of
    `max_concurrent_uploads` slots (503 + `Retry-After` when none is free) and streams the body
    into the route under the whole-upload cap (413 once the cap is passed);
-3. every other body (JSON): at most `max_json_body_bytes` (413), read into memory, checked
-   for nesting depth (422, see `server.json_depth`) and then handed to the route.
+3. every other body (JSON): at most `max_json_body_bytes` (413) — or the route's own cap,
+   named by its `openapi_extra` "x-max-body-setting" (device telemetry: 256 KiB) — read into
+   memory, checked for nesting depth (422, see `server.json_depth`) and then handed to the
+   route.
 
 Installed by one line in the app factory, `install_request_guard(app, settings, ROUTERS)`,
 which also documents the guard's answers (413, and 422 or 503) on every operation with a
@@ -56,6 +58,9 @@ class RouteRule:
     token: bool  # any valid token at least
     scope: str | None  # and this scope (None: any scope)
     upload: bool  # multipart with files: streamed, capped, counted
+    # The Settings field holding this route's own JSON body cap (`openapi_extra`
+    # "x-max-body-setting"); None: max_json_body_bytes.
+    cap_setting: str | None = None
 
 
 def route_rule(route: APIRoute) -> RouteRule:
@@ -71,7 +76,18 @@ def route_rule(route: APIRoute) -> RouteRule:
         upload = upload or any(isinstance(p.field_info, params.Form)
                                for p in dependant.body_params)
         stack.extend(dependant.dependencies)
-    return RouteRule(route, token, scope, upload)
+    extra = route.openapi_extra or {}
+    cap_setting = extra.get("x-max-body-setting")
+    return RouteRule(route, token, scope, upload,
+                     cap_setting if isinstance(cap_setting, str) else None)
+
+
+def json_cap(settings: Settings, rule: RouteRule | None) -> int:
+    """The route's JSON body cap: its own setting when it names one."""
+    if rule is not None and rule.cap_setting is not None:
+        cap: int = getattr(settings, rule.cap_setting)
+        return cap
+    return settings.max_json_body_bytes
 
 
 def _api_routes(routers: Sequence[APIRouter]) -> Iterator[APIRoute]:
@@ -127,7 +143,7 @@ class RequestGuard:
     def __init__(self, app: ASGIApp, *, settings: Settings, routers: Sequence[APIRouter]) -> None:
         self.app = app
         self.routers = list(routers)
-        self.json_cap = settings.max_json_body_bytes
+        self.settings = settings
         self.upload_cap = upload_cap(settings)
         self.max_uploads = settings.max_concurrent_uploads
         self.pepper = settings.token_pepper
@@ -147,7 +163,7 @@ class RequestGuard:
         if rule is not None and rule.upload:
             await self._upload(scope, receive, send)
         else:
-            await self._json(scope, receive, send)
+            await self._json(scope, receive, send, json_cap(self.settings, rule))
 
     # ------------------------------------------------------------------ routing and auth
 
@@ -176,10 +192,10 @@ class RequestGuard:
 
     # ------------------------------------------------------------------ bodies
 
-    async def _json(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _json(self, scope: Scope, receive: Receive, send: Send, cap: int) -> None:
         declared = _declared_length(scope)
-        if declared is not None and declared > self.json_cap:
-            await self._too_large(send, self.json_cap)
+        if declared is not None and declared > cap:
+            await self._too_large(send, cap)
             return
         chunks: list[bytes] = []
         size = 0
@@ -189,8 +205,8 @@ class RequestGuard:
                 return  # the client went away
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.json_cap:
-                await self._too_large(send, self.json_cap)
+            if size > cap:
+                await self._too_large(send, cap)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -277,7 +293,7 @@ def install_request_guard(app: FastAPI, settings: Settings,
     app.add_middleware(RequestGuard, settings=settings, routers=routers)
     build = app.openapi
     rules = [route_rule(r) for r in _api_routes(routers)]
-    json_cap, uploads = settings.max_json_body_bytes, upload_cap(settings)
+    uploads = upload_cap(settings)
 
     def openapi() -> dict[str, Any]:
         spec = build()
@@ -293,7 +309,9 @@ def install_request_guard(app: FastAPI, settings: Settings,
                     responses.setdefault("503", _doc("Too many uploads at once; see Retry-After"))
                 else:
                     responses.setdefault("422", _doc("Invalid input: `field` names it"))
-                operation["x-max-body-bytes"] = uploads if rule.upload else json_cap
+                operation.pop("x-max-body-setting", None)
+                operation["x-max-body-bytes"] = (uploads if rule.upload
+                                                 else json_cap(settings, rule))
         return spec
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override hook

@@ -5,7 +5,7 @@ Every change is audited and answered with the serial of the new signed manifest.
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
@@ -14,8 +14,10 @@ import manifests
 from server.api.deps import RolloutPrincipal, RolloutsDep, TokenPrincipal
 from server.api.errors import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
 from server.publish import rollouts as ro
+from server.publish.errors import InvalidRolloutError
 from server.publish.preview import profile_from_dict
 from server.publish.rules import MAX_DEVICE_IDS_PER_LIST, ppm_to_percentage
+from server.services.fleet.health import RolloutHealth
 from server.services.rollouts import ChannelSummary
 
 router = APIRouter(prefix="/v1", tags=["rollouts"])
@@ -63,6 +65,22 @@ class ShadowIn(BaseModel):
     min_samples: int = Field(ge=0, le=2**31)
 
 
+class GuardIn(BaseModel):
+    """When the server halts the rollout by itself (docs/shadow.md "The guard")."""
+
+    min_devices: int = Field(default=5, ge=1, le=1_000_000,
+                             description="reporting devices needed before the guard judges")
+    max_fail_share: float = Field(default=0.2, ge=0, le=1,
+                                  description="halt when failed / reporting reaches this")
+    max_latency_p99_us: int | None = Field(
+        default=None, ge=0, le=2**53,
+        description="a device whose candidate p99 exceeds this counts as failed")
+
+    def rule(self) -> ro.GuardRule:
+        return ro.GuardRule(self.min_devices, round(self.max_fail_share * 1_000_000),
+                            self.max_latency_p99_us)
+
+
 class RolloutCreate(BaseModel):
     model: str = Field(max_length=64)
     version: str = Field(max_length=64)
@@ -74,16 +92,45 @@ class RolloutCreate(BaseModel):
         default=False,
         description="release a failed version whose portable onnx build passed: devices of "
         "the failed platforms get the onnx artifact (listed as the release's failed_platforms)")
+    guard: GuardIn = GuardIn()
+    auto_promote: bool = Field(default=False, description="a shadow rollout whose fleet "
+                               "verdict passes turns active by itself")
 
     def spec(self) -> ro.RolloutSpec:
         shadow = None if self.shadow is None else manifests.ShadowThresholds(
             **self.shadow.model_dump())
         return ro.RolloutSpec(self.model, self.version, self.percentage, self.mode,
-                              self.filters.to_filters(), shadow, self.allow_failed_platforms)
+                              self.filters.to_filters(), shadow, self.allow_failed_platforms,
+                              self.guard.rule(), self.auto_promote)
 
 
 class RampIn(BaseModel):
-    percentage: Percentage
+    percentage: Percentage | None = None
+    mode: Literal["active"] | None = Field(
+        default=None, description='"active" promotes a shadow rollout (devices holding the '
+        "candidate swap it in)")
+
+
+class DeviceCounts(BaseModel):
+    offered: int
+    downloaded: int
+    shadow: int
+    passed: int
+    failed: int
+    active: int
+    rolled_back: int
+
+
+class HealthPublic(BaseModel):
+    """What the devices reported, each device once (its latest reports)."""
+
+    devices: DeviceCounts
+    kl_micro: dict[str, int | None] = Field(description="p50, p99 of the devices' mean KL "
+                                            "(×10^6); max of their max")
+    latency_p99_us: dict[str, int | None] = Field(
+        description="active_p50, candidate_p50 (medians), candidate_p99 (p99 over devices)")
+    guard: GuardIn
+    auto_promote: bool
 
 
 class ReasonIn(BaseModel):
@@ -113,6 +160,7 @@ class RolloutPublic(BaseModel):
         "(allow_failed_platforms); their devices run the portable onnx artifact")
     serial: int | None = Field(description="serial of the manifest this change published "
                                "(null when the change was a no-op)")
+    health: HealthPublic | None = Field(default=None, description="GET /v1/rollouts/{id} only")
 
 
 class DeviceIn(BaseModel):
@@ -202,15 +250,41 @@ def start_rollout(channel: ChannelName, body: RolloutCreate, principal: RolloutP
 @router.get("/rollouts/{rollout_id}", responses={**AUTH_ERRORS, **NOT_FOUND})
 def get_rollout(rollout_id: RolloutId, rollouts: RolloutsDep,
                 _principal: TokenPrincipal) -> RolloutPublic:
-    return _public(rollouts.get(rollout_id))
+    """The rollout with its `health`: devices offered / downloaded / in shadow / passed /
+    failed / active / rolled back, divergence and latency distributions, and its guard."""
+    public = _public(rollouts.get(rollout_id))
+    public.health = _health(rollouts.health(rollout_id))
+    return public
+
+
+def _health(h: RolloutHealth) -> HealthPublic:
+    return HealthPublic(
+        devices=DeviceCounts(offered=h.offered, downloaded=h.downloaded, shadow=h.shadow,
+                             passed=h.passed, failed=h.failed, active=h.active,
+                             rolled_back=h.rolled_back),
+        kl_micro=h.kl_micro, latency_p99_us=h.latency_p99_us,
+        guard=GuardIn(min_devices=h.guard.min_devices,
+                      max_fail_share=h.guard.max_fail_share_ppm / 1_000_000,
+                      max_latency_p99_us=h.guard.max_latency_p99_us),
+        auto_promote=h.auto_promote)
 
 
 @router.patch("/rollouts/{rollout_id}", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT,
                                                     **INVALID})
 def ramp_rollout(rollout_id: RolloutId, body: RampIn, principal: RolloutPrincipal,
                  rollouts: RolloutsDep) -> RolloutPublic:
-    """Change the share (ramp up or down). 409 on a halted or paused rollout."""
-    return _public(rollouts.ramp(rollout_id, body.percentage, actor=principal.actor))
+    """Change the share (ramp up or down; 409 on a halted or paused rollout) and/or, with
+    `"mode": "active"`, promote a shadow rollout."""
+    if body.percentage is None and body.mode is None:
+        raise InvalidRolloutError("nothing to change", field="percentage",
+                                  fix='send {"percentage": 25} or {"mode": "active"}')
+    view = None
+    if body.mode == "active":
+        view = rollouts.promote(rollout_id, actor=principal.actor)
+    if body.percentage is not None:
+        view = rollouts.ramp(rollout_id, body.percentage, actor=principal.actor)
+    assert view is not None
+    return _public(view)
 
 
 @router.post("/rollouts/{rollout_id}/pause", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT})

@@ -33,7 +33,8 @@ def _open(data_dir: Path) -> tuple[Settings, sessionmaker[Session]]:
 
 @tokens_app.command("create")
 def create(
-    scope: Annotated[list[str], typer.Option("--scope", help="publish, rollout or admin; repeat")],
+    scope: Annotated[list[str], typer.Option(
+        "--scope", help="publish, rollout, admin or enroll (devices); repeat")],
     data_dir: DataDir = Path("data"),
     name: Annotated[str, typer.Option("--name", help="Who or what the token is for")] = "",
     as_json: Annotated[bool, typer.Option("--json", metavar="",

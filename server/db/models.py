@@ -27,6 +27,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -295,6 +296,14 @@ class Release(Base):
     shadow_max_kl_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     shadow_max_latency_p99_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     shadow_min_samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The fleet guard (server/services/fleet/guard.py): halt when the failed share of the
+    # reporting devices reaches max_fail_share (ppm) among at least min_devices of them.
+    guard_min_devices: Mapped[int] = mapped_column(Integer, default=5, server_default="5")
+    guard_max_fail_share_ppm: Mapped[int] = mapped_column(Integer, default=200_000,
+                                                          server_default="200000")
+    guard_max_latency_p99_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    auto_promote: Mapped[bool] = mapped_column(Boolean, default=False,
+                                               server_default=false())
     state: Mapped[ReleaseState] = mapped_column(_enum(ReleaseState), default=ReleaseState.active)
     state_reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -337,12 +346,49 @@ class RootDocument(Base):
 
 
 class Device(Base):
+    """A device of the fleet: enrolled with its own Ed25519 key (server/services/fleet/), kept
+    current by its telemetry (last seen, the versions it runs)."""
+
     __tablename__ = "devices"
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     profile: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     first_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    # Raw 32-byte Ed25519 public key as 64 hex, and its keyid (sha256 hex of the raw key).
+    public_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    keyid: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    enrolled_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # {model: version} the device last reported active.
+    active_versions: Mapped[dict[str, str]] = mapped_column(JSON, default=dict,
+                                                            server_default="{}")
+
+
+class DeviceRelease(Base):
+    """One device's standing on one release, from its latest reports: what the rollout health
+    and the guard count (each device once)."""
+
+    __tablename__ = "device_releases"
+    __table_args__ = (Index("ix_device_releases_release_id_verdict", "release_id", "verdict"),)
+
+    device_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    release_id: Mapped[int] = mapped_column(ForeignKey("releases.id"), primary_key=True)
+    # Latest update event (downloaded | verified | activated | rolled_back | failed), its time.
+    event: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    event_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    downloaded: Mapped[bool] = mapped_column(Boolean, default=False)
+    rolled_back: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Latest shadow summary: verdict (pending | passed | failed) and its figures.
+    verdict: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    shadow_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    samples: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    kl_mean_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    kl_max_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    active_p50_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    candidate_p50_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    candidate_p99_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class TelemetryEvent(Base):
@@ -354,6 +400,8 @@ class TelemetryEvent(Base):
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    # The device's random id of the report (32 hex): a report sent twice is stored once.
+    report_id: Mapped[str | None] = mapped_column(String(32), nullable=True, unique=True)
     device_id: Mapped[str] = mapped_column(String(128), index=True)
     release_id: Mapped[int | None] = mapped_column(ForeignKey("releases.id"), nullable=True)
     model: Mapped[str] = mapped_column(String(64), default="")

@@ -26,6 +26,7 @@ from server.publish.errors import (
     InvalidRolloutError,
     RolloutExistsError,
     RolloutNotFoundError,
+    RolloutStateError,
     VersionNotFoundError,
     VersionNotReadyError,
 )
@@ -54,6 +55,17 @@ class RolloutView:
 
 
 @dataclass(frozen=True)
+class GuardRule:
+    """When the server halts a release by itself (docs/shadow.md "The guard"): the failed
+    share of the reporting devices reaches `max_fail_share_ppm` among at least
+    `min_devices`; a device whose candidate p99 passes `max_latency_p99_us` counts as failed."""
+
+    min_devices: int = 5
+    max_fail_share_ppm: int = 200_000
+    max_latency_p99_us: int | None = None
+
+
+@dataclass(frozen=True)
 class RolloutSpec:
     """A request to start a release on a channel (validated by `start_rollout`)."""
 
@@ -66,6 +78,10 @@ class RolloutSpec:
     # Release a version whose portable ONNX artifact passed although other platforms failed;
     # devices of the failed platforms get the portable artifact. Never implied.
     allow_failed_platforms: bool = False
+    guard: GuardRule = field(default_factory=GuardRule)
+    # A shadow release whose fleet verdict passes turns active by itself (server guard).
+    auto_promote: bool = False
+
 
 
 def version_row(session: Session, model: str, version: str) -> db.ModelVersion:
@@ -235,6 +251,10 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
             shadow_max_kl_micro=spec.shadow.max_kl_micro if spec.shadow else None,
             shadow_max_latency_p99_us=spec.shadow.max_latency_p99_us if spec.shadow else None,
             shadow_min_samples=spec.shadow.min_samples if spec.shadow else None,
+            guard_min_devices=spec.guard.min_devices,
+            guard_max_fail_share_ppm=spec.guard.max_fail_share_ppm,
+            guard_max_latency_p99_us=spec.guard.max_latency_p99_us,
+            auto_promote=spec.auto_promote,
         )
         session.add(release)
         session.flush()
@@ -325,6 +345,25 @@ def halt_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int
         return True
 
     return _change_rollout(factory, pub, rollout_id, "rollout.halt", apply, actor=actor,
+                           reason=reason)
+
+
+def promote_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
+                    actor: str, reason: str = "") -> RolloutView:
+    """Shadow → active: devices holding a candidate that passed swap it in, no download.
+    Promoting an active rollout changes nothing; a halted one is refused (409)."""
+
+    def apply(release: db.Release) -> bool:
+        if release.state is db.ReleaseState.halted:
+            raise RolloutStateError(
+                "this rollout is halted (rolled back); a halted release cannot be promoted — "
+                "fix the model and start a new rollout")
+        if release.mode is db.RolloutMode.active:
+            return False
+        release.mode = db.RolloutMode.active
+        return True
+
+    return _change_rollout(factory, pub, rollout_id, "rollout.promote", apply, actor=actor,
                            reason=reason)
 
 

@@ -31,6 +31,7 @@ from server.publish.publisher import (
 )
 from server.publish.records import RolloutRecord
 from server.publish.rules import check_filters, percentage_to_ppm, release_salt
+from server.services.fleet.health import RolloutHealth, rollout_health
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,14 @@ class RolloutService:
 
     def halt(self, rollout_id: int, *, actor: str, reason: str) -> ro.RolloutView:
         return ro.halt_rollout(self._sf, self._pub, rollout_id, actor=actor, reason=reason)
+
+    def promote(self, rollout_id: int, *, actor: str) -> ro.RolloutView:
+        return ro.promote_rollout(self._sf, self._pub, rollout_id, actor=actor)
+
+    def health(self, rollout_id: int) -> RolloutHealth:
+        with self._sf() as session:
+            ro.get_rollout(session, rollout_id)  # RolloutNotFoundError
+            return rollout_health(session, rollout_id)
 
     def pin(self, rollout_id: int, device_ids: Sequence[str], *, deny: bool,
             actor: str) -> ro.RolloutView:

@@ -1,0 +1,141 @@
+"""The fleet guard: after each telemetry batch that brought a final verdict, a failure or a
+rollback, the releases it touched are judged from every device's latest standing (each device
+once). Failed share >= max_fail_share among >= min_devices reporting devices halts the
+release at once (`halt_rollout(..., actor="system")`: a new signed manifest with a higher
+serial and an audit event with the reason) and POSTs the halt to the webhook when one is
+configured. A shadow release whose fleet verdict passes, and that asked for `auto_promote`,
+is promoted to active (devices holding the candidate swap it in)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.request
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.db import models as db
+from server.publish import rollouts as ro
+from server.publish.publisher import Publisher
+from server.services.fleet.health import Standing, rule_of, standings
+
+log = logging.getLogger("modelfleet.fleet")
+WEBHOOK_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Judgement:
+    reporting: int
+    failing: int
+    decision: Literal["halt", "pass", "wait"]
+    reason: str
+
+
+def judge(rule: ro.GuardRule, devices: Sequence[Standing]) -> Judgement:
+    """A device reports once it has a final shadow verdict, activated, failed or rolled back;
+    it fails on a failed verdict, a failed update, a rollback, or a candidate p99 over the
+    rule's latency budget."""
+    reporting = failing = 0
+    for d in devices:
+        if not (d.verdict in ("passed", "failed") or d.rolled_back
+                or d.event in ("activated", "failed", "rolled_back")):
+            continue
+        reporting += 1
+        slow = (rule.max_latency_p99_us is not None and d.candidate_p99_us is not None
+                and d.candidate_p99_us > rule.max_latency_p99_us)
+        if d.verdict == "failed" or d.rolled_back or d.event in ("failed", "rolled_back") or slow:
+            failing += 1
+    share = f"{failing} of {reporting} reporting devices failed"
+    limit = f"{rule.max_fail_share_ppm / 10_000:g}%"
+    if reporting < rule.min_devices:
+        return Judgement(reporting, failing, "wait",
+                         f"{share}; waiting for {rule.min_devices} reporting devices")
+    if failing * 1_000_000 >= rule.max_fail_share_ppm * reporting:
+        return Judgement(reporting, failing, "halt",
+                         f"guard: {share} ({failing * 100 / reporting:.1f}% >= {limit})")
+    return Judgement(reporting, failing, "pass",
+                     f"guard: {share} ({failing * 100 / reporting:.1f}% < {limit})")
+
+
+@dataclass(frozen=True)
+class GuardAction:
+    rollout_id: int
+    action: Literal["halted", "promoted"]
+    reason: str
+    serial: int | None
+    channel: str
+
+
+class FleetGuard:
+    """See the module docstring. The manifests it publishes reach the manifest cache through
+    the publisher's "published" event, like every other change."""
+
+    def __init__(self, factory: sessionmaker[Session], publisher: Publisher, *,
+                 webhook_url: str = "") -> None:
+        self.factory = factory
+        self.publisher = publisher
+        self.webhook_url = webhook_url
+
+    def evaluate(self, rollout_ids: Iterable[int]) -> list[GuardAction]:
+        actions = []
+        for rollout_id in sorted(set(rollout_ids)):
+            action = self._evaluate_one(rollout_id)
+            if action is not None:
+                actions.append(action)
+        return actions
+
+    def _evaluate_one(self, rollout_id: int) -> GuardAction | None:
+        with self.factory() as session:
+            release = session.get(db.Release, rollout_id)
+            if release is None or release.state is db.ReleaseState.halted:
+                return None
+            verdict = judge(rule_of(release), standings(session, rollout_id))
+            promote = (verdict.decision == "pass" and release.auto_promote
+                       and release.mode is db.RolloutMode.shadow
+                       and release.state is db.ReleaseState.active)
+        if verdict.decision == "halt":
+            view = ro.halt_rollout(self.factory, self.publisher, rollout_id, actor="system",
+                                   reason=verdict.reason)
+            action = GuardAction(rollout_id, "halted", verdict.reason, view.serial, view.channel)
+            if view.serial is not None:  # this request's halt (a concurrent one is a no-op)
+                log.warning("rollout %d halted: %s", rollout_id, verdict.reason)
+                self._notify(action, view)
+            return action
+        if promote:
+            view = ro.promote_rollout(self.factory, self.publisher, rollout_id,
+                                      actor="system", reason=verdict.reason)
+            return GuardAction(rollout_id, "promoted", verdict.reason, view.serial,
+                               view.channel)
+        return None
+
+    def _notify(self, action: GuardAction, view: ro.RolloutView) -> None:
+        if not self.webhook_url:
+            return
+        body = json.dumps({
+            "event": "rollout.halted", "rollout_id": action.rollout_id,
+            "channel": action.channel, "model": view.record.model,
+            "version": view.record.version, "reason": action.reason, "serial": action.serial,
+            "actor": "system"}).encode()
+        threading.Thread(target=post_webhook, args=(self.webhook_url, body),
+                         name="halt-webhook", daemon=True).start()
+
+
+def post_webhook(url: str, body: bytes) -> bool:
+    """POSTs `body` (JSON); False (logged) when the receiver fails or cannot be reached."""
+    if not url.startswith(("http://", "https://")):
+        log.error("halt webhook %r is not an http(s) URL; not called", url)
+        return False
+    request = urllib.request.Request(url, data=body, method="POST",  # noqa: S310 - http(s) only
+                                     headers={"Content-Type": "application/json",
+                                              "User-Agent": "modelfleet-guard"})
+    try:
+        with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:  # noqa: S310
+            status: int = response.status
+            return 200 <= status < 300
+    except (OSError, ValueError) as e:
+        log.error("halt webhook %s failed: %s", url, e)
+        return False

@@ -1,0 +1,288 @@
+"""Telemetry ingestion (`POST /v1/telemetry`): the body (already capped by the request guard)
+is verified against the device's enrolled key before a byte of it is parsed, then rate
+limited per device, parsed strictly (server/services/fleet/reports.py), checked for
+staleness and stored in one transaction:
+
+- the device row: refused (401) if revoked — checked in the same transaction, so nothing of a
+  revoked device's batch is stored; `last_seen_at` and the versions it runs kept current;
+- every report as one `telemetry_events` row, bulk inserted with ON CONFLICT (report_id) DO
+  NOTHING — a report sent twice is stored once and counted as a duplicate;
+- the device's standing per release (`device_releases`), one upsert per release, from the
+  new reports only: what rollout health and the guard count, each device once.
+
+No ORM object is made per report: Core inserts of plain dicts.
+"""
+
+from __future__ import annotations
+
+import binascii
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, case, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.db import models as db
+from server.errors import AuthenticationError, InvalidInputError, ServiceError
+from server.services.fleet.identity import DEVICE_ID, DeviceKeys, DeviceUnknownError
+from server.services.fleet.reports import (
+    Batch,
+    HealthReport,
+    ShadowReport,
+    UpdateReport,
+    parse_batch,
+)
+
+SIGNATURE_FIX = ("send X-Device-Id and X-Device-Signature: standard base64 of the Ed25519 "
+                 "signature over the exact body bytes")
+RELEASE_CACHE_SECONDS = 5.0
+FAILING_EVENTS = ("failed", "rolled_back")
+
+
+class DeviceRevokedAuthError(AuthenticationError):
+    code = "device_revoked"
+
+
+class DeviceSignatureMissingError(AuthenticationError):
+    code = "device_signature_invalid"
+
+
+class StaleReportError(AuthenticationError):
+    code = "device_report_stale"
+
+
+class RateLimitedError(ServiceError):
+    status_code = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: int, fix: str) -> None:
+        super().__init__(message, fix=fix)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    accepted: int
+    duplicates: int
+    # Releases whose guard may have changed (a new final verdict, failure or rollback).
+    judged: frozenset[int]
+
+
+class RateLimiter:
+    """A token bucket per device: `rate` requests per second, bursts of `burst`."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic):
+        self.rate, self.burst, self.clock = rate, float(burst), clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, device_id: str) -> float:
+        """0 when the request may go on, else the seconds until it may."""
+        now = self.clock()
+        with self._lock:
+            tokens, last = self._buckets.get(device_id, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - last) * self.rate)
+            if tokens < 1.0:
+                self._buckets[device_id] = (tokens, now)
+                return (1.0 - tokens) / self.rate
+            self._buckets[device_id] = (tokens - 1.0, now)
+            return 0.0
+
+
+def _insert(conn: Connection, table: Any) -> Any:
+    return (postgresql.insert(table) if conn.dialect.name == "postgresql"
+            else sqlite.insert(table))
+
+
+def decode_signature(value: str | None) -> bytes:
+    if not value:
+        raise DeviceSignatureMissingError("missing X-Device-Signature header", fix=SIGNATURE_FIX)
+    try:
+        signature = binascii.a2b_base64(value.encode("ascii"), strict_mode=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        signature = b""
+    if len(signature) != 64:
+        raise DeviceSignatureMissingError("X-Device-Signature is not a base64 Ed25519 signature",
+                                          fix=SIGNATURE_FIX)
+    return signature
+
+
+class TelemetryIngest:
+    """See the module docstring. One per API process (the key cache and buckets live here)."""
+
+    def __init__(self, factory: sessionmaker[Session], *, rate_per_s: float, burst: int,
+                 max_skew_s: int, clock: Callable[[], float] = time.time) -> None:
+        self.factory = factory
+        self.keys = DeviceKeys(factory)
+        self.limiter = RateLimiter(rate_per_s, burst)
+        self.max_skew_s = max_skew_s
+        self.clock = clock
+        self._releases: dict[tuple[str, str], tuple[float, list[tuple[str, int, bool]]]] = {}
+
+    def ingest(self, device_id: str | None, signature: str | None, body: bytes) -> IngestResult:
+        if not device_id or not DEVICE_ID.fullmatch(device_id):
+            raise DeviceUnknownError("missing or malformed X-Device-Id header",
+                                     fix=SIGNATURE_FIX)
+        self.keys.verify(device_id, body, decode_signature(signature))
+        wait = self.limiter.take(device_id)
+        if wait > 0:
+            seconds = max(1, int(wait + 0.999))
+            raise RateLimitedError(
+                f"device {device_id!r} sends faster than {self.limiter.rate:g} requests/s",
+                retry_after=seconds, fix=f"batch reports and retry after {seconds} s")
+        batch = parse_batch(body)
+        if batch.device_id != device_id:
+            raise InvalidInputError("device_id in the body differs from X-Device-Id",
+                                    field="device_id", fix="send the same device id in both")
+        now = self.clock()
+        if abs(batch.sent_at - now) > self.max_skew_s:
+            raise StaleReportError(
+                f"sent_at is {int(batch.sent_at - now)} s from the server's clock (limit "
+                f"±{self.max_skew_s} s): a replayed or delayed batch",
+                fix="send pending reports in a new batch with the current time in sent_at")
+        return self._store(batch, datetime.fromtimestamp(now, UTC))
+
+    # ------------------------------------------------------------------ storing
+
+    def _release_for(self, conn: Connection, model: str, version: str,
+                     channel: str | None) -> int | None:
+        """The release the report is about: on its channel when named, else the newest
+        release of that version that is not halted (else the newest)."""
+        key = (model, version)
+        hit = self._releases.get(key)
+        if hit is None or hit[0] < time.monotonic():
+            rows = conn.execute(
+                select(db.Channel.name, db.Release.id, db.Release.state == db.ReleaseState.halted)
+                .join(db.Channel, db.Channel.id == db.Release.channel_id)
+                .join(db.ModelVersion, db.ModelVersion.id == db.Release.version_id)
+                .join(db.Model, db.Model.id == db.ModelVersion.model_id)
+                .where(db.Model.name == model, db.ModelVersion.version == version)
+                .order_by(db.Release.id.desc())).all()
+            hit = (time.monotonic() + RELEASE_CACHE_SECONDS,
+                   [(r[0], r[1], bool(r[2])) for r in rows])
+            self._releases[key] = hit
+        releases = hit[1]
+        if channel is not None:
+            return next((rid for ch, rid, _ in releases if ch == channel), None)
+        live = [rid for _, rid, halted in releases if not halted]
+        candidates = live or [rid for _, rid, _ in releases]
+        return candidates[0] if candidates else None
+
+    def _store(self, batch: Batch, received: datetime) -> IngestResult:
+        with self.factory() as session:
+            conn = session.connection()
+            device = conn.execute(
+                select(db.Device.revoked_at, db.Device.active_versions)
+                .where(db.Device.id == batch.device_id).with_for_update()).first()
+            if device is None or device.revoked_at is not None:
+                raise DeviceRevokedAuthError(f"device {batch.device_id!r} was revoked",
+                                             fix="enrol the installation under a new device id")
+            release_of = {(r.model, r.version, r.channel): self._release_for(
+                conn, r.model, r.version, r.channel) for r in batch.reports}
+            rows = [_event_row(batch.device_id, r, release_of[(r.model, r.version, r.channel)],
+                               received) for r in batch.reports]
+            stmt = _insert(conn, db.TelemetryEvent).on_conflict_do_nothing(
+                index_elements=["report_id"]).returning(db.TelemetryEvent.report_id)
+            new_ids = set(conn.execute(stmt, rows).scalars()) if rows else set()
+            new = [r for r in batch.reports if r.id in new_ids]
+            active = _active_versions(dict(device.active_versions or {}), new)
+            values: dict[str, Any] = {"last_seen_at": received}
+            if active != (device.active_versions or {}):
+                values["active_versions"] = active
+            conn.execute(update(db.Device).where(db.Device.id == batch.device_id)
+                         .values(**values))
+            judged = _standings(conn, batch.device_id, new, release_of, received)
+            session.commit()
+        return IngestResult(len(new), len(batch.reports) - len(new), frozenset(judged))
+
+
+def _event_row(device_id: str, r: UpdateReport | ShadowReport | HealthReport,
+               release_id: int | None, received: datetime) -> dict[str, Any]:
+    kl = latency = samples = None
+    kind: str = r.kind
+    if isinstance(r, ShadowReport):
+        kl, latency, samples = r.kl_mean_micro, r.candidate_p99_us, r.samples
+    elif isinstance(r, HealthReport):
+        latency = r.p99_us
+    else:
+        kind = f"update.{r.event}"
+    return {"report_id": r.id, "device_id": device_id, "release_id": release_id,
+            "model": r.model, "version": r.version, "kind": kind, "kl_micro": kl,
+            "latency_p99_us": latency, "samples": samples,
+            "payload": r.model_dump(exclude_none=True), "received_at": received}
+
+
+def _active_versions(active: dict[str, str],
+                     reports: Sequence[UpdateReport | ShadowReport | HealthReport]
+                     ) -> dict[str, str]:
+    for r in sorted((r for r in reports if isinstance(r, UpdateReport)), key=lambda r: r.at):
+        if r.event == "activated":
+            active[r.model] = r.version
+        elif r.event == "rolled_back" and active.get(r.model) == r.version:
+            del active[r.model]
+    return active
+
+
+def _standings(conn: Connection, device_id: str,
+               reports: Iterable[UpdateReport | ShadowReport | HealthReport],
+               release_of: dict[tuple[str, str, str | None], int | None],
+               now: datetime) -> set[int]:
+    """Upserts the device's row per release from its new reports; the releases whose guard
+    may have moved."""
+    shadows: dict[int, ShadowReport] = {}
+    events: dict[int, list[UpdateReport]] = {}
+    judged: set[int] = set()
+    for r in reports:
+        rid = release_of[(r.model, r.version, r.channel)]
+        if rid is None:
+            continue
+        if isinstance(r, ShadowReport):
+            if rid not in shadows or r.at >= shadows[rid].at:
+                shadows[rid] = r
+            if r.verdict != "pending":
+                judged.add(rid)
+        elif isinstance(r, UpdateReport):
+            events.setdefault(rid, []).append(r)
+            if r.event in FAILING_EVENTS:
+                judged.add(rid)
+    t = db.DeviceRelease.__table__
+    if shadows:
+        rows = [{"device_id": device_id, "release_id": rid, "downloaded": True,
+                 "rolled_back": False, "verdict": s.verdict, "shadow_at": s.at,
+                 "samples": s.samples, "kl_mean_micro": s.kl_mean_micro,
+                 "kl_max_micro": s.kl_max_micro, "active_p50_us": s.active_p50_us,
+                 "candidate_p50_us": s.candidate_p50_us, "candidate_p99_us": s.candidate_p99_us,
+                 "updated_at": now} for rid, s in shadows.items()]
+        ins = _insert(conn, t)
+        newer = ins.excluded.shadow_at >= func.coalesce(t.c.shadow_at, -1)
+        latest = {c: case((newer, ins.excluded[c]), else_=t.c[c]) for c in (
+            "verdict", "shadow_at", "samples", "kl_mean_micro", "kl_max_micro", "active_p50_us",
+            "candidate_p50_us", "candidate_p99_us")}
+        conn.execute(ins.on_conflict_do_update(
+            index_elements=["device_id", "release_id"],
+            set_={**latest, "downloaded": True, "updated_at": ins.excluded.updated_at}), rows)
+    if events:
+        rows = []
+        for rid, evs in events.items():
+            last = max(evs, key=lambda e: e.at)
+            rows.append({"device_id": device_id, "release_id": rid, "event": last.event,
+                         "event_at": last.at, "updated_at": now,
+                         "downloaded": any(e.event in ("downloaded", "verified", "activated")
+                                           for e in evs),
+                         "rolled_back": any(e.event == "rolled_back" for e in evs)})
+        ins = _insert(conn, t)
+        newer = ins.excluded.event_at >= func.coalesce(t.c.event_at, -1)
+        conn.execute(ins.on_conflict_do_update(
+            index_elements=["device_id", "release_id"],
+            set_={"event": case((newer, ins.excluded.event), else_=t.c.event),
+                  "event_at": case((newer, ins.excluded.event_at), else_=t.c.event_at),
+                  "downloaded": or_(t.c.downloaded, ins.excluded.downloaded),
+                  "rolled_back": or_(t.c.rolled_back, ins.excluded.rolled_back),
+                  "updated_at": ins.excluded.updated_at}), rows)
+    return judged
+
