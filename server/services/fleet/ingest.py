@@ -176,10 +176,13 @@ class TelemetryIngest:
     def _store(self, batch: Batch, received: datetime) -> IngestResult:
         with self.factory() as session:
             conn = session.connection()
-            device = conn.execute(
-                select(db.Device.revoked_at, db.Device.active_versions)
-                .where(db.Device.id == batch.device_id).with_for_update()).first()
-            if device is None or device.revoked_at is not None:
+            # Seen now, unless revoked: one statement (and the device row locked until commit).
+            active_before = conn.execute(
+                update(db.Device).where(db.Device.id == batch.device_id,
+                                        db.Device.revoked_at.is_(None))
+                .values(last_seen_at=received).returning(db.Device.active_versions)
+            ).scalar_one_or_none()
+            if active_before is None:
                 raise DeviceRevokedAuthError(f"device {batch.device_id!r} was revoked",
                                              fix="enrol the installation under a new device id")
             release_of = {(r.model, r.version, r.channel): self._release_for(
@@ -190,12 +193,10 @@ class TelemetryIngest:
                 index_elements=["report_id"]).returning(db.TelemetryEvent.report_id)
             new_ids = set(conn.execute(stmt, rows).scalars()) if rows else set()
             new = [r for r in batch.reports if r.id in new_ids]
-            active = _active_versions(dict(device.active_versions or {}), new)
-            values: dict[str, Any] = {"last_seen_at": received}
-            if active != (device.active_versions or {}):
-                values["active_versions"] = active
-            conn.execute(update(db.Device).where(db.Device.id == batch.device_id)
-                         .values(**values))
+            active = _active_versions(dict(active_before), new)
+            if active != active_before:
+                conn.execute(update(db.Device).where(db.Device.id == batch.device_id)
+                             .values(active_versions=active))
             judged = _standings(conn, batch.device_id, new, release_of, received)
             session.commit()
         return IngestResult(len(new), len(batch.reports) - len(new), frozenset(judged))

@@ -1,0 +1,344 @@
+"""Telemetry ingestion into PostgreSQL on this machine: single-report requests/s and
+reports/s in batches of 50, 0 lost, with the server's CPU per request.
+
+One run, on loopback: a fresh PostgreSQL database (migrated), signing keys, a released model
+version on channel `prod`, `--devices` enrolled devices (keys made here), then the real app
+under uvicorn (`--workers`, the same protocol as `modelfleet serve`). For each phase, the
+requests are built and signed beforehand (unique report ids, fresh `sent_at`, round-robin
+over the devices so the per-device rate limit is never the bottleneck) and replayed by wrk
+(bench/fleet/requests.lua) for `--duration` seconds; the rows in `telemetry_events` are
+counted after each round: lost = reports answered 200 − rows stored. Rounds alternate the
+phases; the table gives medians (range in brackets). Server CPU per request = the server's
+user+system time over the round / requests answered.
+
+    python bench/fleet/run.py [--workers 2] [--duration 5] [--rounds 3] [--connections 32]
+                              [--devices 1000] [--write-docs]
+
+Needs PostgreSQL at 127.0.0.1:5432 (user postgres, trust) and wrk (apt-get install -y wrk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+BATCH = 50
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fresh_database() -> str:
+    import psycopg
+
+    name = f"mf_bench_fleet_{os.getpid()}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
+def drop_database(name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def seed(url: str, data: Path, n_devices: int) -> list[tuple[str, object]]:
+    """Keys, a ready version with artifacts, a shadow rollout on `prod`, enrolled devices."""
+    import hashlib
+
+    from nacl.signing import SigningKey
+    from sqlalchemy import insert
+
+    from manifests import ShadowThresholds
+    from server.db import models as db
+    from server.db.migrate import upgrade
+    from server.db.types import utcnow
+    from server.publish import rollouts as ro
+    from server.publish.keys import KeyPaths, init_keys
+    from server.settings import Settings
+    from server.wiring import build_core
+
+    upgrade(url)
+    init_keys(KeyPaths.for_data_dir(data), now=int(time.time()), root_keys=1, threshold=1)
+    core = build_core(Settings(data_dir=data, database_url=url))
+    with core.session_factory() as s:
+        model = db.Model(name="clf")
+        s.add(model)
+        s.flush()
+        version = db.ModelVersion(model_id=model.id, version="2.0", state=db.VersionState.ready,
+                                  metadata_json={}, source_format="onnx")
+        s.add(version)
+        s.flush()
+        for platform in ("android", "ios"):
+            blob = f"clf-2.0-{platform}".encode() * 64
+            sha = hashlib.sha256(blob).hexdigest()
+            core.blob_store.put(f"artifacts/{sha}", [blob])
+            s.add(db.Artifact(version_id=version.id, platform=platform, variant="",
+                              format="onnx", sha256=sha, length=len(blob),
+                              blob_key=f"artifacts/{sha}", target={}, compile_settings={}))
+        s.commit()
+    ro.start_rollout(core.session_factory, core.publisher, "prod", ro.RolloutSpec(
+        "clf", "2.0", 100, "shadow", shadow=ShadowThresholds(5_000, 20_000, 200),
+        guard=ro.GuardRule(min_devices=1_000_000)), actor="bench")
+    devices = []
+    now = utcnow()
+    rows = []
+    for i in range(n_devices):
+        key = SigningKey.generate()
+        device_id = f"bench-{i:05d}"
+        public = bytes(key.verify_key).hex()
+        rows.append({"id": device_id, "profile": {"platform": ("android", "ios")[i % 2]},
+                     "first_seen_at": now, "last_seen_at": now, "public_key": public,
+                     "keyid": hashlib.sha256(bytes(key.verify_key)).hexdigest(),
+                     "enrolled_at": now, "active_versions": {}})
+        devices.append((device_id, key))
+    with core.engine.begin() as conn:
+        conn.execute(insert(db.Device), rows)
+    core.close()
+    return devices
+
+
+def report(kind: str, at: int) -> dict[str, object]:
+    base = {"id": secrets.token_hex(16), "kind": kind, "at": at, "model": "clf",
+            "version": "2.0", "artifact_sha256": None, "channel": "prod"}
+    if kind == "shadow":
+        return base | {"samples": 180, "dropped": 2, "kl_mean_micro": 1200, "kl_max_micro": 9000,
+                       "cosine_min_micro": None, "snr_min_centi_db": None,
+                       "active_p50_us": 900, "active_p99_us": 1500, "candidate_p50_us": 1000,
+                       "candidate_p99_us": 1700, "verdict": "pending", "reason": None}
+    if kind == "health":
+        return base | {"predictions": 500, "errors": 0, "p99_us": 1500, "rolled_back": False}
+    return base | {"event": "downloaded", "via": "patch", "bytes": 123_456, "reason": None}
+
+
+def build_requests(devices: list[tuple[str, object]], count: int, per: int, path: Path) -> None:
+    """`count` signed requests of `per` reports each, round-robin over the devices."""
+    kinds = ("shadow", "health", "update")
+    now = int(time.time())
+    with path.open("w") as out:
+        for i in range(count):
+            device_id, key = devices[i % len(devices)]
+            reports = [report(kinds[(i + j) % 3] if per > 1 else "shadow", now)
+                       for j in range(per)]
+            body = json.dumps({"device_id": device_id, "sent_at": now, "reports": reports},
+                              separators=(",", ":")).encode()
+            sig = base64.b64encode(key.sign(body).signature).decode()  # type: ignore[attr-defined]
+            out.write(f"{device_id}\t{sig}\t{body.decode()}\n")
+
+
+def start_server(url: str, data: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "MODELFLEET_DATA_DIR": str(data), "MODELFLEET_DATABASE_URL": url,
+           "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "bench.serve.app:make_app", "--factory",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
+         "--http", "server.api.fastpoll:ManifestPollProtocol", "--loop", "uvloop",
+         "--no-access-log", "--log-level", "warning"],
+        cwd=ROOT, env=env, start_new_session=True)
+
+
+def wait_http(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                r.read()
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"server did not come up at {url}")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """user+system seconds of `pid` and its children (uvicorn's workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pids = [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        pids += [int(p) for p in children.read_text().split()]
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def rows(url: str) -> int:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM telemetry_events")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def settled_rows(url: str) -> int:
+    """The row count once requests still in flight when wrk stopped have finished."""
+    last = rows(url)
+    while True:
+        time.sleep(1.0)
+        now = rows(url)
+        if now == last:
+            return now
+        last = now
+
+
+def run_wrk(port: int, script: Path, requests: Path, args: argparse.Namespace) -> dict[str, float]:
+    threads = 2
+    out = subprocess.run(
+        ["wrk", "-t", str(threads), "-c", str(args.connections), "-d", f"{args.duration}s",
+         "--timeout", "30s", "--latency", "-s", str(script), f"http://127.0.0.1:{port}",
+         "--", str(requests), str(threads)], capture_output=True, text=True, check=True).stdout
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
+    scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+    return {"requests": total, "non2xx": int(bad.group(1)) if bad else 0,
+            "p99_ms": float(p99.group(1)) * scale[p99.group(2)] if p99 else float("nan")}
+
+
+def phase(name: str, per: int, port: int, url: str, server: subprocess.Popen[bytes],
+          devices: list[tuple[str, object]], tmp: Path, args: argparse.Namespace,
+          expect_rps: int) -> dict[str, float]:
+    reqs = tmp / f"{name}.tsv"
+    count = int(expect_rps * args.duration * 1.5)
+    build_requests(devices, count, per, reqs)
+    before_rows, before_cpu = rows(url), tree_cpu_seconds(server.pid)
+    result = run_wrk(port, Path(__file__).with_name("requests.lua"), reqs, args)
+    cpu = tree_cpu_seconds(server.pid) - before_cpu
+    stored = settled_rows(url) - before_rows
+    ok = result["requests"] - result["non2xx"]
+    reqs.unlink()
+    return {"req_s": ok / args.duration, "reports_s": stored / args.duration,
+            # Requests still in flight when wrk stopped are stored but not counted as answered.
+            "lost": max(0, ok * per - stored) if result["requests"] <= count else float("nan"),
+            "non2xx": result["non2xx"], "cpu_ms_per_req": 1000 * cpu / ok if ok else 0.0,
+            "p99_ms": result["p99_ms"], "wrapped": float(result["requests"] > count)}
+
+
+def median_range(values: list[float], fmt: str) -> str:
+    return (f"{format(statistics.median(values), fmt)} "
+            f"[{format(min(values), fmt)}–{format(max(values), fmt)}]")
+
+
+def load_note() -> str:
+    la = os.getloadavg()
+    return f"load average {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} on {os.cpu_count()} cores"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--duration", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--devices", type=int, default=1000)
+    ap.add_argument("--write-docs", action="store_true")
+    args = ap.parse_args()
+
+    name = fresh_database()
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    server = None
+    results: dict[str, list[dict[str, float]]] = {"single": [], "batch": []}
+    load_before = load_note()
+    try:
+        with tempfile.TemporaryDirectory(prefix="mf-bench-fleet-") as tmp_s:
+            tmp = Path(tmp_s)
+            devices = seed(url, tmp / "data", args.devices)
+            port = free_port()
+            server = start_server(url, tmp / "data", port, args.workers)
+            wait_http(f"http://127.0.0.1:{port}/healthz")
+            # Warm-up: every device's key into the workers' caches, connections pooled.
+            phase("warm", 1, port, url, server, devices, tmp,
+                  argparse.Namespace(**{**vars(args), "duration": 2}), 1500)
+            for i in range(args.rounds):
+                results["single"].append(phase(f"single{i}", 1, port, url, server, devices,
+                                               tmp, args, 3000))
+                results["batch"].append(phase(f"batch{i}", BATCH, port, url, server, devices,
+                                              tmp, args, 800))
+                print(f"round {i + 1}: single {results['single'][-1]} batch "
+                      f"{results['batch'][-1]}", file=sys.stderr)
+    finally:
+        if server is not None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+        drop_database(name)
+    table = render(results, args, load_before, load_note())
+    print(table)
+    if args.write_docs:
+        write_docs(table)
+
+
+def render(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
+           load_before: str, load_after: str) -> str:
+    def row(label: str, rs: list[dict[str, float]], per: int, goal: str) -> str:
+        lost = sum(r["lost"] for r in rs)
+        return (f"| {label} | {median_range([r['req_s'] for r in rs], ',.0f')} | "
+                f"{median_range([r['reports_s'] for r in rs], ',.0f')} | "
+                f"{median_range([r['cpu_ms_per_req'] for r in rs], '.2f')} | "
+                f"{median_range([r['p99_ms'] for r in rs], '.1f')} | "
+                f"{'0' if lost == 0 else lost:} | {sum(r['non2xx'] for r in rs):.0f} | {goal} |")
+
+    date = dt.date.today().isoformat()
+    lines = [
+        f"## Fleet telemetry ingestion ({date})",
+        "",
+        f"`python bench/fleet/run.py --workers {args.workers} --duration {args.duration} "
+        f"--rounds {args.rounds} --connections {args.connections} --devices {args.devices}`: "
+        "the real app under uvicorn into PostgreSQL 127.0.0.1, signed requests replayed by "
+        "wrk on loopback; medians of the rounds [range]. Server CPU = user+system of the "
+        "uvicorn processes per request answered; lost = reports answered 200 − rows stored "
+        "(counted after each round).",
+        "",
+        "| requests | requests/s | reports/s | server CPU ms/request | p99 ms | lost | "
+        "non-2xx | goal |",
+        "|---|---|---|---|---|---|---|---|",
+        row("1 report each", results["single"], 1, "≥ 1,000 requests/s"),
+        row(f"{BATCH} reports each", results["batch"], BATCH, "≥ 20,000 reports/s"),
+        "",
+        f"Machine: shared with the other agents' builds and tests while it ran ({load_before} "
+        f"before, {load_after} after); wrk and PostgreSQL ran on the same cores.",
+    ]
+    return "\n".join(lines)
+
+
+def write_docs(table: str) -> None:
+    path = ROOT / "docs" / "benchmarks.md"
+    text = path.read_text()
+    pattern = re.compile(r"^## Fleet telemetry ingestion.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(table + "\n\n", text) if pattern.search(text) else (
+        text.rstrip() + "\n\n" + table + "\n")
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
