@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -44,6 +45,7 @@ from client_sdk.errors import (
     BackendError,
     BackendUnavailableError,
     ClientSDKError,
+    ConfigError,
     ModelNotLoadedError,
 )
 from client_sdk.events import Event, EventCallback, EventKind, emit
@@ -161,9 +163,13 @@ class ModelRuntime:
         clock: Clock | None = None,
         shadow_queue: int = 8,
         shadow_persist_every: int = 25,
+        shadow_sample_every: int = 1,
         health: Policy | None = None,
     ) -> None:
         """``shadow_queue``: samples waiting for the candidate before new ones are dropped;
+        ``shadow_sample_every``: offer one active prediction in N to the candidate (a
+        candidate running beside the app shares its CPU: sample when the app's tail latency
+        matters more than a fast verdict — see docs/benchmarks.md);
         ``shadow_persist_every``: samples between two writes of the shadow statistics;
         ``health``: when a newly active bundle is rolled back (``client_sdk.health``)."""
         self.data_dir = Path(data_dir)
@@ -176,9 +182,16 @@ class ModelRuntime:
         self._rollback_lock = threading.Lock()
         self.shadow_store = ShadowStore(self.data_dir)
         self.clock = clock or SystemClock()
+        # Active predictions started / finished (next() on a count is atomic): the shadow
+        # worker runs the candidate only while none is in flight.
+        self._started, self._finished = itertools.count(), itertools.count()
+        self._n_started = self._n_finished = 0
+        if shadow_sample_every < 1:
+            raise ConfigError("shadow_sample_every must be >= 1")
+        self._sample_every = shadow_sample_every
         self.shadow = ShadowWorker(self.shadow_store, self.clock,
                                    queue_size=shadow_queue, persist_every=shadow_persist_every,
-                                   on_decided=self._decided)
+                                   on_decided=self._decided, idle=self._idle)
         self.health = HealthMonitor(self.data_dir, health)
         self.outbox = Outbox(self.data_dir)
 
@@ -281,21 +294,28 @@ class ModelRuntime:
         if slot != ACTIVE:
             return loaded.run(inputs, shape_variant)
         bid = loaded.bundle.bundle_id
+        self._n_started = next(self._started)
         t0 = time.perf_counter_ns()
         try:
             p = loaded.run(inputs, shape_variant)
         except BackendError:
+            self._n_finished = next(self._finished)
             why = self.health.error(model, bid)
             if why is not None:
                 self._rollback(loaded, why)
             raise
         us = (time.perf_counter_ns() - t0) // 1000
+        self._n_finished = next(self._finished)
         why = self.health.ok(model, bid, us)
         if why is not None:
             self._rollback(loaded, why)
-        if self.shadow.wants(model):
+        if self.shadow.wants(model) and self._n_started % self._sample_every == 0:
             self.shadow.offer(model, inputs, p.outputs, us, shape_variant)
         return p
+
+    def _idle(self) -> bool:
+        """True when no active prediction is running (the shadow worker's turn)."""
+        return self._n_started == self._n_finished
 
     # -- shadow verdicts and local rollback ---------------------------------------------
 

@@ -1,8 +1,12 @@
 """``ShadowWorker``: runs candidate models on the app's inputs, off the app's thread.
 
 ``ModelRuntime.predict`` answers with the active model, then ``offer``s the input (with the
-active outputs and latency) here: a non-blocking put into a bounded queue — when the queue is
-full the sample is dropped and counted, so the app never waits for the candidate. One worker
+active outputs and latency) here: an append to a bounded queue — when the queue is full the
+sample is dropped and counted, so the app never waits for the candidate. The app's thread
+never signals the worker (a wake-up would make the two contend for the GIL right inside the
+app's call): the worker polls the queue every ``poll_s`` and, before each sample, waits until
+no active prediction is running (``idle()``), so the candidate runs in the app's idle time; a
+sample that finds no idle moment within ``max_wait_s`` is dropped and counted too. One worker
 thread runs the candidate, compares (``client_sdk.shadow.compare``), aggregates into the
 candidate's ``ShadowStats``, persists them every ``persist_every`` samples and whenever the
 verdict is decided, and reports a decided verdict to ``on_decided``. ``flush`` waits until the
@@ -11,7 +15,7 @@ queue is drained and persists everything (the CLI calls it before exiting).
 
 from __future__ import annotations
 
-import queue
+import collections
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -49,10 +53,20 @@ class ShadowWorker:
     """One thread, one bounded queue, the sessions by model (see the module docstring)."""
 
     def __init__(self, store: ShadowStore, clock: Clock, *, queue_size: int,
-                 persist_every: int, on_decided: Decided) -> None:
+                 persist_every: int, on_decided: Decided,
+                 idle: Callable[[], bool] = lambda: True, poll_s: float = 0.001,
+                 max_wait_s: float = 0.25) -> None:
         self.store = store
         self._clock = clock
-        self._q: queue.Queue[_Item | None] = queue.Queue(maxsize=max(queue_size, 1))
+        self._q: collections.deque[_Item] = collections.deque()
+        self._size = max(queue_size, 1)
+        self._offered = 0     # items appended (app threads; under the GIL, append is atomic)
+        self._done = 0        # items finished by the worker
+        self._offer_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._idle = idle
+        self._poll_s = poll_s
+        self._max_wait_s = max_wait_s
         self._persist_every = max(persist_every, 1)
         self._on_decided = on_decided
         self._sessions: dict[str, Session] = {}
@@ -97,16 +111,15 @@ class ShadowWorker:
         s = self._sessions.get(model)
         if s is None or s.stats.verdict != PENDING:
             return False
-        if self._q.full():
+        if len(self._q) >= self._size:
             return self._drop(s)
         # Copies: the app may reuse its buffers once predict returns.
         item = (s, {k: np.array(v, copy=True) for k, v in inputs.items()},
                 {k: np.array(v, copy=True) for k, v in outputs.items()}, active_us,
                 shape_variant)
-        try:
-            self._q.put_nowait(item)
-        except queue.Full:
-            return self._drop(s)
+        with self._offer_lock:
+            self._offered += 1
+            self._q.append(item)
         return True
 
     @staticmethod
@@ -125,14 +138,28 @@ class ShadowWorker:
                 self._thread.start()
 
     def _loop(self) -> None:
-        while True:
-            item = self._q.get()
+        while not self._stop.is_set():
             try:
-                if item is None:
-                    return
-                self._process(*item)
+                item = self._q.popleft()
+            except IndexError:
+                time.sleep(self._poll_s)
+                continue
+            try:
+                if self._wait_idle():
+                    self._process(*item)
+                else:
+                    self._drop(item[0])
             finally:
-                self._q.task_done()
+                self._done += 1
+
+    def _wait_idle(self) -> bool:
+        """Wait (polling) until no active prediction runs; False after ``max_wait_s``."""
+        end = time.perf_counter() + self._max_wait_s
+        while not self._idle():
+            if time.perf_counter() > end or self._stop.is_set():
+                return False
+            time.sleep(self._poll_s / 4)
+        return True
 
     def _process(self, s: Session, inputs: dict[str, np.ndarray[Any, Any]],
                  outputs: dict[str, np.ndarray[Any, Any]], active_us: int,
@@ -176,8 +203,9 @@ class ShadowWorker:
 
     def flush(self) -> None:
         """Wait until every queued sample is processed, then persist every session."""
-        if self._thread is not None and self._thread.is_alive():
-            self._q.join()
+        while (self._thread is not None and self._thread.is_alive()
+               and self._done < self._offered):
+            time.sleep(self._poll_s)
         for s in list(self._sessions.values()):
             self._persist(s)
 
@@ -186,6 +214,7 @@ class ShadowWorker:
         self.flush()
         thread = self._thread
         if thread is not None and thread.is_alive():
-            self._q.put(None)
+            self._stop.set()
             thread.join()
         self._thread = None
+        self._stop = threading.Event()

@@ -72,3 +72,29 @@ def test_clean_exits_are_not_a_crash_loop(make_updater, sim, tmp_path):
         app = ModelRuntime(tmp_path / "device")
         assert app.predict("clf", {"x": X}).version == "2.0"
         app.close()
+
+
+def test_p99_far_over_its_shadow_figure_rolls_back(make_updater, sim, tmp_path):
+    v2 = scaled_model(2.0)
+    up, _ = install_two(sim, make_updater, v2)
+    # What 2.0 showed in shadow on this device: a 1 µs p99 (any real run is far over it).
+    store = ShadowStore(tmp_path / "device")
+    stats = store.register(hashlib.sha256(v2).hexdigest(), "clf", "2.0", None)
+    stats.candidate_us = [1] * 50
+    store.save(stats)
+    app = ModelRuntime(tmp_path / "device", health=Policy(probation=20, p99_factor=3.0))
+    versions = [app.predict("clf", {"x": X}).version for _ in range(21)]
+    assert versions[:20] == ["2.0"] * 20 and versions[20] == "1.0"
+    assert up.store.active("clf").version == "1.0"
+    assert "shadow figure" in (store.failed(hashlib.sha256(v2).hexdigest()).reason or "")
+
+
+def test_p99_near_its_shadow_figure_keeps_the_new_model(make_updater, sim, tmp_path):
+    v2 = scaled_model(2.0)
+    install_two(sim, make_updater, v2)
+    store = ShadowStore(tmp_path / "device")
+    stats = store.register(hashlib.sha256(v2).hexdigest(), "clf", "2.0", None)
+    stats.candidate_us = [1_000_000] * 50  # a generous figure: 1 s
+    store.save(stats)
+    app = ModelRuntime(tmp_path / "device", health=Policy(probation=20))
+    assert {app.predict("clf", {"x": X}).version for _ in range(40)} == {"2.0"}

@@ -141,3 +141,14 @@ def test_full_queue_drops_samples_and_counts_them(make_updater, sim, tmp_path):
     stats = ShadowStore(tmp_path / "device").load(sha(slow))
     assert stats is not None
     assert stats.dropped > 0 and stats.samples + stats.dropped == 60
+
+
+def test_sampling_offers_one_prediction_in_n(make_updater, sim, tmp_path):
+    publish_shadow(sim, scaled_model(1.0), scaled_model(1.0, padding=8),
+                   ShadowThresholds(1000, 10_000, min_samples=1000))
+    make_updater().check_once()
+    app = ModelRuntime(tmp_path / "device", shadow_sample_every=3)
+    predict_all(app, inputs(9))
+    app.close()
+    stats = ShadowStore(tmp_path / "device").load(sha(scaled_model(1.0, padding=8)))
+    assert stats is not None and (stats.samples, stats.dropped) == (3, 0)
