@@ -9,7 +9,7 @@ only torch ops that `torch.export` traces and coremltools' torch frontend conver
 - opset-18 reductions (axes moved from an attribute to a constant input);
 - Gelu (20), IsNaN/IsInf (all versions), Trilu, Mish, GlobalMaxPool, AveragePool 19
   (dilations 1 only), Resize 11–19 (constant scales/sizes; nearest, linear, cubic),
-  Clip with non-constant min/max.
+  Clip with non-constant min/max, Flatten at any axis.
 
 A converter that cannot express a node raises NotImplementedError with the reason; the
 operator gate (`server/compile/gates/support.py`) calls the same converters, so it names the
@@ -118,6 +118,22 @@ class Clamp(nn.Module):
         return x
 
 
+class Flatten(nn.Module):
+    """ONNX Flatten: (prod(shape[:axis]), prod(shape[axis:])), for every axis in [-r, r]
+    (onnx2torch's fails when axis equals the rank)."""
+
+    def __init__(self, axis: int) -> None:
+        super().__init__()
+        self.axis = axis
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        axis = self.axis + x.dim() if self.axis < 0 else self.axis
+        lead = 1
+        for d in x.shape[:axis]:
+            lead *= int(d)
+        return x.reshape(lead, -1)
+
+
 class Expand(nn.Module):
     """Expand to a constant shape (onnx2torch builds torch.Size from a tensor, which
     torch.export cannot trace)."""
@@ -208,6 +224,10 @@ def _clip(node: Any, graph: Any) -> Any:
         return _result(ConstClamp(low, high), (node.input_values[0],), node)
     inputs = (node.input_values[0], *node.input_values[1:3])
     return _result(Clamp(), inputs, node)
+
+
+def _flatten(node: Any, graph: Any) -> Any:
+    return _result(Flatten(int(node.attributes.get("axis", 1))), (node.input_values[0],), node)
 
 
 def _expand(fallback: Converter) -> Converter:
@@ -346,6 +366,8 @@ def register() -> None:
     put("AveragePool", 19, _average_pool_19(existing("AveragePool", 11)))
     for version in (11, 12, 13):
         put("Clip", version, _clip, replace=True)
+    for version in (1, 9, 11, 13, 21):
+        put("Flatten", version, _flatten, replace=True)
     for version in (8, 13):
         put("Expand", version, _expand(existing("Expand", version)), replace=True)
     for version in RESIZE_VERSIONS:

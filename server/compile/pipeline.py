@@ -228,7 +228,11 @@ class Pipeline:
         log(f"{tag} numeric gate {num.status}" + (f": {num.reason}" if num.reason else ""))
         if num.status == "failed":
             ok = False
-            out.error = out.error or f"numeric gate failed: {num.reason}"
+            out.error = out.error or (
+                f"numeric gate failed: {num.reason}. If this drift is expected at "
+                f"{art.precision.value} on {t.platform}, set min_snr_db / min_cosine in the "
+                f"version's {t.platform} settings (per-version override); else compile at a "
+                "higher precision")
         out.gates = gates
         if ok:
             out.artifact = pack(art.path, pdir / "packed" / t.variant)

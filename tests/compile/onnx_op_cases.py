@@ -216,6 +216,8 @@ CASES: list[OpCase] = [
     *[OpCase(f"GlobalMaxPool-{o}", _pool("GlobalMaxPool", o)) for o in (11, 20)],
     OpCase("GlobalAveragePool-11", _pool("GlobalAveragePool", 11)),
     *[OpCase(f"Flatten-{o}", _unary("Flatten", o, (1, 3, 4, 4), axis=1)) for o in (11, 13)],
+    OpCase("Flatten-13-axis-rank", _unary("Flatten", 13, (1, 12), axis=2)),
+    OpCase("Flatten-13-axis-0", _unary("Flatten", 13, (2, 3, 4), axis=0)),
     OpCase("Trilu-14-upper", _trilu(1, None)),
     OpCase("Trilu-14-lower-k", _trilu(0, 1)),
     OpCase("Mish-18", _unary("Mish", 18)),

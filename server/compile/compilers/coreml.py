@@ -51,8 +51,14 @@ def _check_conversion(module: Any, request: CompileRequest) -> dict[str, Any] | 
     got = []
     with torch.no_grad():
         for f in feeds:
-            res = module(*(torch.from_numpy(np.ascontiguousarray(f[s.name]))
-                           for s in request.inputs))
+            try:
+                res = module(*(torch.from_numpy(np.ascontiguousarray(f[s.name]))
+                               for s in request.inputs))
+            except Exception as e:
+                raise ConversionError(
+                    f"the ONNX → torch module (for Core ML) fails on the reference inputs: "
+                    f"{type(e).__name__}: {str(e)[:300]}. Upload the model as a torch "
+                    "ExportedProgram to compile it for Core ML.") from e
             flat = res if isinstance(res, (tuple, list)) else (res,)
             got.append([t.detach().numpy() for t in flat])
     t = numeric.thresholds_for(Precision.FP32)
