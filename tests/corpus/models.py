@@ -149,8 +149,11 @@ def _torch_entry(name: str, family: str, exporter: str, make: Callable[[], Any],
 # SNR near 40 dB (MiniLM 39.9 dB, ViT 45.5 dB, GPT-2 47.7 dB): below the seed's 60 dB FP16
 # default. The documented per-version override for transformers on qnn:
 TRANSFORMER_QNN = {"qnn": {"min_snr_db": 35}}
-# PP-OCR at FP16 on the HTP: cosine > 0.999, SNR 41–54 dB (tests/compile/test_ocr_upload.py).
-PPOCR_QNN = {"qnn": {"min_snr_db": 35}}
+# PP-OCR at FP16 on the HTP keeps cosine > 0.999; SNR measured on the page-like inputs:
+# det 33.3 dB at 320×320 (41 dB at 640×640, tests/compile/test_ocr_upload.py), rec 44.2 dB,
+# cls 52.4 dB — under the 60 dB FP16 default, so per-version overrides:
+PPOCR_QNN = {"det": {"qnn": {"min_snr_db": 30}}, "rec": {"qnn": {"min_snr_db": 35}},
+             "cls": {"qnn": {"min_snr_db": 35}}}
 SEQ = 128
 TEXT = (InputSpec("input_ids", (1, SEQ), "int64"), InputSpec("attention_mask", (1, SEQ), "int64"))
 
@@ -254,7 +257,7 @@ def _ppocr(kind: str, shape: tuple[int, ...]) -> Callable[[Path], CorpusModel]:
                                                        "cls": "classifier"}[kind],
                            "paddle2onnx opset " + ("11" if kind == "cls" else "12"),
                            SourceFormat.ONNX, path, specs, ref, "dynamic", params,
-                           PPOCR_QNN)
+                           PPOCR_QNN[kind])
     return build
 
 
