@@ -165,10 +165,15 @@ class Reporter:
                 added += 1
         for model, r in HealthMonitor(self.data_dir).records().items():
             mark = [r.bundle_id, r.predictions, r.errors, r.rolled_back]
-            if health_seen.get(model) != mark:
+            last = health_seen.get(model)
+            if last != mark:
+                # Counts since the last health report (all of them for a new bundle).
+                same = isinstance(last, list) and len(last) == 4 and last[0] == r.bundle_id
+                preds = r.predictions - int(last[1]) if same else r.predictions
+                errs = r.errors - int(last[2]) if same else r.errors
                 self.outbox.add(new_report("health", model, r.version, r.sha256 or None, now,
-                                           self.channel, predictions=r.predictions,
-                                           errors=r.errors, p99_us=r.p99_us,
+                                           self.channel, predictions=max(preds, 0),
+                                           errors=max(errs, 0), p99_us=r.p99_us,
                                            rolled_back=r.rolled_back))
                 health_seen[model] = mark
                 added += 1

@@ -121,3 +121,24 @@ def test_no_input_or_output_value_leaves_the_device(make_updater, sim, clock, tm
         assert arr.tobytes() not in sent
         assert base64.b64encode(arr.tobytes()) not in sent
     assert rep.collect() == 0  # nothing changed since: nothing new to report
+
+
+def test_health_reports_count_predictions_since_the_last_report(make_updater, sim, clock,
+                                                                tmp_path):
+    sim.publish("clf", [sim.release("1.0", [sim.artifact(scaled_model(1.0))])])
+    data = tmp_path / "device"
+    make_updater().check_once()
+    x = np.ones((1, 4), dtype=np.float32)
+    rep = reporter(sim, clock, data)
+    rep.enroll(sim.telemetry.token)
+    counts = []
+    for n in (5, 3):
+        app = ModelRuntime(data)
+        for _ in range(n):
+            app.predict("clf", {"x": x})
+        app.close()
+        rep.collect()
+        rep.flush()
+        counts = [(r["predictions"], r["errors"], r["rolled_back"])
+                  for r in sorted(sim.telemetry.of_kind("health"), key=lambda r: r["at"])]
+    assert sorted(counts) == [(3, 0, False), (5, 0, False)]
