@@ -1,7 +1,10 @@
-# ModelFleet server image: API and compile workers (same image, different command).
+# ModelFleet server image: API, compile and publish workers (same image, different command).
 FROM python:3.11-slim
 WORKDIR /app
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# bubblewrap: every uploaded model is opened only in a sandboxed child (docs/security.md).
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap \
+ && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml README.md ./
 COPY manifests ./manifests
 COPY server ./server

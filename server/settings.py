@@ -62,9 +62,18 @@ class Settings(BaseSettings):
     # uvicorn's access log on) every poll takes the logged ASGI path (server/api/fastpoll.py).
     log_polls: bool = False
 
-    # Size caps for uploads (bytes).
+    # Size caps for uploads (bytes). An .npz is also capped by the bytes its arrays take once
+    # decompressed (read from the .npy headers at upload, before anything is inflated).
     max_model_bytes: int = Field(default=4096 * MiB, gt=0)
     max_npz_bytes: int = Field(default=512 * MiB, gt=0)
+    max_npz_unpacked_bytes: int = Field(default=1024 * MiB, gt=0)
+
+    # Compile sandbox (server/compile/sandbox.py, docs/security.md): every uploaded model is
+    # opened only in a bubblewrap child with these limits. "off" (development only, refused
+    # in production) compiles inside the server process, with access to its keys.
+    sandbox: Literal["on", "off"] = "on"
+    sandbox_memory_mb: int = Field(default=16 * 1024, gt=0)
+    sandbox_timeout_seconds: int = Field(default=3300, gt=0)
     max_metadata_bytes: int = Field(default=64 * 1024, gt=0)
     # Every other request body (JSON); read into memory, so it stays small.
     max_json_body_bytes: int = Field(default=1 * MiB, gt=0)
@@ -98,6 +107,12 @@ class Settings(BaseSettings):
             )
         if self.env == "development":
             return self
+        if self.sandbox == "off":
+            raise SettingsError(
+                "MODELFLEET_SANDBOX=off while MODELFLEET_ENV=production: uploaded models would "
+                "be opened inside the server with access to its keys and database; install "
+                "bubblewrap and remove MODELFLEET_SANDBOX (docs/security.md)"
+            )
         if self.blob_store == "s3" and self.s3_access_key_id:
             if self.s3_secret_access_key.strip().lower() in PLACEHOLDER_SECRETS:
                 raise SettingsError(

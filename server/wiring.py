@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -24,15 +24,17 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.blobstore import BlobStore, make_blob_store
+from server.compile.sandbox import Builder, SandboxPolicy, pipeline_factory
 from server.db.session import make_engine, make_session_factory
 from server.jobs.inprocess import InProcessJobQueue
 from server.jobs.interface import JobQueue
 from server.jobs.patch_runner import PatchRunner
 from server.jobs.runner import BuildRunner
-from server.publish.keys import KeyPaths, load_release_key
+from server.publish.keys import KeyPaths
 from server.publish.manifest_cache import ManifestCache
 from server.publish.patches import PatchScheduler
 from server.publish.publisher import PublishedManifest, Publisher
+from server.publish.signer import LocalKeySigner
 from server.services.fleet.service import Fleet, make_fleet
 from server.services.rollouts import RolloutService
 from server.services.serving import current_manifest
@@ -53,10 +55,11 @@ def manifest_base_url(settings: Settings) -> str:
 
 
 def make_publisher(settings: Settings, blob_store: BlobStore) -> Publisher:
-    """The publisher for this server: the release key is read at each publish, so a rotated
-    key (`modelfleet keys rotate --rotate-release`) takes effect without a restart."""
-    loader = functools.partial(load_release_key, key_paths(settings).release_key_path)
-    return Publisher(blob_store=blob_store, release_key=loader,
+    """The publisher for this server, signing through a `LocalKeySigner`: the release key is
+    read at each publish, so a rotated key (`modelfleet keys rotate --rotate-release`) takes
+    effect without a restart, and a process that never publishes never reads it."""
+    return Publisher(blob_store=blob_store,
+                     signer=LocalKeySigner(key_paths(settings).release_key_path),
                      base_url=manifest_base_url(settings),
                      lifetime_seconds=settings.manifest_lifetime_seconds)
 
@@ -140,7 +143,8 @@ def make_job_queue(base: Core) -> JobQueue:
                                      queued_build_ids(base.session_factory),
                                      base.session_factory)
     worker_id = InProcessJobQueue.worker_name()
-    runner = BuildRunner(base.session_factory, base.blob_store, worker_id=worker_id)
+    runner = BuildRunner(base.session_factory, base.blob_store, worker_id=worker_id,
+                         pipeline_factory=sandboxed_builds(base.settings))
     patches = PatchRunner(base.session_factory, lambda: base.publisher, worker_id=worker_id)
     queue = InProcessJobQueue(runner, patches)
     queue.start()  # picks up builds left queued or abandoned by an earlier process
@@ -149,23 +153,42 @@ def make_job_queue(base: Core) -> JobQueue:
 
 @dataclass
 class Worker:
-    """A `modelfleet worker` process: the runners its procrastinate tasks call."""
+    """A `modelfleet worker` process: the runners its procrastinate tasks call (None for the
+    kind of job its role does not run)."""
 
     core: Core
-    runner: BuildRunner
-    patch_runner: PatchRunner
+    runner: BuildRunner | None
+    patch_runner: PatchRunner | None
 
 
-def worker_id() -> str:
-    return f"worker:{socket.gethostname()}:{os.getpid()}"
+WORKER_ROLES = ("all", "compile", "publish")
+
+
+def worker_id(role: str = "all") -> str:
+    return f"worker:{role}:{socket.gethostname()}:{os.getpid()}"
+
+
+def sandboxed_builds(settings: Settings) -> Callable[[Callable[[str], None]], Builder]:
+    """Every build of this deployment runs in the compile sandbox with its limits, hiding its
+    data, keys and blob directories (`MODELFLEET_SANDBOX=off`: in-process, development)."""
+    hidden = [settings.data_dir, settings.resolved_blob_dir, key_paths(settings).keys_dir]
+    return pipeline_factory(SandboxPolicy.from_settings(settings, hidden=hidden))
 
 
 def build_worker(settings: Settings, *, heartbeat_s: float = 10.0,
-                 stalled_after_s: float = 30.0) -> Worker:
+                 stalled_after_s: float = 30.0, role: str = "all") -> Worker:
+    """`role` splits the trust: "compile" runs sandboxed builds only and never takes a job
+    that signs (give it no key mount), "publish" runs delta-patch jobs and re-signing (needs
+    the release key), "all" both (one machine)."""
+    if role not in WORKER_ROLES:
+        raise ValueError(f"unknown worker role {role!r}; use one of {', '.join(WORKER_ROLES)}")
     base = build_core(settings)
-    name = worker_id()
+    name = worker_id(role)
     runner = BuildRunner(base.session_factory, base.blob_store, worker_id=name,
-                         heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s)
+                         heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s,
+                         pipeline_factory=sandboxed_builds(settings)) \
+        if role in ("all", "compile") else None
     patches = PatchRunner(base.session_factory, lambda: base.publisher, worker_id=name,
-                          heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s)
+                          heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s) \
+        if role in ("all", "publish") else None
     return Worker(base, runner, patches)

@@ -141,7 +141,8 @@ def upload_version(
     version, created = registry.upload_version(
         session, store, queue, principal.actor, model_name=name, metadata_raw=metadata,
         files=files, limits=Limits(settings.max_model_bytes, settings.max_npz_bytes,
-                                   settings.max_metadata_bytes),
+                                   settings.max_metadata_bytes,
+                                   max_npz_unpacked_bytes=settings.max_npz_unpacked_bytes),
     )
     if not created:
         response.status_code = 200

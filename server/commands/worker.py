@@ -34,6 +34,16 @@ def _snapshot(data_dir: Path | None, model: str, version: str) -> dict[str, Any]
         raise typer.Exit(1) from None
 
 
+def _warn_if_key_visible(settings: Any) -> None:
+    """A compile worker never signs: a release key it can read is a deployment mistake."""
+    from server.wiring import key_paths
+
+    path = key_paths(settings).release_key_path
+    if path.exists():
+        typer.echo(f"warning: this compile worker can see the release key {path}; compile "
+                   "workers never sign — remove the key mount (docs/security.md)", err=True)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def worker(
@@ -46,9 +56,12 @@ def register(app: typer.Typer) -> None:
         stalled_after: Annotated[float, typer.Option(min=1.0, help="seconds without a "
                                  "heartbeat after which another worker takes a job "
                                  "over")] = 30.0,
+        role: Annotated[str, typer.Option(help="compile: sandboxed builds only, never "
+                        "touches the release key (mount none); publish: delta patches and "
+                        "re-signing (needs the release key); all: both")] = "all",
     ) -> None:
         """Run compile and delta-patch jobs (needs MODELFLEET_DATABASE_URL pointing at PostgreSQL
-        and, since patch jobs re-sign manifests, the release key under MODELFLEET_KEYS_DIR)."""
+        and, for the publish role, the release key under MODELFLEET_KEYS_DIR)."""
         import logging
 
         from server.settings import Settings
@@ -62,11 +75,18 @@ def register(app: typer.Typer) -> None:
                        "`modelfleet serve` instead)", err=True)
             raise typer.Exit(2)
         from server.jobs.procrastinate_queue import run_worker
-        from server.wiring import build_worker
+        from server.wiring import WORKER_ROLES, build_worker
 
-        typer.echo(f"compile worker: concurrency {concurrency}, heartbeat {heartbeat}s, "
+        if role not in WORKER_ROLES:
+            typer.echo(f"error: --role must be one of {', '.join(WORKER_ROLES)}, not {role!r}",
+                       err=True)
+            raise typer.Exit(2)
+        if role == "compile":
+            _warn_if_key_visible(settings)
+        typer.echo(f"{role} worker: concurrency {concurrency}, heartbeat {heartbeat}s, "
                    f"takeover after {stalled_after}s")
-        made = build_worker(settings, heartbeat_s=heartbeat, stalled_after_s=stalled_after)
+        made = build_worker(settings, heartbeat_s=heartbeat, stalled_after_s=stalled_after,
+                            role=role)
         try:
             run_worker(settings.resolved_database_url, made.runner, made.patch_runner,
                        concurrency=concurrency, heartbeat_s=heartbeat,

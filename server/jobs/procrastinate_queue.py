@@ -164,23 +164,25 @@ def queued_build_ids(session_factory: sessionmaker[Session]) -> Callable[[int], 
     return ids
 
 
-async def _rescue_loop(app: procrastinate.App, runner: BuildRunner, every_s: float,
+async def _rescue_loop(app: procrastinate.App, runner: BuildRunner | None, every_s: float,
                        stalled_after_s: float, patches: PatchRunner | None = None) -> None:
     """Retries jobs of dead workers and re-defers queued builds and patch jobs nobody has a
-    job for."""
+    job for (only the kinds this worker's role runs)."""
     task = app.tasks[TASK_NAME]
     patch_task = app.tasks[PATCH_TASK_NAME]
     while True:
         try:
-            for job in await app.job_manager.get_stalled_jobs(
-                    seconds_since_heartbeat=stalled_after_s):
-                log.warning("retrying job %s of a stalled worker", job.id)
-                await app.job_manager.retry_job(job)
+            for queue in [QUEUE] * (runner is not None) + [PATCH_QUEUE] * (patches is not None):
+                for job in await app.job_manager.get_stalled_jobs(
+                        seconds_since_heartbeat=stalled_after_s, queue=queue):
+                    log.warning("retrying job %s of a stalled worker", job.id)
+                    await app.job_manager.retry_job(job)
             await app.job_manager.prune_stalled_workers(stalled_after_s)
-            for build_id in await asyncio.to_thread(runner.claimable_ids, 50):
-                with contextlib.suppress(pexc.AlreadyEnqueued):
-                    await task.configure(queueing_lock=f"build-{build_id}").defer_async(
-                        build_id=build_id)
+            if runner is not None:
+                for build_id in await asyncio.to_thread(runner.claimable_ids, 50):
+                    with contextlib.suppress(pexc.AlreadyEnqueued):
+                        await task.configure(queueing_lock=f"build-{build_id}").defer_async(
+                            build_id=build_id)
             if patches is not None:
                 for version_id in await asyncio.to_thread(patches.claimable_ids, 50):
                     with contextlib.suppress(pexc.AlreadyEnqueued):
@@ -192,14 +194,24 @@ async def _rescue_loop(app: procrastinate.App, runner: BuildRunner, every_s: flo
         await asyncio.sleep(every_s)
 
 
-def run_worker(database_url: str, runner: BuildRunner, patch_runner: PatchRunner, *,
-               concurrency: int = 1, heartbeat_s: float = 10.0,
-               stalled_after_s: float = 30.0) -> None:
-    """Blocks running compile and patch jobs with these runners (server/wiring.py builds
-    them) until SIGINT/SIGTERM (graceful: the current job ends)."""
+def run_worker(database_url: str, runner: BuildRunner | None,
+               patch_runner: PatchRunner | None, *, concurrency: int = 1,
+               heartbeat_s: float = 10.0, stalled_after_s: float = 30.0) -> None:
+    """Blocks running the jobs these runners take until SIGINT/SIGTERM (graceful: the current
+    job ends). server/wiring.py builds them for the worker's role: a compile worker has no
+    PatchRunner (it never takes a job that signs), a publish worker no BuildRunner."""
+    if runner is not None:
+        name = runner.worker_id
+    elif patch_runner is not None:
+        name = patch_runner.worker_id
+    else:
+        raise ValueError("a worker needs a BuildRunner, a PatchRunner or both")
     url = database_url
+    queues = [QUEUE] * (runner is not None) + [PATCH_QUEUE] * (patch_runner is not None)
     app = _register(procrastinate.App(connector=procrastinate.PsycopgConnector(
-        conninfo=conninfo(url))), compile_task(runner), patch_task(patch_runner))
+        conninfo=conninfo(url))),
+        compile_task(runner) if runner is not None else _defer_only(TASK_NAME),
+        patch_task(patch_runner) if patch_runner is not None else _defer_only(PATCH_TASK_NAME))
 
     async def main() -> None:
         async with app.open_async():
@@ -214,7 +226,7 @@ def run_worker(database_url: str, runner: BuildRunner, patch_runner: PatchRunner
                                                       stalled_after_s, patch_runner))
             try:
                 await app.run_worker_async(
-                    queues=[QUEUE, PATCH_QUEUE], concurrency=concurrency, name=runner.worker_id,
+                    queues=queues, concurrency=concurrency, name=name,
                     update_heartbeat_interval=heartbeat_s,
                     stalled_worker_timeout=stalled_after_s, delete_jobs="successful")
             finally:

@@ -33,7 +33,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from server.blobstore.interface import BlobBackendError, BlobStore
 from server.blobstore.keys import artifact_key
 from server.compile.errors import CompileError, TransientCompileError
-from server.compile.pipeline import BuildOutcome, BuildSpec, Pipeline
+from server.compile.pipeline import BuildOutcome, BuildSpec
+from server.compile.sandbox import Builder, SandboxPolicy
+from server.compile.sandbox import pipeline_factory as sandboxed
 from server.compile.settings_map import pipeline_settings
 from server.compile.types import InputSpec, SourceFormat
 from server.db import versions
@@ -79,14 +81,15 @@ class _JobLog:
 class BuildRunner:
     def __init__(self, session_factory: sessionmaker[Session], store: BlobStore, *,
                  worker_id: str, work_root: Path | None = None,
-                 pipeline_factory: Callable[[Callable[[str], None]], Pipeline] | None = None,
+                 pipeline_factory: Callable[[Callable[[str], None]], Builder] | None = None,
                  retry: RetryPolicy | None = None, heartbeat_s: float = 5.0,
                  stale_after_s: float = 120.0, max_build_s: float = 3600.0) -> None:
         self._sf = session_factory
         self._store = store
         self.worker_id = worker_id
         self._work_root = work_root
-        self._pipeline_factory = pipeline_factory or (lambda log_fn: Pipeline(log=log_fn))
+        # Uploaded models are untrusted: by default every build runs in the compile sandbox.
+        self._pipeline_factory = pipeline_factory or sandboxed(SandboxPolicy())
         # A compile still running after `max_build_s` is presumed hung: its heartbeat stops so
         # another worker can take the build over (this one's late result is then discarded).
         self.lease: Lease[Build, BuildState] = Lease(

@@ -38,6 +38,7 @@ from server.publish.errors import (
     ManifestTooLargeError,
     SerialConflictError,
 )
+from server.publish.signer import Signer, sign_envelope
 
 log = logging.getLogger("modelfleet.publish")
 
@@ -59,7 +60,7 @@ class Publisher:
     """What publishing needs besides a session: store, key, clock, URLs, lifetime."""
 
     blob_store: BlobStore
-    release_key: Callable[[], manifests.SigningKey]
+    signer: Signer  # the release key; the only way this module signs
     base_url: str
     lifetime_seconds: int
     clock: Callable[[], int] = field(default=lambda: int(time.time()))
@@ -189,8 +190,7 @@ def sign_and_store(session: Session, pub: Publisher, channel: db.Channel) -> Pub
     expires = pub.clock() + pub.lifetime_seconds
     doc = build_manifest(channel=channel.name, serial=serial, expires=expires,
                          rollouts=load_rollout_records(session, channel.id, pub.base_url))
-    signed = manifests.sign_envelope(doc.to_bytes(), manifests.MANIFEST_PAYLOAD_TYPE,
-                                     [pub.release_key()])
+    signed = sign_envelope(doc.to_bytes(), manifests.MANIFEST_PAYLOAD_TYPE, [pub.signer])
     if len(signed) > MANIFEST_MAX_BYTES:
         raise ManifestTooLargeError(
             f"the signed manifest of {channel.name!r} would be {len(signed)} bytes, over the "

@@ -111,7 +111,7 @@ def create_channel(factory: sessionmaker[Session], pub: Publisher, name: str, *,
             f"channel name {name!r} is not allowed",
             field="name", fix="use 1–64 lowercase letters, digits, '.', '_' or '-'",
         )
-    pub.release_key()  # KeyStoreError now, before anything is written
+    pub.signer.keyid()  # KeyStoreError now, before anything is written
     # The row and its first manifest commit together: a channel never exists unsigned (the
     # re-sign loop and devices would otherwise meet a channel with no manifest).
     with factory() as session:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import manifests
 from manifests import PublicKey, Role, Root, SigningKey
 from server.publish.errors import RotationError
+from server.publish.signer import KeySigner, sign_envelope
 
 ROOT_LIFETIME_SECONDS = 365 * 24 * 3600
 
@@ -48,10 +49,8 @@ def build_root(
 
 def sign_root(root: Root, signers: Sequence[SigningKey]) -> bytes:
     """The DSSE envelope bytes of `root` signed by each of `signers` (one signature per key)."""
-    unique = {k.keyid: k for k in signers}
-    return manifests.sign_envelope(
-        root.to_bytes(), manifests.ROOT_PAYLOAD_TYPE, list(unique.values())
-    )
+    return sign_envelope(root.to_bytes(), manifests.ROOT_PAYLOAD_TYPE,
+                         [KeySigner(k) for k in signers])
 
 
 def root_signers_for_rotation(

@@ -33,8 +33,8 @@ from server.db.models import (
 )
 from server.errors import ConflictError, InvalidInputError, NotFoundError
 from server.jobs.interface import JobQueue
+from server.services.npzcheck import check_npz_arrays
 from server.services.sourcefiles import (
-    check_npz,
     check_onnx_self_contained,
     detect_model_format,
     digest_file,
@@ -64,6 +64,7 @@ class Limits:
     max_model_bytes: int
     max_npz_bytes: int
     max_metadata_bytes: int
+    max_npz_unpacked_bytes: int = 1024 * 1024 * 1024
 
 
 # --------------------------------------------------------------------------- models
@@ -250,7 +251,8 @@ def upload_version(
                 _check_input_names(meta.inputs, list(graph_dims))
                 _check_declared_shapes(meta.inputs, graph_dims)
         else:
-            check_npz(f.file, field=f.field)
+            check_npz_arrays(f.file, field=f.field, inputs=meta.inputs,
+                             max_unpacked_bytes=limits.max_npz_unpacked_bytes)
             formats[f.field] = "npz"
         digests[f.field], lengths[f.field] = d.sha256, d.length
     metadata_json = meta.model_dump()

@@ -73,19 +73,23 @@ def detect_model_format(f: BinaryIO) -> str:
 
 
 def check_onnx_self_contained(f: BinaryIO) -> None:
-    """Refuses an ONNX file whose weights live in a side file (`model.onnx.data`): only the
-    .onnx would have been uploaded, and every compile would fail later with a worse message.
+    """Refuses an ONNX file that points at external data anywhere a tensor can appear: graph
+    initializers, sparse initializers, `Constant` and other node attributes (t, tensors,
+    sparse_tensor(s)), subgraphs (If/Loop/Scan bodies), functions and training graphs. Only
+    the .onnx is uploaded, and a `location` such as ../../etc/hostname would make a loader
+    read a file of the compile machine into the model.
 
-    Streams: walks ModelProto.graph -> GraphProto.initializer -> TensorProto fields, seeking
-    over tensor bytes, so a multi-GB model is checked in constant memory."""
+    Streams: walks the protobuf by field numbers, seeking over tensor bytes, so a multi-GB
+    model is checked in constant memory."""
     try:
-        external = _onnx_uses_external_data(f)
+        where = _external_data_in(f, "model", f.seek(0, 2), start=0, depth=0)
     finally:
         f.seek(0)
-    if external:
+    if where:
         raise UnsupportedFileError(
-            "file field 'model' is an ONNX model whose weights are in a separate external-data "
-            "file, which was not uploaded",
+            f"file field 'model' is an ONNX model whose tensor data points at a separate "
+            f"external-data file (in {where}); only the .onnx is uploaded, and external data "
+            "is refused wherever a tensor can appear",
             field="model",
             fix="export a single file: torch.onnx.export(..., external_data=False), or "
             "onnx.save(model, path, save_as_external_data=False)",
@@ -122,27 +126,46 @@ _GRAPH_INITIALIZER = 5
 _TENSOR_EXTERNAL_DATA = 13
 _TENSOR_DATA_LOCATION = 14
 _DATA_LOCATION_EXTERNAL = 1
+MAX_ONNX_NESTING = 64
+# message -> {field number: message type of that (length-delimited) field}, for the fields
+# through which a TensorProto can be reached (onnx.proto3 numbering).
+_TENSOR_PATHS: dict[str, dict[int, str]] = {
+    "model": {7: "graph", 20: "training", 25: "function"},
+    "training": {1: "graph", 2: "graph"},
+    "function": {7: "node"},
+    "graph": {1: "node", 5: "tensor", 15: "sparse"},
+    "node": {5: "attribute"},
+    "attribute": {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 22: "sparse",
+                  23: "sparse"},
+    "sparse": {1: "tensor", 2: "tensor"},
+}
 
 
-def _onnx_uses_external_data(f: BinaryIO) -> bool:
-    end = f.seek(0, 2)
-    f.seek(0)
+def _external_data_in(f: BinaryIO, kind: str, end: int, *, start: int, depth: int) -> str:
+    """Where (e.g. "graph > node > attribute > tensor") the first external-data tensor of
+    the `kind` message spanning [start, end) is; "" if none."""
+    if depth > MAX_ONNX_NESTING:
+        raise UnsupportedFileError(
+            f"file field 'model' nests ONNX subgraphs more than {MAX_ONNX_NESTING} deep",
+            field="model", fix="flatten the model's control flow")
+    f.seek(start)
+    if kind == "tensor":
+        for number, wire, value, _ in _fields(f, end):
+            if (number == _TENSOR_EXTERNAL_DATA and wire == 2) or (
+                    (number, wire, value) == (_TENSOR_DATA_LOCATION, 0,
+                                              _DATA_LOCATION_EXTERNAL)):
+                return "tensor"
+        return ""
+    children = _TENSOR_PATHS[kind]
     for number, wire, offset, size in _fields(f, end):
-        if number != _ONNX_GRAPH_FIELD or wire != 2:
+        child = children.get(number)
+        if child is None or wire != 2:
             continue
-        f.seek(offset)
-        for g_number, g_wire, g_offset, g_size in _fields(f, offset + size):
-            if g_number != _GRAPH_INITIALIZER or g_wire != 2:
-                continue
-            f.seek(g_offset)
-            for t_number, t_wire, t_value, _ in _fields(f, g_offset + g_size):
-                if t_number == _TENSOR_EXTERNAL_DATA and t_wire == 2:
-                    return True
-                if (t_number, t_wire, t_value) == (_TENSOR_DATA_LOCATION, 0,
-                                                   _DATA_LOCATION_EXTERNAL):
-                    return True
+        found = _external_data_in(f, child, offset + size, start=offset, depth=depth + 1)
+        if found:
+            return found if kind == "model" else f"{kind} > {found}"
         f.seek(offset + size)
-    return False
+    return ""
 
 
 _GRAPH_INPUT = 11
@@ -244,23 +267,6 @@ def _first_string(f: BinaryIO, end: int, field: int) -> str | None:
     return None
 
 
-def check_npz(f: BinaryIO, *, field: str) -> None:
-    """Accepts a NumPy .npz (a zip of .npy members); raises UnsupportedFileError otherwise."""
-    f.seek(0)
-    try:
-        names = zipfile.ZipFile(f).namelist()
-    except (zipfile.BadZipFile, OSError, ValueError):
-        names = []
-    finally:
-        f.seek(0)
-    if not names or not all(n.endswith(".npy") for n in names):
-        raise UnsupportedFileError(
-            f"file field {field!r} is not a NumPy .npz archive",
-            field=field,
-            fix="save the arrays with numpy.savez (one array per model input name)",
-        )
-
-
 def _torch_zip_format(f: BinaryIO) -> str | None:
     try:
         names = zipfile.ZipFile(f).namelist()
@@ -286,6 +292,14 @@ def _read_varint(f: BinaryIO) -> int | None:
         if not b[0] & 0x80:
             return result
     return None
+
+
+def is_onnx(f: BinaryIO) -> bool:
+    """Whether `f` is framed like an ONNX ModelProto (see `_is_onnx`); rewinds `f`."""
+    try:
+        return _is_onnx(f)
+    finally:
+        f.seek(0)
 
 
 def _is_onnx(f: BinaryIO) -> bool:

@@ -17,8 +17,9 @@ from server.blobstore import LocalBlobStore
 from server.db import models as db
 from server.db.migrate import upgrade
 from server.db.session import make_engine, make_session_factory
-from server.publish.keys import KeyPaths, load_release_key
+from server.publish.keys import KeyPaths
 from server.publish.publisher import Publisher
+from server.publish.signer import LocalKeySigner
 from tests.support.server_keys import init_test_keys
 
 NOW = 1_900_000_000
@@ -65,7 +66,7 @@ def blob_store(tmp_path: Path) -> LocalBlobStore:
 @pytest.fixture
 def pub(blob_store: LocalBlobStore, key_paths: KeyPaths, clock: Clock) -> Publisher:
     return Publisher(blob_store=blob_store,
-                     release_key=lambda: load_release_key(key_paths.release_key_path),
+                     signer=LocalKeySigner(key_paths.release_key_path),
                      base_url="http://mf.test", lifetime_seconds=86_400, clock=clock)
 
 

@@ -24,9 +24,10 @@ from server.db.migrate import upgrade
 from server.db.session import make_engine, make_session_factory
 from server.errors import InvalidInputError
 from server.publish import rollouts as ro
-from server.publish.keys import KeyPaths, load_release_key
+from server.publish.keys import KeyPaths
 from server.publish.publisher import Publisher, latest_manifest
 from server.publish.resign import resign_due
+from server.publish.signer import LocalKeySigner
 from server.services.registry import check_model_name
 from server.services.version_metadata import is_semver
 from server.settings import Settings
@@ -61,7 +62,7 @@ def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
 
 
 def _publisher(store: LocalBlobStore, keys: KeyPaths, clock: Clock) -> Publisher:
-    return Publisher(blob_store=store, release_key=lambda: load_release_key(keys.release_key_path),
+    return Publisher(blob_store=store, signer=LocalKeySigner(keys.release_key_path),
                      base_url="http://mf.test", lifetime_seconds=86_400, clock=clock)
 
 

@@ -446,7 +446,7 @@ def test_storage_failure_midway_leaves_no_blob_and_no_version(
     create_model(client, publish_headers)
     store = FailOnField(tmp_path / "failing", "reference")
     client.app.state.services.blob_store = store  # type: ignore[attr-defined]
-    data = npz_bytes(x=np.ones(3))
+    data = npz_bytes(x=np.ones((2, 1, 3, 8, 8), dtype=np.float32))
     r = upload(client, publish_headers, onnx_bytes, meta(), calibration=data, reference=data)
     assert r.status_code == 503 and "No space left" in r.json()["detail"]
     assert list(store.list_keys()) == []  # model + calibration blobs were removed again

@@ -13,12 +13,18 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from server.errors import UnsupportedFileError
+from server.services.npzcheck import check_npz_arrays
 from server.services.sourcefiles import (
-    check_npz,
     check_onnx_self_contained,
     detect_model_format,
 )
 from tests.server.server_testdata import make_onnx_bytes, npz_bytes
+
+INPUTS = [{"name": "a", "shapes": {"default": [2]}}]
+
+
+def check_npz(f: io.BytesIO, *, field: str) -> None:
+    check_npz_arrays(f, field=field, inputs=INPUTS, max_unpacked_bytes=1 << 20)
 
 
 def big_onnx(path: Path, mib: int) -> None:
@@ -74,3 +80,16 @@ def test_npz_accepted_and_other_zip_refused(tmp_path: Path) -> None:
         z.writestr("notes.txt", "hi")
     with pytest.raises(UnsupportedFileError, match="'reference'"):
         check_npz(buf, field="reference")
+
+
+def test_npz_per_variant_arrays_are_checked_against_their_own_variant() -> None:
+    from server.errors import InvalidInputError
+
+    inputs = [{"name": "x", "shapes": {"sd": [1, 3, 4, 4], "hd": [1, 3, 8, 8]}}]
+    ok = npz_bytes(**{"x@sd": np.zeros((2, 1, 3, 4, 4), np.float32),
+                      "x@hd": np.zeros((2, 1, 3, 8, 8), np.float32)})
+    check_npz_arrays(io.BytesIO(ok), field="reference", inputs=inputs, max_unpacked_bytes=1 << 20)
+    swapped = npz_bytes(**{"x@sd": np.zeros((2, 1, 3, 8, 8), np.float32)})
+    with pytest.raises(InvalidInputError, match="shape variant 'sd'"):
+        check_npz_arrays(io.BytesIO(swapped), field="reference", inputs=inputs,
+                         max_unpacked_bytes=1 << 20)
