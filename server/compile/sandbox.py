@@ -60,9 +60,6 @@ SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc/ld.so
                 "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime",
                 "/etc/passwd", "/etc/group", "/etc/nsswitch.conf")
 NETWORK_PATHS = ("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates")
-# Thread-count knobs an operator may set for the compilers; nothing else crosses over.
-PASSED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-              "TORCH_NUM_THREADS")
 
 
 class SandboxUnavailableError(CompileError):
@@ -185,9 +182,6 @@ def bwrap_command(policy: SandboxPolicy, job: JobDirs, *, network: bool = False,
             "--setenv", "TMPDIR", f"{JOB}/tmp", "--setenv", "LANG", "C.UTF-8",
             "--setenv", "PYTHONPATH", SANDBOX_CODE, "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
             "--setenv", "PYTHONUNBUFFERED", "1"]
-    for name in PASSED_ENV:
-        if name in os.environ:
-            cmd += ["--setenv", name, os.environ[name]]
     # tmpfs /tmp first: a venv or checkout under /tmp (CI clones) is bound over it afterwards.
     cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(64 * 1024 * 1024),
             "--tmpfs", "/tmp"]
@@ -278,10 +272,13 @@ def run_child(cmd: list[str], job: JobDirs, policy: SandboxPolicy, log_fn: Log) 
     """Runs the sandbox; forwards the child's progress lines; kills it at the wall-clock
     limit or when it writes more than `policy.output_bytes`."""
     started = time.monotonic()
-    try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, env={
-                                    "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    exe = shutil.which(cmd[0])
+    if exe is None:
+        raise SandboxUnavailableError(f"{cmd[0]} not found on PATH; {SETUP_FIX}")
+    try:  # an empty environment: bubblewrap's --clearenv/--setenv make the child's
+        proc = subprocess.Popen([exe, *cmd[1:]], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, env={})
     except OSError as e:
         raise SandboxUnavailableError(f"the compile sandbox could not start ({e}); "
                                       f"{SETUP_FIX}") from e

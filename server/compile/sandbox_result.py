@@ -29,6 +29,7 @@ from typing import Any
 from server.compile.errors import CompileError
 from server.compile.packing import PackedArtifact, sha256_file
 from server.compile.pipeline import BuildOutcome, BuildSpec
+from server.compile.protoframe import is_onnx
 
 RESULT_FILE = "result.json"
 MAX_RESULT_BYTES = 1024 * 1024
@@ -195,8 +196,6 @@ def _sniff(path: Path, fmt: str, packing: object) -> None:
         if packing != "file":
             raise ResultError(f"a {fmt} artifact must be a single file")
         if fmt in ONNX_FORMATS:
-            from server.services.sourcefiles import is_onnx
-
             with path.open("rb") as f:
                 if not is_onnx(f):
                     raise ResultError(f"the {fmt} artifact is not an ONNX model")

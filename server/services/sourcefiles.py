@@ -11,15 +11,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from server.compile.protoframe import is_onnx, read_varint
 from server.errors import PayloadTooLargeError, UnsupportedFileError
 
 CHUNK = 1024 * 1024
 MODEL_FORMATS = ("onnx", "pt2", "torchscript")
 
 # ModelProto fields (onnx.proto3): number -> wire type (0 varint, 2 length-delimited).
-_ONNX_FIELDS = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2}
 _ONNX_GRAPH_FIELD = 7
-_MAX_TOP_LEVEL_FIELDS = 100_000
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ def detect_model_format(f: BinaryIO) -> str:
     try:
         if head.startswith(b"PK"):
             fmt = _torch_zip_format(f)
-        elif _is_onnx(f):
+        elif is_onnx(f):
             fmt = "onnx"
         else:
             fmt = None
@@ -100,17 +99,17 @@ def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, int, int, int]]:
     """(field number, wire type, value or payload offset, payload size) for each protobuf
     field from the current position to `end`; payloads are skipped, not read."""
     while f.tell() < end:
-        tag = _read_varint(f)
+        tag = read_varint(f)
         if tag is None:
             return
         number, wire = tag >> 3, tag & 7
         if wire == 0:
-            value = _read_varint(f)
+            value = read_varint(f)
             if value is None:
                 return
             yield number, wire, value, 0
         elif wire == 2:
-            size = _read_varint(f)
+            size = read_varint(f)
             if size is None or f.tell() + size > end:
                 return
             offset = f.tell()
@@ -280,53 +279,3 @@ def _torch_zip_format(f: BinaryIO) -> str | None:
     ):
         return "torchscript"
     return None
-
-
-def _read_varint(f: BinaryIO) -> int | None:
-    result = 0
-    for shift in range(0, 70, 7):
-        b = f.read(1)
-        if not b:
-            return None
-        result |= (b[0] & 0x7F) << shift
-        if not b[0] & 0x80:
-            return result
-    return None
-
-
-def is_onnx(f: BinaryIO) -> bool:
-    """Whether `f` is framed like an ONNX ModelProto (see `_is_onnx`); rewinds `f`."""
-    try:
-        return _is_onnx(f)
-    finally:
-        f.seek(0)
-
-
-def _is_onnx(f: BinaryIO) -> bool:
-    """Walks the top-level protobuf fields of a ModelProto (skipping nested messages by
-    length): every tag must be a known ModelProto field of the right wire type, a graph must
-    be present, and the walk must end exactly at end of file."""
-    end = f.seek(0, 2)
-    f.seek(0)
-    if end == 0:
-        return False
-    seen_graph = False
-    for _ in range(_MAX_TOP_LEVEL_FIELDS):
-        if f.tell() == end:
-            return seen_graph
-        tag = _read_varint(f)
-        if tag is None:
-            return False
-        number, wire = tag >> 3, tag & 7
-        if _ONNX_FIELDS.get(number) != wire:
-            return False
-        if wire == 0:
-            if _read_varint(f) is None:
-                return False
-        else:
-            size = _read_varint(f)
-            if size is None or f.tell() + size > end:
-                return False
-            f.seek(size, 1)
-        seen_graph = seen_graph or number == _ONNX_GRAPH_FIELD
-    return False
