@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from server.compile.errors import CompileError
-from server.compile.packing import PackedArtifact, sha256_file
+from server.compile.packing import PackedArtifact
 from server.compile.pipeline import BuildOutcome, BuildSpec
 from server.compile.protoframe import is_onnx
+from server.hashing import file_sha256
 
 RESULT_FILE = "result.json"
 MAX_RESULT_BYTES = 1024 * 1024
@@ -177,7 +178,7 @@ def _artifact(raw: object, out: Path, fmt: str) -> PackedArtifact:
     st = os.lstat(path) if os.path.lexists(path) else None
     if st is None or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         raise ResultError(f"artifact {rel[:80]!r} is not a regular, singly linked file")
-    sha, length = sha256_file(path)
+    sha, length = file_sha256(path)
     if sha != raw.get("sha256") or length != raw.get("length"):
         raise ResultError(f"artifact {rel[:80]!r} does not match the sha256/length the "
                           "sandboxed compile reported")
