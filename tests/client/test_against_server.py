@@ -41,6 +41,13 @@ class AppTransport:
         return Response(r.status_code, {k.lower(): v for k, v in r.headers.items()},
                         iter([r.content]), str(r.url))
 
+    def post(self, url: str, body: bytes, headers: Mapping[str, str],
+             timeout: float) -> Response:
+        r = self.client.post(url, content=body, headers=dict(headers))
+        self.paths.append(r.url.path)
+        return Response(r.status_code, {k.lower(): v for k, v in r.headers.items()},
+                        iter([r.content]), str(r.url))
+
 
 @pytest.fixture
 def server(tmp_path):
@@ -127,3 +134,55 @@ def test_device_installs_patches_and_rolls_back_against_the_real_server(server, 
     third = up.check_once()
     assert third.outcome is Outcome.ROLLED_BACK and third.models[0].version == "1.0", third
     assert runtime.predict("clf", {"x": X}).version == "1.0"
+
+
+def test_shadow_failure_reported_by_the_sdk_halts_the_rollout_on_the_real_server(
+        server, tmp_path):
+    """The SDK's reports pass the server's strict validation as they are, and a failed
+    shadow verdict they carry makes the server's guard halt the release."""
+    from client_sdk import Reporter, SystemClock
+
+    client, blobs = server
+    assert client.post("/v1/channels", json={"name": "prod"}).status_code == 201
+    add_version(client, blobs, "clf", "1.0", scaled_model(1.0))
+    add_version(client, blobs, "clf", "2.0", scaled_model(3.0))  # its outputs diverge
+    assert client.post("/v1/channels/prod/rollouts", json={
+        "model": "clf", "version": "1.0", "percentage": 100}).status_code == 201
+    r = client.post("/v1/channels/prod/rollouts", json={
+        "model": "clf", "version": "2.0", "percentage": 100, "mode": "shadow",
+        "shadow": {"max_kl_micro": 1000, "max_latency_p99_us": 1_000_000, "min_samples": 5},
+        "guard": {"min_devices": 1, "max_fail_share": 0.5}})
+    assert r.status_code == 201, r.text
+    rollout_id = r.json()["id"]
+    with client.app.state.session_factory() as s:
+        _, enroll = create_token(s, ["enroll"], name="devices")
+        s.commit()
+
+    data = tmp_path / "device"
+    transport = AppTransport(client)
+    device = DeviceProfile("edge-1", "onnx", arch="x86_64")
+    up = Updater(UpdaterConfig(
+        base_url="http://testserver", channel="prod",
+        pinned_root=client.get("/v1/root/1.json").content, device=device, data_dir=data,
+        transport=transport, formats=["onnx"]))
+    result = up.check_once()
+    assert [(c.version, c.verdict) for c in result.candidates] == [("2.0", "pending")]
+
+    app = ModelRuntime(data)
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        x = rng.standard_normal((1, 4)).astype(np.float32)
+        assert check_whole(app.predict("clf", {"x": x}).outputs, x) == 1.0
+        app.flush_shadow()
+    app.close()
+
+    rep = Reporter(data, "http://testserver", transport, device, SystemClock(), channel="prod")
+    assert rep.enroll(enroll)
+    rep.collect()
+    pending = len(rep.outbox.files())
+    sent = rep.flush()
+    assert (sent.status, sent.sent, sent.pending) == ("ok", pending, 0), sent
+    got = client.get(f"/v1/rollouts/{rollout_id}").json()
+    assert got["state"] == "halted", got
+    assert got["health"]["devices"]["failed"] == 1
+    assert [c.verdict for c in up.check_once().candidates] == []  # withdrawn: nothing offered
