@@ -18,8 +18,8 @@ once the server accepted it; 429, 5xx, 401 and network errors back off exponenti
 from __future__ import annotations
 
 import json
-import os
 import secrets
+import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +67,8 @@ class Outbox:
         self.max_reports = max_reports
 
     def add(self, report: dict[str, Any]) -> None:
-        name = f"{report['at']:012d}-{os.urandom(4).hex()}-{report['id']}.json"
+        # Named so that sorting lists them oldest first (``at``, then the write time).
+        name = f"{report['at']:012d}-{time.time_ns():020d}-{report['id']}.json"
         atomic_write_bytes(self.dir / name, json.dumps(report, sort_keys=True).encode())
         files = self.files()
         excess = len(files) - self.max_reports

@@ -142,3 +142,30 @@ def test_health_reports_count_predictions_since_the_last_report(make_updater, si
         counts = [(r["predictions"], r["errors"], r["rolled_back"])
                   for r in sorted(sim.telemetry.of_kind("health"), key=lambda r: r["at"])]
     assert sorted(counts) == [(3, 0, False), (5, 0, False)]
+
+
+def update_events(data):
+    return [(r["version"], r["event"], r["via"], r["bytes"])
+            for r in (json.loads(f.read_bytes()) for f in Outbox(data).files())
+            if r["kind"] == "update"]
+
+
+def test_update_reports_say_how_the_bytes_came_full_patch_or_held(make_updater, sim, tmp_path,
+                                                                 v1, v2):
+    data = tmp_path / "device"
+    a1 = sim.artifact(v1)
+    sim.publish("clf", [sim.release("1.0", [a1])])
+    up = make_updater()
+    up.check_once()
+    patch = sim.patch(v1, v2)
+    a2 = sim.artifact(v2, patches=[patch])
+    sim.publish("clf", [sim.release("2.0", [a2], mode="shadow"), sim.release("1.0", [a1])])
+    up.check_once()
+    sim.publish("clf", [sim.release("2.0", [a2]), sim.release("1.0", [a1])])  # promotion
+    up.check_once()
+    assert update_events(data) == [
+        ("1.0", "downloaded", "full", len(v1)), ("1.0", "verified", "full", len(v1)),
+        ("1.0", "activated", "full", None),
+        ("2.0", "downloaded", "patch", patch.length), ("2.0", "verified", "patch", patch.length),
+        ("2.0", "activated", "held", None),
+    ]
