@@ -77,6 +77,15 @@ def test_reports_are_stored_once_and_the_device_row_follows_them(fleet: Fleet) -
     assert kinds == ["health", "update.activated", "update.downloaded", "update.verified"]
 
 
+def test_update_events_of_one_second_count_the_last_one_sent(fleet: Fleet) -> None:
+    rollout = fleet.rollout("1.0")
+    device = fleet.enroll(FleetDevice("pixel-0004"))
+    fleet.send(device, [update_report("clf", "1.0", e, at=500)
+                        for e in ("downloaded", "verified", "activated")])
+    health = fleet.client.get(f"/v1/rollouts/{rollout['id']}", headers=fleet.ops).json()
+    assert health["health"]["devices"]["active"] == 1
+
+
 def test_preview_over_seen_devices_counts_the_enrolled_fleet(fleet: Fleet, devices) -> None:
     devices(6)  # three android, three ios
     fleet.client.post("/v1/channels", json={"name": "prod"}, headers=fleet.ops)

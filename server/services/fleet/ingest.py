@@ -270,7 +270,10 @@ def _standings(conn: Connection, device_id: str,
     if events:
         rows = []
         for rid, evs in events.items():
-            last = max(evs, key=lambda e: e.at)
+            last = evs[0]
+            for e in evs:  # the latest; on a tie the later one in the batch (sent in order)
+                if e.at >= last.at:
+                    last = e
             rows.append({"device_id": device_id, "release_id": rid, "event": last.event,
                          "event_at": last.at, "updated_at": now,
                          "downloaded": any(e.event in ("downloaded", "verified", "activated")

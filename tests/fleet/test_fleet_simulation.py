@@ -1,0 +1,247 @@
+"""The closed loop with a real fleet: the real server on loopback (uvicorn, PostgreSQL, the
+in-process compile queue running the real ONNX pipeline and gates) and 50 SDK instances, each
+its own data directory, device id, key and profile, talking HTTP.
+
+A good release passes shadow on the devices, is promoted by the guard (auto_promote) and
+ramped to 100%; a bad release (outputs diverge) fails shadow on the devices, the server halts
+it in the very request that brought the failed share to the guard's threshold, no device
+ever served an output of the bad model, and every device ends on the good version. Prints
+the timeline."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import uvicorn
+
+from client_sdk import (
+    DeviceProfile,
+    ModelRuntime,
+    SystemClock,
+    Updater,
+    UpdaterConfig,
+    UrllibTransport,
+)
+from client_sdk.telemetry import Reporter
+from server.app import create_app
+from server.auth import create_token
+from server.db.migrate import upgrade
+from server.settings import Settings
+from tests.client.onnx_models import check_whole, scaled_model
+from tests.conftest import free_port
+from tests.support.server_keys import init_test_keys
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+DEVICES = 50
+MIN_DEVICES = 10
+SHADOW = {"max_kl_micro": 2_000, "max_latency_p99_us": 5_000_000, "min_samples": 5}
+META = {"platforms": {"onnx": {}}, "inputs": [{"name": "x", "dtype": "float32",
+                                               "shape": [1, 4]}]}
+PROFILES = [("x86_64", "12"), ("arm64", "13"), ("arm64", "14"), ("x86_64", "17.2"),
+            ("arm64", "15.1")]
+
+
+@dataclass
+class Device:
+    index: int
+    data_dir: Path
+    profile: DeviceProfile
+    url: str
+    root: bytes
+    reporter: Reporter
+    served: list[str] = field(default_factory=list)  # version of every prediction
+
+    def cycle(self, rng: np.random.Generator, predictions: int = 7) -> None:
+        """One poll, as an app process would run it: update, serve the app's predictions
+        (the candidate shadows them), persist the statistics, send the telemetry."""
+        runtime = ModelRuntime(self.data_dir)
+        try:
+            Updater(UpdaterConfig(base_url=self.url, channel="prod", pinned_root=self.root,
+                                  device=self.profile, data_dir=self.data_dir,
+                                  runtime=runtime)).check_once()
+            for _ in range(predictions):
+                x = rng.standard_normal((1, 4)).astype(np.float32)
+                p = runtime.predict("clf", {"x": x})
+                check_whole(p.outputs, x)  # both outputs came from the bundle that answered
+                self.served.append(p.version)
+                runtime.flush_shadow()
+        finally:
+            runtime.close()
+        self.reporter.collect()
+        self.reporter.flush()
+
+    def active(self) -> str | None:
+        runtime = ModelRuntime(self.data_dir)
+        try:
+            bundle = runtime.store.active("clf")
+        finally:
+            runtime.close()
+        return None if bundle is None else bundle.version
+
+
+class Server:
+    def __init__(self, settings: Settings) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.app = create_app(settings)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self.server.started
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture
+def fleet_server(postgres_url: str, tmp_path: Path) -> Iterator[tuple[Server, str, str]]:
+    upgrade(postgres_url)
+    data = tmp_path / "server"
+    init_test_keys(data)
+    settings = Settings(env="development", data_dir=data, database_url=postgres_url,
+                        manifest_lifetime_seconds=86_400)
+    with Server(settings) as server:
+        with server.app.state.session_factory() as s:
+            _, ops = create_token(s, ["publish", "rollout"], name="release-engineer")
+            _, enroll = create_token(s, ["enroll"], name="fleet")
+            s.commit()
+        yield server, ops, enroll
+
+
+class Api:
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.http = url, requests.Session()
+        self.http.headers["Authorization"] = f"Bearer {token}"
+
+    def __call__(self, method: str, path: str, **kw: Any) -> Any:
+        r = self.http.request(method, self.url + path, timeout=60, **kw)
+        assert r.status_code < 300, (method, path, r.status_code, r.text)
+        return r.json()
+
+    def publish(self, version: str, k: float) -> None:
+        self("POST", "/v1/models/clf/versions",
+             files={"model": ("m.onnx", scaled_model(k), "application/octet-stream")},
+             data={"metadata": json.dumps({**META, "version": version})})
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            state = self("GET", f"/v1/models/clf/versions/{version}")["state"]
+            if state in ("ready", "failed"):
+                assert state == "ready"
+                return
+            time.sleep(0.5)
+        pytest.fail(f"version {version} did not build in time")
+
+
+def make_devices(server: Server, root: bytes, enroll: str, base: Path) -> list[Device]:
+    devices = []
+    for i in range(DEVICES):
+        arch, os_version = PROFILES[i % len(PROFILES)]
+        profile = DeviceProfile(f"sim-{i:03d}", "onnx", arch=arch, os_version=os_version,
+                                app_version=f"3.{i % 3}.0")
+        data = base / profile.device_id
+        reporter = Reporter(data, server.url, UrllibTransport(), profile, SystemClock(),
+                            channel="prod")
+        assert reporter.enroll(enroll)
+        devices.append(Device(i, data, profile, server.url, root, reporter))
+    return devices
+
+
+def test_fleet_of_50_devices_promotes_a_good_release_and_halts_a_bad_one(
+        fleet_server: tuple[Server, str, str], tmp_path: Path) -> None:
+    server, ops, enroll = fleet_server
+    api = Api(server.url, ops)
+    rng = np.random.default_rng(12)
+    timeline: list[str] = []
+    t0 = time.monotonic()
+
+    def log(event: str) -> None:
+        timeline.append(f"{time.monotonic() - t0:7.1f}s  {event}")
+
+    api("POST", "/v1/models", json={"name": "clf", "task": "classification"})
+    for version, k in (("1.0.0", 1.0), ("2.0.0", 1.001), ("3.0.0", 3.0)):
+        api.publish(version, k)
+    log("1.0.0, 2.0.0 (same outputs ±0.1%) and 3.0.0 (outputs ×3) built")
+    api("POST", "/v1/channels/prod/rollouts", json={"model": "clf", "version": "1.0.0",
+                                                     "percentage": 100})
+    root = requests.get(server.url + "/v1/root/1.json", timeout=30).content
+    devices = make_devices(server, root, enroll, tmp_path / "devices")
+    for d in devices:
+        d.cycle(rng)
+    assert {d.active() for d in devices} == {"1.0.0"}
+    log(f"{DEVICES} devices enrolled and on 1.0.0")
+
+    # The good release: shadow on half the fleet, promoted by the guard, ramped to 100%.
+    good = api("POST", "/v1/channels/prod/rollouts", json={
+        "model": "clf", "version": "2.0.0", "percentage": 50, "mode": "shadow",
+        "shadow": SHADOW, "auto_promote": True,
+        "guard": {"min_devices": MIN_DEVICES, "max_fail_share": 0.2}})
+    promoted_after = None
+    for d in devices:
+        d.cycle(rng)
+        if promoted_after is None and api("GET", f"/v1/rollouts/{good['id']}")["mode"] == "active":
+            promoted_after = d.index + 1
+    health = api("GET", f"/v1/rollouts/{good['id']}")["health"]
+    assert promoted_after is not None, health
+    assert health["devices"]["passed"] >= MIN_DEVICES and health["devices"]["failed"] == 0
+    log(f"2.0.0 promoted by the guard after {promoted_after} devices had cycled "
+        f"({health['devices']['passed']} passed, offered {health['devices']['offered']})")
+    api("PATCH", f"/v1/rollouts/{good['id']}", json={"percentage": 100})
+    for _ in range(2):  # holders swap the candidate in; the other half downloads 2.0
+        for d in devices:
+            d.cycle(rng)
+    assert {d.active() for d in devices} == {"2.0.0"}
+    health = api("GET", f"/v1/rollouts/{good['id']}")["health"]
+    assert health["devices"]["failed"] == 0 and health["devices"]["rolled_back"] == 0
+    log(f"2.0.0 ramped to 100%: all {DEVICES} devices active on it (health: "
+        f"{health['devices']})")
+
+    # The bad release: shadow everywhere; the guard halts it at the threshold.
+    bad = api("POST", "/v1/channels/prod/rollouts", json={
+        "model": "clf", "version": "3.0.0", "percentage": 100, "mode": "shadow",
+        "shadow": SHADOW, "guard": {"min_devices": MIN_DEVICES, "max_fail_share": 0.2}})
+    serial_before = bad["serial"]
+    halted_after = None
+    for d in devices:
+        d.cycle(rng)
+        state = api("GET", f"/v1/rollouts/{bad['id']}")
+        if halted_after is None and state["state"] == "halted":
+            halted_after = d.index + 1
+            log(f"3.0.0 halted by the guard after device {halted_after}: "
+                f"{state['state_reason']}")
+    state = api("GET", f"/v1/rollouts/{bad['id']}")
+    # The threshold: MIN_DEVICES reporting devices, every one failed; halted in that request.
+    assert halted_after == MIN_DEVICES, (halted_after, state["health"])
+    assert state["health"]["devices"]["failed"] == MIN_DEVICES
+    assert state["health"]["devices"]["downloaded"] == MIN_DEVICES  # no one after saw it
+    channels = api("GET", "/v1/channels")
+    assert next(c["serial"] for c in channels if c["name"] == "prod") > serial_before
+    halts = api("GET", "/v1/audit", params={"action": "rollout.halt"})["events"]
+    assert [e["actor"] for e in halts] == ["system"]
+    log(f"3.0.0 seen by {state['health']['devices']['downloaded']} of {DEVICES} devices, "
+        f"failed on {state['health']['devices']['failed']}")
+
+    for d in devices:
+        d.cycle(rng)
+    served = [v for d in devices for v in d.served]
+    assert "3.0.0" not in served  # no device ever served the bad model
+    assert {d.active() for d in devices} == {"2.0.0"}
+    log(f"every device on 2.0.0; {len(served)} predictions served, none by 3.0.0")
+    print("\nfleet timeline:\n" + "\n".join(timeline))
