@@ -210,6 +210,7 @@ def test_fleet_of_50_devices_promotes_a_good_release_and_halts_a_bad_one(
     assert {d.active() for d in devices} == {"2.0.0"}
     health = api("GET", f"/v1/rollouts/{good['id']}")["health"]
     assert health["devices"]["failed"] == 0 and health["devices"]["rolled_back"] == 0
+    assert health["devices"]["active"] == DEVICES
     log(f"2.0.0 ramped to 100%: all {DEVICES} devices active on it (health: "
         f"{health['devices']})")
 
