@@ -5,9 +5,9 @@ private key can live in a file (`LocalKeySigner`, today's release.key), in memor
 offline root ceremony (`KeySigner`), or later in an HSM / cloud KMS behind the same two
 methods. `sign_envelope` turns signers into the DSSE envelope bytes devices verify.
 
-Only the processes that publish hold a release signer: the API's publish path and
-`modelfleet worker --role publish|all`. Compile workers and the compile sandbox never
-construct one.
+Only the processes that publish use a release signer: the API's publish path and
+`modelfleet worker --role publish|all`. A compile worker never runs a job that signs (so it
+never reads the key file), and the compile sandbox cannot see the key at all.
 """
 
 from __future__ import annotations
