@@ -41,7 +41,10 @@ def session_options(**config: str) -> Any:
             try:
                 ort.register_execution_provider_library(ep, onnxruntime_qnn.get_library_path())
             except Exception as e:  # onnxruntime's errors are untyped
-                raise BackendUnavailableError(f"cannot register the QNN EP: {e}") from e
+                # The registry is per process: the app (or a server component sharing the
+                # process) may have registered the library first; that is not a failure.
+                if "already registered" not in str(e).lower():
+                    raise BackendUnavailableError(f"cannot register the QNN EP: {e}") from e
             _registered.add(ep)
     devices = [d for d in ort.get_ep_devices() if d.ep_name == ep]
     if not devices:

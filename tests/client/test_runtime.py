@@ -207,3 +207,25 @@ def test_compiled_model_is_cached_per_runtime_version(tmp_path):
     opt.write_bytes(b"bit rot")  # a corrupted cache is rebuilt, never loaded
     ModelRuntime(tmp_path).prepare(bundle)
     assert opt.read_bytes() != b"bit rot"
+
+
+def test_qnn_ep_registered_first_by_another_component_still_serves_the_htp():
+    # A process that compiled with the server's QNN path (or an app that registered the EP
+    # itself) already holds the library under the same name; the SDK must use it rather than
+    # fall back to the CPU. A fresh interpreter, so nothing in this one registered it before.
+    import subprocess
+    import sys
+
+    script = (
+        "import onnxruntime as ort, onnxruntime_qnn\n"
+        "ort.register_execution_provider_library(onnxruntime_qnn.get_ep_name(),\n"
+        "                                        onnxruntime_qnn.get_library_path())\n"
+        "from client_sdk import qnn\n"
+        "opts = qnn.session_options()\n"
+        "print(opts.get_session_config_entry('session.disable_cpu_ep_fallback'))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "1"
