@@ -40,7 +40,7 @@ VERDICTS = (PENDING, PASSED, FAILED)
 MAX_LATENCIES = 2048
 # SNR of identical outputs (no noise at all): a finite stand-in for +inf.
 SNR_IDENTICAL_DB = 200.0
-_SHA = re.compile(r"^[0-9a-f]{64}$")
+_SHA = re.compile(r"[0-9a-f]{64}")
 _EPS = 1e-12
 
 Arrays = Mapping[str, np.ndarray[Any, Any]]
@@ -243,7 +243,7 @@ class ShadowStore:
         self.dir = Path(data_dir) / "shadow"
 
     def _path(self, sha256: str) -> Path:
-        if not _SHA.match(sha256):
+        if not _SHA.fullmatch(sha256):
             raise InstallError(f"not a sha256: {sha256!r}")
         return self.dir / f"{sha256}.json"
 
@@ -289,7 +289,7 @@ class ShadowStore:
             return []
         out = []
         for p in sorted(self.dir.glob("*.json")):
-            s = self.load(p.stem) if _SHA.match(p.stem) else None
+            s = self.load(p.stem) if _SHA.fullmatch(p.stem) else None
             if s is not None:
                 out.append(s)
         return out
