@@ -16,6 +16,7 @@ No ORM object is made per report: Core inserts of plain dicts.
 from __future__ import annotations
 
 import binascii
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -94,9 +95,41 @@ class RateLimiter:
             return 0.0
 
 
-def _insert(conn: Connection, table: Any) -> Any:
-    return (postgresql.insert(table) if conn.dialect.name == "postgresql"
-            else sqlite.insert(table))
+@dataclass(frozen=True)
+class _Statements:
+    """The three writes of a batch, built once per dialect (values come as parameters)."""
+
+    events: Any
+    shadow_standing: Any
+    event_standing: Any
+
+
+@functools.cache
+def _statements(dialect: str) -> _Statements:
+    def insert(table: Any) -> Any:
+        return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+
+    events = insert(db.TelemetryEvent).on_conflict_do_nothing(
+        index_elements=["report_id"]).returning(db.TelemetryEvent.report_id)
+    t = db.DeviceRelease.__table__
+    ins = insert(t)
+    newer = ins.excluded.shadow_at >= func.coalesce(t.c.shadow_at, -1)
+    latest = {c: case((newer, ins.excluded[c]), else_=t.c[c]) for c in (
+        "verdict", "shadow_at", "samples", "kl_mean_micro", "kl_max_micro", "active_p50_us",
+        "candidate_p50_us", "candidate_p99_us")}
+    shadow = ins.on_conflict_do_update(
+        index_elements=["device_id", "release_id"],
+        set_={**latest, "downloaded": True, "updated_at": ins.excluded.updated_at})
+    ins = insert(t)
+    newer = ins.excluded.event_at >= func.coalesce(t.c.event_at, -1)
+    event = ins.on_conflict_do_update(
+        index_elements=["device_id", "release_id"],
+        set_={"event": case((newer, ins.excluded.event), else_=t.c.event),
+              "event_at": case((newer, ins.excluded.event_at), else_=t.c.event_at),
+              "downloaded": or_(t.c.downloaded, ins.excluded.downloaded),
+              "rolled_back": or_(t.c.rolled_back, ins.excluded.rolled_back),
+              "updated_at": ins.excluded.updated_at})
+    return _Statements(events, shadow, event)
 
 
 def decode_signature(value: str | None) -> bytes:
@@ -189,8 +222,7 @@ class TelemetryIngest:
                 conn, r.model, r.version, r.channel) for r in batch.reports}
             rows = [_event_row(batch.device_id, r, release_of[(r.model, r.version, r.channel)],
                                received) for r in batch.reports]
-            stmt = _insert(conn, db.TelemetryEvent).on_conflict_do_nothing(
-                index_elements=["report_id"]).returning(db.TelemetryEvent.report_id)
+            stmt = _statements(conn.dialect.name).events
             new_ids = set(conn.execute(stmt, rows).scalars()) if rows else set()
             new = [r for r in batch.reports if r.id in new_ids]
             active = _active_versions(dict(active_before), new)
@@ -251,7 +283,6 @@ def _standings(conn: Connection, device_id: str,
             events.setdefault(rid, []).append(r)
             if r.event in FAILING_EVENTS:
                 judged.add(rid)
-    t = db.DeviceRelease.__table__
     if shadows:
         rows = [{"device_id": device_id, "release_id": rid, "downloaded": True,
                  "rolled_back": False, "verdict": s.verdict, "shadow_at": s.at,
@@ -259,14 +290,7 @@ def _standings(conn: Connection, device_id: str,
                  "kl_max_micro": s.kl_max_micro, "active_p50_us": s.active_p50_us,
                  "candidate_p50_us": s.candidate_p50_us, "candidate_p99_us": s.candidate_p99_us,
                  "updated_at": now} for rid, s in shadows.items()]
-        ins = _insert(conn, t)
-        newer = ins.excluded.shadow_at >= func.coalesce(t.c.shadow_at, -1)
-        latest = {c: case((newer, ins.excluded[c]), else_=t.c[c]) for c in (
-            "verdict", "shadow_at", "samples", "kl_mean_micro", "kl_max_micro", "active_p50_us",
-            "candidate_p50_us", "candidate_p99_us")}
-        conn.execute(ins.on_conflict_do_update(
-            index_elements=["device_id", "release_id"],
-            set_={**latest, "downloaded": True, "updated_at": ins.excluded.updated_at}), rows)
+        conn.execute(_statements(conn.dialect.name).shadow_standing, rows)
     if events:
         rows = []
         for rid, evs in events.items():
@@ -279,14 +303,6 @@ def _standings(conn: Connection, device_id: str,
                          "downloaded": any(e.event in ("downloaded", "verified", "activated")
                                            for e in evs),
                          "rolled_back": any(e.event == "rolled_back" for e in evs)})
-        ins = _insert(conn, t)
-        newer = ins.excluded.event_at >= func.coalesce(t.c.event_at, -1)
-        conn.execute(ins.on_conflict_do_update(
-            index_elements=["device_id", "release_id"],
-            set_={"event": case((newer, ins.excluded.event), else_=t.c.event),
-                  "event_at": case((newer, ins.excluded.event_at), else_=t.c.event_at),
-                  "downloaded": or_(t.c.downloaded, ins.excluded.downloaded),
-                  "rolled_back": or_(t.c.rolled_back, ins.excluded.rolled_back),
-                  "updated_at": ins.excluded.updated_at}), rows)
+        conn.execute(_statements(conn.dialect.name).event_standing, rows)
     return judged
 
