@@ -12,12 +12,13 @@ own bucket.
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+
+from tests.support.served import free_port
 
 PG_ADMIN_DSN = os.environ.get(
     "MODELFLEET_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test"
@@ -74,12 +75,6 @@ def database_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'modelfleet.db'}"
     else:
         yield request.getfixturevalue("postgres_url")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

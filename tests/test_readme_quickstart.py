@@ -8,22 +8,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.support.served import free_port, wait_until_up
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def quickstart_script(doc: str = "README.md", heading: str = "## Quick start") -> str:
@@ -33,20 +26,6 @@ def quickstart_script(doc: str = "README.md", heading: str = "## Quick start") -
     match = re.search(r"```sh\n(.*?)```", section, re.S)
     assert match, f"{doc} lost its quick-start shell block"
     return match.group(1)
-
-
-def wait_until_up(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"modelfleet serve exited: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    pytest.fail(f"modelfleet serve did not come up: {log.read_text()[-2000:]}")
 
 
 @pytest.mark.slow

@@ -3,19 +3,12 @@ model files (built at test time, never committed)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 MODELFLEET = [sys.executable, "-m", "modelfleet"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_cli(*args: str, env: dict[str, str], stdin: str | None = None,

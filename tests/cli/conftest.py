@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.cli.cli_support import MODELFLEET, REPO, free_port, run_cli
+from tests.cli.cli_support import MODELFLEET, REPO, run_cli
+from tests.support.served import free_port, wait_until_up
 
 
 @dataclass(frozen=True)
@@ -55,15 +53,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                                 stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/healthz", timeout=2):
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"server did not start:\n{log.read_text()}") from None
-                time.sleep(0.2)
+        wait_until_up(f"{base}/healthz", proc, log)
         yield Served(base, data, token, log)
     finally:
         proc.terminate()

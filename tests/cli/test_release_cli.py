@@ -23,12 +23,12 @@ import pytest
 from tests.cli.cli_support import (
     MODELFLEET,
     REPO,
-    free_port,
     run_cli,
     write_reference,
     write_scale_model,
     write_unloadable_model,
 )
+from tests.support.served import free_port
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 INPUT = "x:float32:1x3x8x8"

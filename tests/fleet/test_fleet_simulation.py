@@ -37,7 +37,7 @@ from server.auth import create_token
 from server.db.migrate import upgrade
 from server.settings import Settings
 from tests.client.onnx_models import check_whole, scaled_model
-from tests.conftest import free_port
+from tests.support.served import free_port
 from tests.support.server_keys import init_test_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]

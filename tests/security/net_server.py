@@ -10,20 +10,15 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.served import free_port, wait_until_up
+
 REPO = Path(__file__).resolve().parents[2]
 CHUNK = 64 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -64,25 +59,12 @@ def running_server(root: Path) -> Iterator[Server]:
         [sys.executable, "-m", "modelfleet", "serve", "--data-dir", str(data_dir),
          "--port", str(port)], cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_up(port, proc, root / "serve.log")
+        wait_until_up(f"http://127.0.0.1:{port}/healthz", proc, root / "serve.log", 60)
         yield Server(port, proc, data_dir, spool)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
-
-
-def _wait_up(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"modelfleet serve exited: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"modelfleet serve did not come up: {log.read_text()[-2000:]}")
 
 
 @dataclass

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from tests.security import hostile_models as hostile
+from tests.support.served import free_port, wait_until_up
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -27,12 +27,6 @@ X = [{"name": "x", "dtype": "float32", "shape": [1, 4]}]
 def _mf(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "modelfleet", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=180)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_code_on_load_payloads_through_modelfleet_serve_leak_and_change_nothing(
@@ -52,7 +46,7 @@ def test_code_on_load_payloads_through_modelfleet_serve_leak_and_change_nothing(
     pickled = hostile.pt2_pickle_payload(tmp_path / "evil.pt2", "import os\n" + "".join(
         f"os.system('touch {m}')\n" for m in markers))
 
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
     with log.open("wb") as sink:
@@ -61,12 +55,7 @@ def test_code_on_load_payloads_through_modelfleet_serve_leak_and_change_nothing(
                                 env={**os.environ, "MODELFLEET_PUBLIC_BASE_URL": base},
                                 stdout=sink, stderr=subprocess.STDOUT)
         try:
-            for _ in range(240):
-                try:
-                    if httpx.get(f"{base}/v1/root/1.json").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.25)
+            wait_until_up(f"{base}/v1/root/1.json", proc, log, 60)
             auth = {"Authorization": f"Bearer {token}"}
             with httpx.Client(base_url=base, timeout=60) as c:
                 for name, path in (("thief", thief), ("pickled", pickled)):
