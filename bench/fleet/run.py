@@ -27,26 +27,20 @@ import os
 import re
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import free_port, group_cpu_seconds, wait_http  # noqa: E402
+
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BATCH = 50
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fresh_database() -> str:
@@ -161,35 +155,6 @@ def start_server(url: str, data: Path, port: int, workers: int) -> subprocess.Po
         cwd=ROOT, env=env, start_new_session=True)
 
 
-def wait_http(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                r.read()
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"server did not come up at {url}")
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """user+system seconds of `pid` and its children (uvicorn's workers)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(p) for p in children.read_text().split()]
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick
-    return total
-
-
 def rows(url: str) -> int:
     from sqlalchemy import create_engine, text
 
@@ -232,9 +197,9 @@ def phase(name: str, per: int, port: int, url: str, server: subprocess.Popen[byt
     reqs = tmp / f"{name}.tsv"
     count = int(expect_rps * args.duration * 1.5)
     build_requests(devices, count, per, reqs)
-    before_rows, before_cpu = rows(url), tree_cpu_seconds(server.pid)
+    before_rows, before_cpu = rows(url), group_cpu_seconds(server.pid)
     result = run_wrk(port, Path(__file__).with_name("requests.lua"), reqs, args)
-    cpu = tree_cpu_seconds(server.pid) - before_cpu
+    cpu = group_cpu_seconds(server.pid) - before_cpu
     stored = settled_rows(url) - before_rows
     ok = result["requests"] - result["non2xx"]
     reqs.unlink()
@@ -276,7 +241,7 @@ def main() -> None:
             devices = seed(url, tmp / "data", args.devices)
             port = free_port()
             server = start_server(url, tmp / "data", port, args.workers)
-            wait_http(f"http://127.0.0.1:{port}/healthz")
+            wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
             # Warm-up: every device's key into the workers' caches, connections pooled.
             phase("warm", 1, port, url, server, devices, tmp,
                   argparse.Namespace(**{**vars(args), "duration": 2}), 1500)

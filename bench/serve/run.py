@@ -29,36 +29,18 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                r.read()
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up within {timeout} s")
+from bench.common import free_port, group_cpu_seconds, wait_http  # noqa: E402
 
 
 def prepare(data: Path) -> None:
@@ -146,21 +128,6 @@ def run_wrk(url: str, duration: int, connections: int, threads: int,
     if errors:
         print(f"warning: {url}: {errors} errors\n{out}", file=sys.stderr)
     return {"rps": rps, "p99_ms": float(p99.group(1)) * scale, "errors": float(errors)}
-
-
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU time of every live process in a process group (a server's master
-    and workers), from /proc: the server's own cost, apart from wrk's on the same cores."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the process ended meanwhile
-            continue
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / tick
 
 
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
