@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +19,8 @@ from server.db.session import make_engine, make_session_factory
 from server.publish.keys import KeyPaths
 from server.publish.publisher import Publisher
 from server.publish.signer import LocalKeySigner
+from tests.support.clock import NOW, Clock
 from tests.support.server_keys import init_test_keys
-
-NOW = 1_900_000_000
-
-
-@dataclass
-class Clock:
-    now: int = NOW
-
-    def __call__(self) -> int:
-        return self.now
 
 
 @pytest.fixture

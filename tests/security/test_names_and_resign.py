@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,19 +30,12 @@ from server.publish.signer import LocalKeySigner
 from server.services.registry import check_model_name
 from server.services.version_metadata import is_semver
 from server.settings import Settings
+from tests.support.clock import NOW, Clock
 from tests.support.server_keys import init_test_keys
 
-NOW = 1_900_000_000
 ACTOR = "token:1:test"
 FAILED_ACTION = "manifest.resign_failed"  # the audit action operators watch
 
-
-@dataclass
-class Clock:
-    now: int = NOW
-
-    def __call__(self) -> int:
-        return self.now
 
 
 @pytest.fixture
