@@ -1,6 +1,7 @@
 """The application factory: `create_app(settings)` builds the services (server/wiring.py),
 installs error mapping, every router in `server.api.ROUTERS` and the body-size cap, and runs
-the background work of an API process (signed-root import, re-signing) for its lifetime.
+the background work of an API process (signed-root import, re-signing, ramp steps) for its
+lifetime.
 No module-level app or engine."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from server.blobstore import BlobStore
 from server.jobs.interface import JobQueue
 from server.publish.errors import PublishError
 from server.publish.resign import resign_loop
+from server.services.fleet.ramp import ramp_loop
 from server.services.serving import import_roots
 from server.settings import Settings
 from server.wiring import Services, build_services, key_paths
@@ -75,13 +77,15 @@ def create_app(
 @contextlib.asynccontextmanager
 async def background(services: Services) -> AsyncIterator[None]:
     """An API process's own work: import signed roots from DATA_DIR/roots, re-sign manifests
-    before they expire."""
+    before they expire, take due ramp steps of healthy rollouts."""
     try:
         await run_in_threadpool(import_roots, services.session_factory,
                                 key_paths(services.settings))
     except PublishError as e:  # serve anyway: manifests and artifacts do not need the roots
         log.error("signed roots not imported: %s", e.message)
-    task = asyncio.create_task(resign_loop(services.session_factory, services.publisher))
+    tasks = [asyncio.create_task(resign_loop(services.session_factory, services.publisher)),
+             asyncio.create_task(ramp_loop(services.fleet.ramp,
+                                           services.settings.ramp_check_seconds))]
     # Everything loaded at start lives as long as the process: moving it out of the cyclic
     # GC's generations stops full collections from rescanning it under load (p99 spikes).
     gc.freeze()
@@ -89,6 +93,8 @@ async def background(services: Services) -> AsyncIterator[None]:
         yield
     finally:
         gc.unfreeze()  # let a process that builds many apps (tests) collect them again
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -88,6 +88,8 @@ class Settings(BaseSettings):
     telemetry_burst: int = Field(default=20, gt=0)
     # POSTed a JSON event when the guard halts a rollout by itself; empty = no webhook.
     halt_webhook_url: str = ""
+    # How often an API process looks for rollouts whose next ramp step is due.
+    ramp_check_seconds: float = Field(default=15.0, gt=0)
 
     @property
     def resolved_database_url(self) -> str:

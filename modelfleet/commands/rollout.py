@@ -48,6 +48,32 @@ def percentage(text: str) -> str:
     return str(value)
 
 
+def ramp_schedule(text: str) -> list[str]:
+    """--ramp 1,5,25,100 → ["1", "5", "25", "100"]; the server checks the order and range."""
+    steps = [s.strip().removesuffix("%") for s in text.split(",") if s.strip()]
+    for step in steps:
+        try:
+            Decimal(step)
+        except InvalidOperation:
+            raise CommandError(f"--ramp {text!r}: {step!r} is not a percentage",
+                               fix="e.g. --ramp 1,5,25,100") from None
+    return steps
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def duration_seconds(text: str) -> int:
+    """--ramp-interval 1h / 30m / 90s / 2d / 3600 → seconds."""
+    value = text.strip().lower()
+    unit = DURATION_UNITS.get(value[-1:], None) if value else None
+    number = value[:-1] if unit is not None else value
+    if not number.isdigit():
+        raise CommandError(f"--ramp-interval {text!r} is not a duration",
+                           fix="e.g. --ramp-interval 1h, 30m, 90s, 2d or 3600 (seconds)")
+    return int(number) * (unit or 1)
+
+
 def parse_filters(items: list[str] | None) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for item in items or []:
@@ -69,7 +95,16 @@ def describe(r: dict[str, Any]) -> str:
     mode = " shadow" if r["mode"] == "shadow" else ""
     return (f"rollout {r['id']}: {r['model']} {r['version']} on {r['channel']} at "
             f"{r['percentage']:g}%{mode}, {r['state']}{reason}"
-            + (f" [{filters}]" if filters else "") + serial)
+            + (f" [{filters}]" if filters else "") + serial + describe_ramp(r.get("ramp")))
+
+
+def describe_ramp(ramp: dict[str, Any] | None) -> str:
+    if not ramp:
+        return ""
+    steps = " → ".join(f"{s:g}%" for s in ramp["steps"])
+    when = f", next step at {ramp['next_step_at']} if healthy" if ramp["next_step_at"] else ""
+    return (f"; ramp {steps} every {ramp['interval_seconds']} s: step {ramp['step']}/"
+            f"{len(ramp['steps'])}, {ramp['state']}{when}")
 
 
 def rollout_table(rollouts: list[dict[str, Any]], title: str | None = None) -> Table:
@@ -90,7 +125,9 @@ def start(
                                            "first use)")],
     model: Annotated[str, typer.Argument(metavar="MODEL")],
     version: Annotated[str, typer.Argument(metavar="VERSION")],
-    percent: Percent,
+    percent: Annotated[str | None, typer.Option(
+        "--percent", metavar="N", help="share of matching devices, 0–100 (e.g. 5, 0.5); "
+        "with --ramp it may be left out (the first step)")] = None,
     mode: Annotated[str, typer.Option(metavar="MODE", help="active or shadow")] = "active",
     filters: Filters = None,
     shadow_max_kl_micro: Annotated[int | None, typer.Option(
@@ -99,13 +136,30 @@ def start(
         metavar="US", min=0, help="shadow: max p99 latency, µs")] = None,
     shadow_min_samples: Annotated[int | None, typer.Option(
         metavar="N", min=0, help="shadow: samples needed before judging")] = None,
+    ramp_steps: Annotated[str | None, typer.Option(
+        "--ramp", metavar="P1,P2,…", help="ramp schedule: percentages to step through while "
+        "healthy, e.g. 1,5,25,100 (starts at the first)")] = None,
+    ramp_interval: Annotated[str | None, typer.Option(
+        "--ramp-interval", metavar="DURATION", help="wait between ramp steps: 90s, 30m, 1h, "
+        "2d or seconds (at least 1m)")] = None,
     server: Server = None, token: Token = None, as_json: Json = False,
 ) -> None:
-    """Offer a ready MODEL VERSION on CHANNEL to --percent of the matching devices."""
+    """Offer a ready MODEL VERSION on CHANNEL to --percent of the matching devices, or step
+    through --ramp every --ramp-interval while the rollout is healthy."""
     with api(server, token, as_json) as (client, out):
-        body: dict[str, Any] = {"model": model, "version": version,
-                                "percentage": percentage(percent), "mode": mode,
+        if percent is None and ramp_steps is None:
+            raise CommandError("give --percent or --ramp",
+                               fix="e.g. --percent 5, or --ramp 1,5,25,100 --ramp-interval 1h")
+        body: dict[str, Any] = {"model": model, "version": version, "mode": mode,
                                 "filters": parse_filters(filters)}
+        if percent is not None:
+            body["percentage"] = percentage(percent)
+        if (ramp_steps is None) != (ramp_interval is None):
+            raise CommandError("--ramp and --ramp-interval go together",
+                               fix="e.g. --ramp 1,5,25,100 --ramp-interval 1h")
+        if ramp_steps is not None and ramp_interval is not None:
+            body["ramp"] = {"steps": ramp_schedule(ramp_steps),
+                            "interval_seconds": duration_seconds(ramp_interval)}
         shadow = (shadow_max_kl_micro, shadow_max_latency_p99_us, shadow_min_samples)
         if any(v is not None for v in shadow):
             if any(v is None for v in shadow):

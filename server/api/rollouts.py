@@ -4,6 +4,7 @@ Every change is audited and answered with the serial of the new signed manifest.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Literal
 
@@ -16,7 +17,15 @@ from server.api.errors import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
 from server.publish import rollouts as ro
 from server.publish.errors import InvalidRolloutError
 from server.publish.preview import profile_from_dict
-from server.publish.rules import MAX_DEVICE_IDS_PER_LIST, ppm_to_percentage
+from server.publish.rules import (
+    MAX_DEVICE_IDS_PER_LIST,
+    MAX_RAMP_STEPS,
+    MIN_RAMP_INTERVAL_S,
+    RampSchedule,
+    RampStatus,
+    ppm_to_percentage,
+    ramp_schedule,
+)
 from server.services.fleet.health import RolloutHealth
 from server.services.rollouts import ChannelSummary
 
@@ -81,10 +90,37 @@ class GuardIn(BaseModel):
                             self.max_latency_p99_us)
 
 
+class RampScheduleIn(BaseModel):
+    """Step the share through `steps` while the rollout is healthy (docs/shadow.md "Ramp
+    schedules"): the rollout starts at the first step; each next one follows once
+    `interval_seconds` passed since the last step and the guard judges the rollout healthy."""
+
+    steps: list[Percentage] = Field(max_length=MAX_RAMP_STEPS, examples=[[1, 5, 25, 100]],
+                                    description=f"2–{MAX_RAMP_STEPS} percentages, strictly "
+                                    "increasing, above 0 and at most 100")
+    interval_seconds: int = Field(ge=MIN_RAMP_INTERVAL_S, le=2**31 - 1, examples=[3600],
+                                  description="wait after each step before the next")
+
+    def schedule(self) -> RampSchedule:
+        return ramp_schedule(self.steps, self.interval_seconds)
+
+
+class RampPublic(BaseModel):
+    steps: list[float]
+    interval_seconds: int
+    step: int = Field(description="1-based: the step the share is at")
+    next_step_at: datetime | None = Field(
+        description="when the next step is due (taken then if healthy); null when none is "
+        "left, a manual ramp took over or the rollout is halted")
+    state: str = Field(description="scheduled | waiting_for_promotion (shadow) | paused | "
+                       "done | taken_over (a manual ramp cleared the rest) | halted")
+
+
 class RolloutCreate(BaseModel):
     model: str = Field(max_length=64)
     version: str = Field(max_length=64)
-    percentage: Percentage
+    percentage: Percentage | None = Field(default=None, description="required unless `ramp` "
+                                          "is given (then it must equal its first step)")
     mode: str = Field(default="active", description="active | shadow")
     filters: FiltersIn = FiltersIn()
     shadow: ShadowIn | None = None
@@ -95,13 +131,15 @@ class RolloutCreate(BaseModel):
     guard: GuardIn = GuardIn()
     auto_promote: bool = Field(default=False, description="a shadow rollout whose fleet "
                                "verdict passes turns active by itself")
+    ramp: RampScheduleIn | None = None
 
     def spec(self) -> ro.RolloutSpec:
         shadow = None if self.shadow is None else manifests.ShadowThresholds(
             **self.shadow.model_dump())
         return ro.RolloutSpec(self.model, self.version, self.percentage, self.mode,
                               self.filters.to_filters(), shadow, self.allow_failed_platforms,
-                              self.guard.rule(), self.auto_promote)
+                              self.guard.rule(), self.auto_promote,
+                              None if self.ramp is None else self.ramp.schedule())
 
 
 class RampIn(BaseModel):
@@ -161,6 +199,7 @@ class RolloutPublic(BaseModel):
     serial: int | None = Field(description="serial of the manifest this change published "
                                "(null when the change was a no-op)")
     health: HealthPublic | None = Field(default=None, description="GET /v1/rollouts/{id} only")
+    ramp: RampPublic | None = Field(default=None, description="its ramp schedule, if any")
 
 
 class DeviceIn(BaseModel):
@@ -203,7 +242,15 @@ def _public(view: ro.RolloutView) -> RolloutPublic:
             max_kl_micro=r.shadow.max_kl_micro, max_latency_p99_us=r.shadow.max_latency_p99_us,
             min_samples=r.shadow.min_samples),
         failed_platforms=list(r.failed_platforms), serial=view.serial,
+        ramp=None if view.ramp is None else _ramp_public(view.ramp),
     )
+
+
+def _ramp_public(s: RampStatus) -> RampPublic:
+    return RampPublic(
+        steps=[float(ppm_to_percentage(p)) for p in s.steps_ppm], interval_seconds=s.interval_s,
+        step=s.step + 1, state=s.state,
+        next_step_at=None if s.next_at is None else datetime.fromtimestamp(s.next_at, UTC))
 
 
 def _channel_public(c: ChannelSummary) -> ChannelPublic:
@@ -243,7 +290,8 @@ def republish(channel: ChannelName, principal: RolloutPrincipal,
 def start_rollout(channel: ChannelName, body: RolloutCreate, principal: RolloutPrincipal,
                   rollouts: RolloutsDep) -> RolloutPublic:
     """Start offering a ready model version on the channel to `percentage` of the devices
-    that match `filters` (409 if the version is not ready or already on the channel)."""
+    that match `filters` (409 if the version is not ready or already on the channel); with
+    `ramp`, at its first step, stepping up while healthy."""
     return _public(rollouts.start(channel, body.spec(), actor=principal.actor))
 
 
@@ -273,8 +321,8 @@ def _health(h: RolloutHealth) -> HealthPublic:
                                                     **INVALID})
 def ramp_rollout(rollout_id: RolloutId, body: RampIn, principal: RolloutPrincipal,
                  rollouts: RolloutsDep) -> RolloutPublic:
-    """Change the share (ramp up or down; 409 on a halted or paused rollout) and/or, with
-    `"mode": "active"`, promote a shadow rollout."""
+    """Change the share (ramp up or down; 409 on a halted or paused rollout; it clears the
+    rest of a ramp schedule) and/or, with `"mode": "active"`, promote a shadow rollout."""
     if body.percentage is None and body.mode is None:
         raise InvalidRolloutError("nothing to change", field="percentage",
                                   fix='send {"percentage": 25} or {"mode": "active"}')

@@ -6,7 +6,8 @@
   (`X-Device-Id`, `X-Device-Signature`), verified before the body is parsed; the request
   guard caps the body at `max_telemetry_body_bytes` (256 KiB) before it is read.
 A batch that brought a final verdict, a failure or a rollback is judged by the guard in the
-same request, after its transaction committed.
+same request, after its transaction committed, and the rollouts it touched take a due ramp
+step if healthy (server/services/fleet/ramp.py).
 """
 
 from __future__ import annotations
@@ -115,4 +116,5 @@ async def post_telemetry(request: Request, service: FleetDep) -> Response:
         return _error(429, e.code, e.message, e.fix, {"Retry-After": str(e.retry_after)})
     if result.judged:
         await run_in_threadpool(service.guard.evaluate, result.judged)
+        await run_in_threadpool(service.ramp.tick, result.judged)
     return JSONResponse({"accepted": result.accepted, "duplicates": result.duplicates})

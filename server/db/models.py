@@ -304,6 +304,14 @@ class Release(Base):
     guard_max_latency_p99_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     auto_promote: Mapped[bool] = mapped_column(Boolean, default=False,
                                                server_default=false())
+    # The ramp schedule (server/publish/ramp.py): the shares to step through (ppm), the wait
+    # between steps, the index of the step the share is at, and when the next step is due
+    # (Unix seconds, the publisher's clock; NULL when no step is left or a manual ramp took
+    # over). Empty steps: no schedule.
+    ramp_steps_ppm: Mapped[list[int]] = mapped_column(JSON, default=list, server_default="[]")
+    ramp_interval_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    ramp_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    ramp_next_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
     state: Mapped[ReleaseState] = mapped_column(_enum(ReleaseState), default=ReleaseState.active)
     state_reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

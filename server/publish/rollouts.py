@@ -7,8 +7,9 @@ Used by the HTTP API (server/api/rollouts.py) and by the telemetry area's automa
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -52,6 +53,7 @@ class RolloutView:
     channel: str
     state_reason: str
     serial: int | None
+    ramp: rules.RampStatus | None = None  # its ramp schedule, when it has one
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ class RolloutSpec:
 
     model: str
     version: str
-    percentage: Decimal | int | float | str
+    # None: start at the ramp schedule's first step (then `ramp` is required).
+    percentage: Decimal | int | float | str | None
     mode: str = "active"
     filters: manifests.Filters = field(default_factory=manifests.Filters)
     shadow: manifests.ShadowThresholds | None = None
@@ -81,7 +84,8 @@ class RolloutSpec:
     guard: GuardRule = field(default_factory=GuardRule)
     # A shadow release whose fleet verdict passes turns active by itself (server guard).
     auto_promote: bool = False
-
+    # Step the share through this schedule while the rollout is healthy (server/publish/ramp.py).
+    ramp: rules.RampSchedule | None = None
 
 
 def version_row(session: Session, model: str, version: str) -> db.ModelVersion:
@@ -154,7 +158,13 @@ def get_rollout(session: Session, rollout_id: int) -> RolloutView:
     release = _release(session, rollout_id)
     channel, model, version = _names(session, release)
     return RolloutView(release_record(release, model, version), channel,
-                       release.state_reason, None)
+                       release.state_reason, None, ramp_status_of(release))
+
+
+def ramp_status_of(release: db.Release) -> rules.RampStatus | None:
+    return rules.ramp_status(release.ramp_steps_ppm or [], release.ramp_interval_s,
+                             release.ramp_step, release.ramp_next_at, release.state,
+                             release.mode is db.RolloutMode.shadow)
 
 
 def failed_platforms(session: Session, version_id: int) -> list[str]:
@@ -209,8 +219,9 @@ def _check_release_what_passed(session: Session, spec: RolloutSpec, version: db.
 
 def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
                   spec: RolloutSpec, *, actor: str) -> RolloutView:
-    """Offer `spec.version` on `channel` to `spec.percentage` of matching devices."""
-    share = rules.percentage_to_ppm(spec.percentage)
+    """Offer `spec.version` on `channel` to `spec.percentage` of matching devices (or the
+    first step of `spec.ramp`, whose next step is then due one interval from now)."""
+    share = rules.start_share(spec.percentage, spec.ramp)
     rules.check_mode(spec.mode)
     if spec.mode == "shadow" and spec.shadow is None:
         raise InvalidRolloutError(
@@ -254,13 +265,16 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
             guard_min_devices=spec.guard.min_devices,
             guard_max_fail_share_ppm=spec.guard.max_fail_share_ppm,
             guard_max_latency_p99_us=spec.guard.max_latency_p99_us,
-            auto_promote=spec.auto_promote,
+            auto_promote=spec.auto_promote, **_ramp_columns(spec.ramp, pub.clock()),
         )
         session.add(release)
         session.flush()
         audit.record(session, actor, "rollout.start", f"{ch.name}/{spec.model}/{spec.version}",
                      rollout_id=release.id, share_ppm=share, mode=spec.mode,
-                     **({"failed_platforms": failed} if failed else {}))
+                     **({"failed_platforms": failed} if failed else {}),
+                     **({"ramp": {"steps_ppm": list(spec.ramp.steps_ppm),
+                                  "interval_seconds": spec.ramp.interval_s}}
+                        if spec.ramp else {}))
         return Audited("rollout.start", str(release.id), {}, rollout_id=release.id)
 
     result, published = publish_change(factory, pub, channel, change)
@@ -268,18 +282,27 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
     return _view(factory, result.rollout_id, published)
 
 
+def _ramp_columns(ramp: rules.RampSchedule | None, now: int) -> dict[str, object]:
+    if ramp is None:
+        return {}
+    return {"ramp_steps_ppm": list(ramp.steps_ppm), "ramp_interval_s": ramp.interval_s,
+            "ramp_step": 0, "ramp_next_at": now + ramp.interval_s}
+
+
 def _view(factory: sessionmaker[Session], rollout_id: int,
           published: PublishedManifest | None) -> RolloutView:
     with factory() as session:
         view = get_rollout(session, rollout_id)
     serial = published.serial if published else None
-    return RolloutView(view.record, view.channel, view.state_reason, serial)
+    return dataclasses.replace(view, serial=serial)
 
 
 def _change_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
                     action: str, apply: Callable[[db.Release], bool], *, actor: str,
+                    extra: Callable[[], Mapping[str, object]] | None = None,
                     **details: object) -> RolloutView:
-    """Run `apply(release) -> bool (changed?)` under the channel lock, audit, publish."""
+    """Run `apply(release) -> bool (changed?)` under the channel lock, audit (with `details`
+    and what `extra()` says once `apply` ran), publish."""
     with factory() as session:
         channel, _, _ = _names(session, _release(session, rollout_id))
 
@@ -289,7 +312,7 @@ def _change_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: 
         if changed:
             _, model, version = _names(session, release)
             audit.record(session, actor, action, f"{ch.name}/{model}/{version}",
-                         rollout_id=rollout_id, **details)
+                         rollout_id=rollout_id, **details, **(extra() if extra else {}))
         return Audited(action, str(rollout_id), {}, publish=bool(changed))
 
     _, published = publish_change(factory, pub, channel, change)
@@ -298,15 +321,22 @@ def _change_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: 
 
 def ramp_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
                  percentage: Decimal | int | float | str, *, actor: str) -> RolloutView:
+    """A manual share change. It takes over from a ramp schedule: the remaining steps are
+    dropped (the audit event says `ramp_schedule_cleared`), so the server never moves a share
+    a person has just set."""
     share = rules.percentage_to_ppm(percentage)
+    cleared: list[bool] = []
 
     def apply(release: db.Release) -> bool:
         rules.check_ramp(release.state)
         release.share_ppm = share
+        cleared[:] = [release.ramp_next_at is not None]
+        release.ramp_next_at = None
         return True
 
     return _change_rollout(factory, pub, rollout_id, "rollout.ramp", apply, actor=actor,
-                           share_ppm=share)
+                           share_ppm=share, extra=lambda: (
+                               {"ramp_schedule_cleared": True} if any(cleared) else {}))
 
 
 def pause_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
@@ -327,6 +357,10 @@ def resume_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: i
         rules.check_resume(release.state)
         release.transition(db.ReleaseState.active)
         release.state_reason = ""
+        if release.ramp_next_at is not None and release.ramp_interval_s is not None:
+            # A full interval of reports again before the next step: whatever made someone
+            # pause must not be stepped over the moment they resume.
+            release.ramp_next_at = pub.clock() + release.ramp_interval_s
         return True
 
     return _change_rollout(factory, pub, rollout_id, "rollout.resume", apply, actor=actor)
@@ -342,6 +376,7 @@ def halt_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int
         release.transition(db.ReleaseState.halted)
         release.share_ppm = 0
         release.state_reason = reason
+        release.ramp_next_at = None
         return True
 
     return _change_rollout(factory, pub, rollout_id, "rollout.halt", apply, actor=actor,
@@ -361,6 +396,10 @@ def promote_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: 
         if release.mode is db.RolloutMode.active:
             return False
         release.mode = db.RolloutMode.active
+        if release.ramp_next_at is not None and release.ramp_interval_s is not None:
+            # Devices start serving the candidate now: a full interval of their reports
+            # before the share grows.
+            release.ramp_next_at = pub.clock() + release.ramp_interval_s
         return True
 
     return _change_rollout(factory, pub, rollout_id, "rollout.promote", apply, actor=actor,

@@ -1,4 +1,5 @@
-"""Rollout rules that need no I/O: percentages, filter validation, state transitions.
+"""Rollout rules that need no I/O: percentages, filter validation, state transitions, ramp
+schedules.
 
 Everything here raises InvalidRolloutError (the request can never succeed as written) or
 RolloutStateError (not allowed in the rollout's current state — by the release state
@@ -8,8 +9,11 @@ machine of server/db/states.py).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from itertools import pairwise
+from typing import Literal
 
 from manifests import Filters, ManifestError, VersionRange
 from server.db.states import (
@@ -128,3 +132,105 @@ def check_resume(state: ReleaseState) -> None:
 def check_pin(state: ReleaseState) -> None:
     if not release_may_pin(state):
         raise RolloutStateError("this rollout is halted; pinning devices to it has no effect")
+
+
+# --------------------------------------------------------------------------- ramp schedules
+
+MAX_RAMP_STEPS = 10
+# Shorter waits leave the guard no time to hear from the devices of a step before the next.
+MIN_RAMP_INTERVAL_S = 60
+MAX_RAMP_INTERVAL_S = 90 * 86_400
+RAMP_FIX = 'e.g. "ramp": {"steps": [1, 5, 25, 100], "interval_seconds": 3600}'
+
+
+@dataclass(frozen=True)
+class RampSchedule:
+    """Shares to step through (ppm, strictly increasing, each > 0) and the wait between
+    steps; the rollout starts at the first. Validated by `ramp_schedule`."""
+
+    steps_ppm: tuple[int, ...]
+    interval_s: int
+
+
+def ramp_schedule(steps: Sequence[Decimal | int | float | str],
+                  interval_s: int) -> RampSchedule:
+    """A checked schedule: 2–MAX_RAMP_STEPS steps, each above 0% and at most 100% (1 ppm
+    precision), strictly increasing; a wait of MIN_RAMP_INTERVAL_S–MAX_RAMP_INTERVAL_S. The
+    last step need not be 100% (the ramp then stops there)."""
+    if not 2 <= len(steps) <= MAX_RAMP_STEPS:
+        raise InvalidRolloutError(
+            f"a ramp schedule has 2 to {MAX_RAMP_STEPS} steps, not {len(steps)}",
+            field="ramp.steps", fix=RAMP_FIX + '; for one fixed share send "percentage" alone')
+    ppm = []
+    for step in steps:
+        try:
+            share = percentage_to_ppm(step)
+        except InvalidRolloutError as e:
+            raise InvalidRolloutError(f"ramp step {step}: {e.message}", field="ramp.steps",
+                                      fix=RAMP_FIX) from e
+        if share == 0:
+            raise InvalidRolloutError("a ramp step of 0% offers the release to no device",
+                                      field="ramp.steps", fix=RAMP_FIX)
+        ppm.append(share)
+    if any(b <= a for a, b in pairwise(ppm)):
+        raise InvalidRolloutError(
+            f"ramp steps {', '.join(str(s) for s in steps)} are not strictly increasing",
+            field="ramp.steps", fix=RAMP_FIX)
+    if not MIN_RAMP_INTERVAL_S <= interval_s <= MAX_RAMP_INTERVAL_S:
+        raise InvalidRolloutError(
+            f"ramp interval_seconds {interval_s} is outside {MIN_RAMP_INTERVAL_S}–"
+            f"{MAX_RAMP_INTERVAL_S}", field="ramp.interval_seconds",
+            fix="wait at least a minute between steps (the guard needs reports of each step)")
+    return RampSchedule(tuple(ppm), interval_s)
+
+
+def start_share(percentage: Decimal | int | float | str | None,
+                ramp: RampSchedule | None) -> int:
+    """The share a rollout starts at: `percentage`, or the schedule's first step; both given,
+    they must agree."""
+    if ramp is None:
+        if percentage is None:
+            raise InvalidRolloutError("a rollout needs a percentage (or a ramp schedule)",
+                                      field="percentage", fix='send "percentage": 5')
+        return percentage_to_ppm(percentage)
+    first = ramp.steps_ppm[0]
+    if percentage is not None and percentage_to_ppm(percentage) != first:
+        raise InvalidRolloutError(
+            f"percentage {percentage} disagrees with the ramp schedule's first step "
+            f"{ppm_to_percentage(first)}", field="percentage",
+            fix="leave percentage out (the rollout starts at the first step) or make them equal")
+    return first
+
+
+RampState = Literal["scheduled", "waiting_for_promotion", "paused", "done", "taken_over",
+                    "halted"]
+
+
+@dataclass(frozen=True)
+class RampStatus:
+    """Where a rollout stands on its schedule (GET /v1/rollouts/{id} `ramp`). `step` is the
+    index of the step the share is at; `next_at` when the next step is due (Unix seconds),
+    None when none is left or a manual ramp took over."""
+
+    steps_ppm: tuple[int, ...]
+    interval_s: int
+    step: int
+    next_at: int | None
+    state: RampState
+
+
+def ramp_status(steps_ppm: Sequence[int], interval_s: int | None, step: int | None,
+                next_at: int | None, state: ReleaseState, shadow: bool) -> RampStatus | None:
+    """The status of a release's schedule from its columns; None without one."""
+    if not steps_ppm or interval_s is None or step is None:
+        return None
+    status: RampState
+    if state is ReleaseState.halted:
+        status, next_at = "halted", None
+    elif next_at is None:
+        status = "done" if step >= len(steps_ppm) - 1 else "taken_over"
+    elif state is ReleaseState.paused:
+        status = "paused"
+    else:
+        status = "waiting_for_promotion" if shadow else "scheduled"
+    return RampStatus(tuple(steps_ppm), interval_s, step, next_at, status)
