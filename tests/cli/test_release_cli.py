@@ -155,6 +155,33 @@ def test_refused_requests_exit_3_with_the_servers_fix(mf: Run, files) -> None:
     assert denied.returncode == 3 and "HTTP 401" in one_line_error(denied)
 
 
+def test_rollout_start_with_a_ramp_schedule_shows_it_and_refuses_bad_ones(mf: Run) -> None:
+    # scaler 1.0.0 was published by the first test of this module; a new channel here.
+    started = mf("rollout", "start", "canary", "scaler", "1.0.0", "--ramp", "1,5,25,100",
+                 "--ramp-interval", "1h", "--json")
+    assert started.returncode == 0, started.stderr
+    rollout = doc(started)
+    assert rollout["percentage"] == 1.0
+    ramp = rollout["ramp"]
+    assert (ramp["steps"], ramp["interval_seconds"], ramp["step"], ramp["state"]) == (
+        [1.0, 5.0, 25.0, 100.0], 3600, 1, "scheduled")
+    assert ramp["next_step_at"]
+    shown = mf("rollout", "status", str(rollout["id"]))
+    assert "ramp 1% → 5% → 25% → 100% every 3600 s: step 1/4, scheduled, next step at" \
+        in " ".join(shown.stdout.split())
+    refused = mf("rollout", "start", "canary2", "scaler", "1.0.0", "--ramp", "5,1",
+                 "--ramp-interval", "30m")
+    assert refused.returncode == 3 and "not strictly increasing" in one_line_error(refused)
+    disagree = mf("rollout", "start", "canary2", "scaler", "1.0.0", "--percent", "2",
+                  "--ramp", "1,100", "--ramp-interval", "90s")
+    assert disagree.returncode == 3 and "disagrees" in one_line_error(disagree)
+    for usage in (["--ramp", "1,100"], ["--ramp", "1,100", "--ramp-interval", "soon"],
+                  ["--ramp", "1,lots", "--ramp-interval", "1h"], []):
+        bad = mf("rollout", "start", "canary2", "scaler", "1.0.0", *usage)
+        assert bad.returncode == 2, (usage, bad.stderr)
+        assert "(fix: e.g. " in one_line_error(bad)
+
+
 def test_an_unreachable_server_exits_4(mf: Run) -> None:
     gone = mf("models", "list", "--json", MODELFLEET_SERVER=f"http://127.0.0.1:{free_port()}")
     assert gone.returncode == 4
