@@ -3,7 +3,8 @@ in-process compile queue running the real ONNX pipeline and gates) and 50 SDK in
 its own data directory, device id, key and profile, talking HTTP.
 
 A good release passes shadow on the devices, is promoted by the guard (auto_promote) and
-ramped to 100%; a bad release (outputs diverge) fails shadow on the devices, the server halts
+ramped to 100% by its ramp schedule (50 → 100%, the server's clock moved past the interval);
+a bad release (outputs diverge) fails shadow on the devices, the server halts
 it in the very request that brought the failed share to the guard's threshold, no device
 ever served an output of the bad model, and every device ends on the good version. Prints
 the timeline."""
@@ -44,6 +45,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 DEVICES = 50
 MIN_DEVICES = 10
+RAMP_INTERVAL_S = 3600
 SHADOW = {"max_kl_micro": 2_000, "max_latency_p99_us": 5_000_000, "min_samples": 5}
 META = {"platforms": {"onnx": {}}, "inputs": [{"name": "x", "dtype": "float32",
                                                "shape": [1, 4]}]}
@@ -117,7 +119,7 @@ def fleet_server(postgres_url: str, tmp_path: Path) -> Iterator[tuple[Server, st
     data = tmp_path / "server"
     init_test_keys(data)
     settings = Settings(env="development", data_dir=data, database_url=postgres_url,
-                        manifest_lifetime_seconds=86_400)
+                        manifest_lifetime_seconds=86_400, ramp_check_seconds=0.2)
     with Server(settings) as server:
         with server.app.state.session_factory() as s:
             _, ops = create_token(s, ["publish", "rollout"], name="release-engineer")
@@ -188,11 +190,14 @@ def test_fleet_of_50_devices_promotes_a_good_release_and_halts_a_bad_one(
     assert {d.active() for d in devices} == {"1.0.0"}
     log(f"{DEVICES} devices enrolled and on 1.0.0")
 
-    # The good release: shadow on half the fleet, promoted by the guard, ramped to 100%.
+    # The good release: shadow on half the fleet, promoted by the guard, then ramped to 100%
+    # by its schedule once a ramp interval has passed since the promotion.
     good = api("POST", "/v1/channels/prod/rollouts", json={
-        "model": "clf", "version": "2.0.0", "percentage": 50, "mode": "shadow",
+        "model": "clf", "version": "2.0.0", "mode": "shadow",
+        "ramp": {"steps": [50, 100], "interval_seconds": RAMP_INTERVAL_S},
         "shadow": SHADOW, "auto_promote": True,
         "guard": {"min_devices": MIN_DEVICES, "max_fail_share": 0.2}})
+    assert good["percentage"] == 50
     promoted_after = None
     for d in devices:
         d.cycle(rng)
@@ -203,7 +208,19 @@ def test_fleet_of_50_devices_promotes_a_good_release_and_halts_a_bad_one(
     assert health["devices"]["passed"] >= MIN_DEVICES and health["devices"]["failed"] == 0
     log(f"2.0.0 promoted by the guard after {promoted_after} devices had cycled "
         f"({health['devices']['passed']} passed, offered {health['devices']['offered']})")
-    api("PATCH", f"/v1/rollouts/{good['id']}", json={"percentage": 100})
+    ramp = api("GET", f"/v1/rollouts/{good['id']}")["ramp"]
+    assert (ramp["state"], ramp["step"]) == ("scheduled", 1), ramp
+    # The server's clock jumps one interval ahead (a test cannot wait an hour); its ramp
+    # loop takes the step by itself — the rollout is healthy.
+    publisher = server.app.state.services.publisher
+    publisher.clock = lambda: int(time.time()) + RAMP_INTERVAL_S
+    deadline = time.monotonic() + 30
+    while api("GET", f"/v1/rollouts/{good['id']}")["percentage"] != 100:
+        assert time.monotonic() < deadline, "the ramp schedule never took its step"
+        time.sleep(0.1)
+    steps = api("GET", "/v1/audit", params={"action": "rollout.ramp"})["events"]
+    assert [(e["actor"], e["details"]["share_ppm"]) for e in steps] == [("system", 1_000_000)]
+    log(f"2.0.0 stepped to 100% by its ramp schedule: {steps[0]['details']['reason']}")
     for _ in range(2):  # holders swap the candidate in; the other half downloads 2.0
         for d in devices:
             d.cycle(rng)
