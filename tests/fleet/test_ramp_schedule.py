@@ -19,7 +19,7 @@ from server.app import create_app
 from server.services.fleet.ramp import RampTicker
 from tests.fleet.conftest import Fleet, fleet_settings, open_fleet
 from tests.fleet.test_guard import audit, enrolled, rollout_state, serial, served_release
-from tests.publish.conftest import NOW, Clock
+from tests.support.clock import NOW, Clock
 from tests.support.fleet_devices import FleetDevice, shadow_report, update_report
 
 HOUR = 3600
