@@ -14,6 +14,7 @@ from server.api import (
     rollouts,
     serving,
     telemetry,
+    timeline,
     ui,
     versions,
 )
@@ -26,6 +27,7 @@ ROUTERS: list[APIRouter] = [
     builds.router,
     serving.router,
     rollouts.router,
+    timeline.router,
     devices.router,
     telemetry.router,
     ui.router,
