@@ -263,3 +263,18 @@ def test_version_page_shows_builds_with_their_gate_reports(page: Any, served: Se
     expect(page.locator("section.card")).to_have_count(2)  # android, ios
     expect(page.locator("dl.gates").first).to_contain_text("max_abs_diff")
     expect(page.locator("h1 .badge")).to_have_text("ready")
+
+
+@pytest.mark.parametrize(("env", "outcome"), [
+    ({"CI": "true"}, "failed"), ({"MODELFLEET_REQUIRE_POSTGRES": "1"}, "failed"),
+    ({}, "skipped")])
+def test_missing_chromium_fails_under_ci_and_skips_on_a_dev_box(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], outcome: str) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("MODELFLEET_REQUIRE_POSTGRES", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    expected = pytest.fail.Exception if outcome == "failed" else pytest.skip.Exception
+    with pytest.raises(expected):
+        chromium_or_skip()
