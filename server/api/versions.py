@@ -26,7 +26,7 @@ from server.api.errors import (
     UNSUPPORTED,
 )
 from server.api.models import ModelName
-from server.db.models import BuildState, ModelVersion, VersionState
+from server.db.models import BuildState, ModelVersion, PatchJobState, VersionState
 from server.services import registry
 from server.services.registry import Limits, UploadedFile
 
@@ -60,6 +60,17 @@ class BuildPublic(BaseModel):
     error: str
 
 
+class PatchesPublic(BaseModel):
+    """The version's delta-patch job: made before the version turns ready (from the versions
+    published before it) and again when a rollout starts. `failed` never holds the release
+    back: devices download the full artifact."""
+
+    state: PatchJobState
+    patches: int = Field(description="patches to this version's artifacts")
+    attempts: int
+    error: str
+
+
 class VersionPublic(BaseModel):
     model: str
     version: str
@@ -82,6 +93,8 @@ class VersionPublic(BaseModel):
     created_at: datetime
     updated_at: datetime
     created_by: str
+    patches: PatchesPublic | None = Field(
+        default=None, description="its delta-patch job; null when none was needed yet")
 
 
 class VersionList(BaseModel):
@@ -106,7 +119,8 @@ def to_public(model_name: str, v: ModelVersion) -> VersionPublic:
         failed_platforms=failed, can_release_what_passed=(
             v.state is VersionState.failed and "onnx" in passed and "onnx" not in failed),
         error=v.error, created_at=v.created_at, updated_at=v.updated_at,
-        created_by=v.created_by,
+        created_by=v.created_by, patches=None if (job := v.patch_job) is None else PatchesPublic(
+            state=job.state, patches=job.patches_added, attempts=job.attempts, error=job.error),
     )
 
 
@@ -157,5 +171,6 @@ def list_versions(name: ModelName, session: SessionDep) -> VersionList:
 
 @router.get("/{version}", responses={**NOT_FOUND})
 def get_version(name: ModelName, version: VersionStr, session: SessionDep) -> VersionPublic:
-    """One version with its `state` (uploaded → compiling → ready | failed) and builds."""
+    """One version with its `state` (uploaded → compiling → [patching →] ready | failed),
+    builds and delta-patch job."""
     return to_public(name, registry.get_version(session, name, version))

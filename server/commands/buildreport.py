@@ -80,9 +80,23 @@ def build_block(build: dict[str, Any]) -> Group:
     return Group(head, rows)
 
 
+def patches_line(patches: dict[str, Any] | None) -> str | None:
+    """The version's delta-patch job in one line (None when it had none)."""
+    if not patches:
+        return None
+    if patches["state"] == "failed":
+        return (f"delta patches: failed ({patches['error']}); devices download the full "
+                "artifact")
+    return f"delta patches: {patches['state']}, {patches['patches']} made"
+
+
 def print_builds(console: Console, doc: dict[str, Any]) -> None:
-    """`doc`: {"model", "version", "state", "builds": [GET …/builds entries]}."""
+    """`doc`: {"model", "version", "state", "builds": [GET …/builds entries], and optionally
+    "patches" (the version's patch job)}."""
     console.print(Text.assemble((f"{doc['model']} {doc['version']}", "bold"),
                                 f": {doc['state']}"))
+    line = patches_line(doc.get("patches"))
+    if line is not None:
+        console.print(Text(line))
     for build in doc["builds"]:
         console.print(build_block(build))

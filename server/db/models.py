@@ -135,6 +135,8 @@ class ModelVersion(Base):
     model: Mapped[Model] = relationship(back_populates="versions")
     uploads: Mapped[list[SourceUpload]] = relationship(back_populates="version")
     builds: Mapped[list[Build]] = relationship(back_populates="version")
+    # Its delta-patch job, if one was ever requested (read-only here: patch_runner writes it).
+    patch_job: Mapped[PatchJob | None] = relationship(viewonly=True, uselist=False)
 
     def transition(self, new: VersionState) -> None:
         _check("model version", VERSION_TRANSITIONS, self.state, new)

@@ -1,7 +1,8 @@
 """Every lifecycle state machine of the server, in one pure module (no SQLAlchemy): the
 states of a table's `state` column and the transitions its rows' `transition()` checks.
 
-    model version  uploaded → compiling → ready | failed;  failed → compiling
+    model version  uploaded → compiling → ready | patching | failed;  patching → ready;
+                   failed → compiling
     build          queued → running → succeeded | failed | queued (retry);  failed → queued
     patch job      queued → running → done | failed | queued;  done | failed → queued
     release        active ⇄ paused;  active | paused → halted (final: the rollback)
@@ -39,13 +40,19 @@ def check_transition(kind: str, allowed: Mapping[State, frozenset[State]], curre
 class VersionState(enum.StrEnum):
     uploaded = "uploaded"
     compiling = "compiling"
+    # Every build succeeded and earlier published versions exist: its delta patches from them
+    # are being made, so the first manifest offering it can list them. Ends ready whether the
+    # patch job succeeds or fails (devices then download in full).
+    patching = "patching"
     ready = "ready"
     failed = "failed"
 
 
 VERSION_TRANSITIONS: dict[VersionState, frozenset[VersionState]] = {
     VersionState.uploaded: frozenset({VersionState.compiling, VersionState.failed}),
-    VersionState.compiling: frozenset({VersionState.ready, VersionState.failed}),
+    VersionState.compiling: frozenset({VersionState.ready, VersionState.patching,
+                                       VersionState.failed}),
+    VersionState.patching: frozenset({VersionState.ready}),
     # A failed version may be compiled again (e.g. after a worker fix); ready is final.
     VersionState.failed: frozenset({VersionState.compiling}),
     VersionState.ready: frozenset(),

@@ -24,9 +24,11 @@ class JobQueue(Protocol):
         """Schedules making the delta patches to `version_id`'s artifacts (from the last K
         published artifacts of each) and re-signing the channels that offer it.
 
-        Called after a rollout of the version started; idempotent (a second call never
-        yields a second patch for a pair). Raises only if the request could not be recorded
-        in the database; the release is served in full meanwhile."""
+        Called after a rollout of the version started (its first job was recorded when its
+        builds finished, before it turned ready: this catches bases published since);
+        idempotent (a second call never yields a second patch for a pair). Raises only if the
+        request could not be recorded in the database; the release is served in full
+        meanwhile."""
         ...
 
 

@@ -1,7 +1,10 @@
 """Runs one delta-patch job durably: claim it in the database, make the patches, re-sign.
 
-The job is the `patch_jobs` row of a version (one per version), written by
-`request_patches` when a rollout starts. Every queue backend (in-process thread,
+The job is the `patch_jobs` row of a version (one per version), written when its last
+build succeeds and it has published versions to patch from (`patch_before_ready`, called by
+`server.db.versions.settle` in the build's own transaction: the version is `patching` until
+the job settles, then `ready`), and again by `request_patches` when a rollout starts (bases
+published since). Every queue backend (in-process thread,
 procrastinate workers) drives it through `PatchRunner`, leased like a build
 (`server.jobs.lease`):
 
@@ -16,7 +19,9 @@ procrastinate workers) drives it through `PatchRunner`, leased like a build
   before re-signing).
 - Any failure but a bad input (`DeltaInputError`) is retried with exponential backoff until
   `RetryPolicy.max_attempts`; then the job is `failed` with its reason. Releases still ship:
-  devices download the full artifact.
+  the first failed attempt already makes a `patching` version ready (devices download in
+  full; the error stays on the job row, shown with the version), and a later attempt that
+  succeeds re-signs the channels offering it.
 - A request arriving while the job runs is counted (`requests`); the run then ends queued
   instead of done, so patches from newly published bases are not missed.
 """
@@ -32,12 +37,13 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
+from server.db import audit, versions
 from server.db.models import Artifact, Patch, PatchJob, PatchJobState
 from server.db.types import utcnow
 from server.delta import DeltaPolicy
 from server.delta.errors import DeltaInputError
 from server.jobs.lease import Lease, RetryPolicy
-from server.publish.patches import patch_and_republish
+from server.publish.patches import patch_and_republish, patch_bases
 from server.publish.publisher import Publisher
 
 log = logging.getLogger(__name__)
@@ -49,22 +55,43 @@ def request_patches(session_factory: sessionmaker[Session], version_id: int) -> 
 
     A finished job (done or failed) is queued again from scratch; a queued or running one
     only counts the request."""
-    now = utcnow()
     with session_factory() as s:
-        insert = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
-        created = s.execute(insert(PatchJob).values(
-            version_id=version_id, state=PatchJobState.queued, attempts=0, requests=1,
-            requests_claimed=0, patches_added=0, error="", created_at=now, updated_at=now,
-        ).on_conflict_do_nothing(index_elements=["version_id"]).returning(PatchJob.id))
-        if created.scalar() is None:  # the version already has its row
-            s.execute(update(PatchJob).where(
-                PatchJob.version_id == version_id,
-                PatchJob.state.in_([PatchJobState.done, PatchJobState.failed])).values(
-                state=PatchJobState.queued, attempts=0, next_attempt_at=None, error="",
-                updated_at=now).execution_options(synchronize_session=False))
-            s.execute(update(PatchJob).where(PatchJob.version_id == version_id).values(
-                requests=PatchJob.requests + 1).execution_options(synchronize_session=False))
+        record_patch_request(s, version_id)
         s.commit()
+
+
+def record_patch_request(s: Session, version_id: int) -> None:
+    """`request_patches` inside the caller's transaction (it commits)."""
+    now = utcnow()
+    insert = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
+    created = s.execute(insert(PatchJob).values(
+        version_id=version_id, state=PatchJobState.queued, attempts=0, requests=1,
+        requests_claimed=0, patches_added=0, error="", created_at=now, updated_at=now,
+    ).on_conflict_do_nothing(index_elements=["version_id"]).returning(PatchJob.id))
+    if created.scalar() is None:  # the version already has its row
+        s.execute(update(PatchJob).where(
+            PatchJob.version_id == version_id,
+            PatchJob.state.in_([PatchJobState.done, PatchJobState.failed])).values(
+            state=PatchJobState.queued, attempts=0, next_attempt_at=None, error="",
+            updated_at=now).execution_options(synchronize_session=False))
+        s.execute(update(PatchJob).where(PatchJob.version_id == version_id).values(
+            requests=PatchJob.requests + 1).execution_options(synchronize_session=False))
+
+
+def patch_before_ready(k: int) -> Callable[[Session, int], bool]:
+    """`settle`'s `patch_first`: if any artifact of the version has a published base (the
+    `k` that `patch_bases` picks), records the version's patch job in the caller's
+    transaction and answers True (the version waits in `patching`); else False (ready now:
+    nothing to patch from)."""
+
+    def patch_first(s: Session, version_id: int) -> bool:
+        artifacts = s.scalars(select(Artifact).where(Artifact.version_id == version_id))
+        if not any(patch_bases(s, art, k) for art in artifacts):
+            return False
+        record_patch_request(s, version_id)
+        return True
+
+    return patch_first
 
 
 class PatchRunner:
@@ -145,4 +172,10 @@ class PatchRunner:
             else:
                 suffix = f" (gave up after {job.attempts} attempts)" if retry else ""
                 self.lease.finish(job, PatchJobState.failed, (error + suffix)[:MAX_ERROR_CHARS])
+            # A version waiting for its patches is released by this attempt, made or failed:
+            # retries (or a request that came in meanwhile) go on, and one that adds patches
+            # re-signs the channels offering the version by then.
+            if versions.finish_patching(s, version_id) and error is not None:
+                audit.record(s, "system", "patches.failed", f"version:{version_id}",
+                             error=error[:MAX_ERROR_CHARS], fallback="full download")
             s.commit()

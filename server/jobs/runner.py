@@ -14,7 +14,11 @@ Every queue backend (in-process thread, procrastinate workers) drives builds thr
   happens only if this worker still owns the build, so a worker that lost its claim cannot
   overwrite the new owner.
 - After each build the version's state is recomputed (`server.db.versions.settle`):
-  uploaded → compiling → ready (every build succeeded) | failed (any build failed).
+  uploaded → compiling → ready (every build succeeded) | failed (any build failed). A
+  version whose artifacts have published bases goes to `patching` instead of ready, with
+  its patch job recorded in the same transaction (`patch_runner.patch_before_ready`); the
+  patch job's settling makes it ready — so a rollout started once it is ready is signed
+  with its patches already listed.
 """
 
 from __future__ import annotations
@@ -49,7 +53,9 @@ from server.db.models import (
     UploadKind,
 )
 from server.db.types import utcnow
+from server.delta import DeltaPolicy
 from server.jobs.lease import Lease, RetryPolicy
+from server.jobs.patch_runner import patch_before_ready
 
 __all__ = ["BuildRunner", "RetryPolicy", "wait_for"]
 
@@ -83,8 +89,11 @@ class BuildRunner:
                  worker_id: str, work_root: Path | None = None,
                  pipeline_factory: Callable[[Callable[[str], None]], Builder] | None = None,
                  retry: RetryPolicy | None = None, heartbeat_s: float = 5.0,
-                 stale_after_s: float = 120.0, max_build_s: float = 3600.0) -> None:
+                 stale_after_s: float = 120.0, max_build_s: float = 3600.0,
+                 patch_policy: DeltaPolicy | None = None) -> None:
         self._sf = session_factory
+        # Which bases count (the K of patch_bases) when deciding a version must patch first.
+        self._patch_first = patch_before_ready((patch_policy or DeltaPolicy()).k)
         self._store = store
         self.worker_id = worker_id
         self._work_root = work_root
@@ -226,7 +235,7 @@ class BuildRunner:
             job_log("build succeeded" if ok else f"build failed: {error}")
             build.log = job_log.text()
             self.lease.finish(build, BuildState.succeeded if ok else BuildState.failed, error)
-            versions.settle(s, build.version_id)
+            versions.settle(s, build.version_id, patch_first=self._patch_first)
             s.commit()
 
     def _fail(self, build_id: int, error: str, job_log: _JobLog) -> None:

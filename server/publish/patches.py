@@ -4,7 +4,10 @@ first), made by server/delta (which verifies each one by applying it), stored in
 store and recorded in the database; then every channel offering the version is re-published
 so its manifest lists them.
 
-Runs off the request path: `PatchScheduler` hands the work to the job queue's
+Made first before the version turns ready (its last build records the job: see
+server/jobs/patch_runner.py `patch_before_ready`), so the first manifest offering it lists
+them; asked again when a rollout starts, for bases published since. Runs off the request
+path: `PatchScheduler` hands the work to the job queue's
 `enqueue_patches(version_id)` — a durable `patch_jobs` row run by the in-process worker
 thread or by `modelfleet worker` (server/jobs/patch_runner.py drives `patch_and_republish`
 with retries and takeover). Only a queue without that method (a custom embedding) falls back

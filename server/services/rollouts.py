@@ -3,8 +3,10 @@ server/wiring.py) to the session factory, the publisher and the patch scheduler.
 
 The changes themselves (locked, audited, published in one transaction) are
 server/publish/rollouts.py; this adds what a route needs around them — the channel summary a
-create or re-publish answers with, patch scheduling after a rollout starts, and the preview's
-reads. Manifest-cache invalidation is not here: it follows the publisher's "published" event.
+create or re-publish answers with, patch scheduling after a rollout starts (the patches from
+versions published before this one were made before it turned ready, so the first manifest
+lists them; this catches bases published since), and the preview's reads. Manifest-cache
+invalidation is not here: it follows the publisher's "published" event.
 """
 
 from __future__ import annotations
@@ -107,8 +109,9 @@ class RolloutService:
             return ro.get_rollout(session, rollout_id)
 
     def start(self, channel: str, spec: ro.RolloutSpec, *, actor: str) -> ro.RolloutView:
-        """Starts the release, then schedules delta patches from the versions devices may
-        hold; the manifest is re-signed with them once made (off the request path)."""
+        """Starts the release — signed with the patches made while the version was
+        `patching` — then schedules delta patches from versions published since; the
+        manifest is re-signed if that adds any (off the request path)."""
         view = ro.start_rollout(self._sf, self._pub, channel, spec, actor=actor)
         with self._sf() as session:
             release = session.get(db.Release, view.record.id)

@@ -53,3 +53,26 @@ def write_unloadable_model(path: Path) -> Path:
                                                     helper.make_opsetid("com.example", 1)])
     path.write_bytes(model.SerializeToString())
     return path
+
+
+WEIGHTED_INPUT = "x:float32:1x192"
+
+
+def write_weighted_model(path: Path, edit: int = 0) -> Path:
+    """y = x @ W with x float32[1, 192] and W a fixed random float32[192, 256] (~196 kB);
+    `edit` > 0 changes that many weights, so two versions differ as a fine-tune does and a
+    delta patch between them is a small fraction of the artifact."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(7).standard_normal((192, 256)).astype(np.float32)
+    w.flat[:edit] += 1.0
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 192])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y],
+                              [numpy_helper.from_array(w, name="w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    path.write_bytes(model.SerializeToString())
+    return path
