@@ -11,7 +11,7 @@ Public surface (everything else is internal)::
     Reporter                      device identity, enrolment and signed telemetry uploads
     Clock, SystemClock            injected time
     Event, EventKind              what the SDK reports to the app
-    UpdateResult, ModelResult, Outcome, Prediction
+    UpdateResult, ModelResult, Outcome, Via, Prediction
     DeviceProfile                 re-exported from ``manifests``
     errors: ClientSDKError and its subclasses (tree in ``client_sdk.errors``)
 """
@@ -40,7 +40,7 @@ from client_sdk.http_transport import UrllibTransport
 from client_sdk.runtime import ModelRuntime, Prediction
 from client_sdk.telemetry import Reporter
 from client_sdk.transport import Response, Transport
-from client_sdk.updater import ModelResult, Outcome, Updater, UpdateResult
+from client_sdk.updater import ModelResult, Outcome, Updater, UpdateResult, Via
 from manifests import DeviceProfile
 
 __version__ = "0.1.0"
@@ -78,5 +78,6 @@ __all__ = [
     "Updater",
     "UpdaterConfig",
     "UrllibTransport",
+    "Via",
     "__version__",
 ]

@@ -10,6 +10,7 @@ resume is only valid while the manifest still promises it; ``gc`` drops stale pa
 
 from __future__ import annotations
 
+import enum
 import os
 import shutil
 import urllib.parse
@@ -35,6 +36,14 @@ from client_sdk.transport import Transport
 from manifests import Artifact
 
 
+class Via(enum.Enum):
+    """How a model's bytes reached the device in one cycle."""
+
+    PATCH = "patch"  # a delta patch from a held base, applied and verified
+    FULL = "full"  # the whole artifact downloaded
+    HELD = "held"  # already on the device: nothing downloaded
+
+
 def resolve_url(base_url: str, ref: str) -> str:
     """An absolute or base-relative URL from a manifest, against the server's base URL."""
     return urllib.parse.urljoin(base_url.rstrip("/") + "/", ref)
@@ -53,13 +62,14 @@ class Downloader:
         self.transport = transport
         self.dir = config.data_dir / "downloads"
         self._stopped = stopped
-        self._how: list[tuple[str, int]] = []  # the last fetch: (via, bytes) per member
+        self._how: list[tuple[Via, int]] = []  # the last fetch: (via, bytes) per member
 
-    def how(self) -> tuple[str, int]:
-        """How the last ``fetch`` got its bytes: "patch" if any member came via a patch, else
-        "full" if any was downloaded whole, else "held"; and the bytes downloaded."""
+    def how(self) -> tuple[Via, int]:
+        """How the last ``fetch`` got its bytes: PATCH if any member came via a patch, else
+        FULL if any was downloaded whole, else HELD; and the bytes downloaded (so far, if it
+        failed)."""
         ways = {w for w, _ in self._how}
-        via = next((w for w in ("patch", "full") if w in ways), "held")
+        via = next((w for w in (Via.PATCH, Via.FULL) if w in ways), Via.HELD)
         return via, sum(n for _, n in self._how)
 
     def _event(self, event: Event) -> None:
@@ -81,7 +91,7 @@ class Downloader:
         for member, artifact in plan.artifacts:
             target = self.dir / f"{artifact.sha256}.ready"
             if artifact.sha256 in held:
-                self._how.append(("held", 0))
+                self._how.append((Via.HELD, 0))
                 _copy(held[artifact.sha256], target)
                 if sha256_file(target) != artifact.sha256:
                     target.unlink(missing_ok=True)
@@ -110,7 +120,7 @@ class Downloader:
             try:
                 self._fetch_via_patch(plan, artifact, patch, held[patch.from_sha256], target,
                                       deadline)
-                self._how.append(("patch", patch.length))
+                self._how.append((Via.PATCH, patch.length))
                 return
             except DeadlineExceededError:
                 raise
@@ -130,7 +140,7 @@ class Downloader:
                                                         total),
         )
         os.replace(part, target)
-        self._how.append(("full", artifact.length))
+        self._how.append((Via.FULL, artifact.length))
 
     def _fetch_via_patch(self, plan: Plan, artifact: Artifact, patch: manifests.Patch,
                          base: Path, target: Path, deadline: Deadline) -> None:

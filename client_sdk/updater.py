@@ -30,7 +30,7 @@ from pathlib import Path
 
 from client_sdk.compile import COREML_FORMATS, FORMAT_ONNX, QNN_FORMATS, compile_bundle
 from client_sdk.config import UpdaterConfig
-from client_sdk.downloads import Downloader, resolve_url
+from client_sdk.downloads import Downloader, Via, resolve_url
 from client_sdk.errors import (
     ClientSDKError,
     FetchError,
@@ -61,7 +61,7 @@ from client_sdk.trust import ChannelState, TrustedMetadata, TrustStore
 from manifests import Manifest
 
 __all__ = ["PORTABLE_PLATFORM", "VERIFICATION_ERRORS", "ModelResult", "Outcome", "Plan",
-           "State", "UpdateResult", "Updater", "default_formats"]
+           "State", "UpdateResult", "Updater", "Via", "default_formats"]
 
 # Errors that mean "these bytes are bad / untrusted", as opposed to "try again later".
 VERIFICATION_ERRORS = (TrustError, IntegrityError, OversizeError)
@@ -93,6 +93,10 @@ class ModelResult:
     version: str = ""
     sha256: str = ""
     verdict: str = ""  # candidates: the shadow verdict on this device (pending|passed|failed)
+    # How its bytes came this cycle: HELD when nothing had to be downloaded (up to date, a
+    # held bundle swapped back in); None when it failed or was refused before any came.
+    via: Via | None = None
+    nbytes: int = 0  # bytes downloaded for it this cycle (patch or artifact; 0 when held)
 
 
 @dataclass(frozen=True)
@@ -266,17 +270,19 @@ class Updater:
             active_version = self.store.bundle(model, str(pointer.active)).version
         way = direction(plan, pointer, active_version)
         if way is Direction.CURRENT:
-            return self._report(plan, way)
-        via = "held"
+            return self._report(plan, way, how=(Via.HELD, 0))
+        via, nbytes = Via.HELD, 0
+        fetching = False
         try:
             bundle = self.store.find(model, plan.bundle_id)
             if bundle is None:
+                fetching = True
                 files = self.fetch(plan, self.store.held_files(model, pointer), deadline)
                 via, nbytes = self.downloader.how()
-                self._telemetry(plan, "downloaded", via, nbytes)
+                self._telemetry(plan, "downloaded", via.value, nbytes)
                 self.state = State.INSTALLING
                 bundle = self.store.stage(model, plan.version, files, compile_bundle)
-                self._telemetry(plan, "verified", via, nbytes)
+                self._telemetry(plan, "verified", via.value, nbytes)
                 if plan.slot == ACTIVE:
                     self._event(EventKind.STAGED, model, plan.version)
             if plan.slot == CANDIDATE:
@@ -284,11 +290,12 @@ class Updater:
             self._switch(bundle, plan.slot)
         except ClientSDKError as e:
             self._telemetry(plan, "failed", reason=f"{type(e).__name__}: {e}")
-            return self._report(plan, way, e)
+            got = self.downloader.how() if fetching else (via, nbytes)
+            return self._report(plan, way, e, how=got if got[1] else None)
         if plan.slot == ACTIVE:
             back = way is Direction.BACK
-            self._telemetry(plan, "rolled_back" if back else "activated", via)
-        return self._report(plan, way)
+            self._telemetry(plan, "rolled_back" if back else "activated", via.value)
+        return self._report(plan, way, how=(via, nbytes))
 
     def _switch(self, bundle: Bundle, slot: str) -> None:
         """Load ``bundle`` in the runtime (off the inference path), point ``slot`` at it on
@@ -309,31 +316,34 @@ class Updater:
         if runtime is not None and loaded is not None:
             runtime.swap(loaded, slot)
 
-    def _report(self, plan: Plan, way: Direction,
-                error: ClientSDKError | None = None) -> ModelResult:
-        """The event and result of applying ``plan`` (``error``: why it failed)."""
+    def _report(self, plan: Plan, way: Direction, error: ClientSDKError | None = None, *,
+                how: tuple[Via, int] | None = None) -> ModelResult:
+        """The event and result of applying ``plan`` (``error``: why it failed; ``how``: how
+        its bytes came and how many were downloaded, None if none came)."""
         model, version, sha = plan.model, plan.version, plan.sha256
         candidate = plan.slot == CANDIDATE
         verdict = (self.shadow.verdict(sha) or PENDING) if candidate else ""
+        via, nbytes = how if how is not None else (None, 0)
         if error is not None:
             outcome = Outcome.REFUSED if isinstance(error, VERIFICATION_ERRORS) else Outcome.FAILED
             self._event(EventKind.FAILED, model, version,
                         f"candidate: {error}" if candidate else str(error))
             return ModelResult(model, outcome, str(error), type(error).__name__,
-                               version if candidate else "", verdict=verdict)
+                               version if candidate else "", verdict=verdict, via=via,
+                               nbytes=nbytes)
         if way is Direction.CURRENT:
             if not candidate:
                 self._event(EventKind.UP_TO_DATE, model, version)
             return ModelResult(model, Outcome.UP_TO_DATE, version=version, sha256=sha,
-                               verdict=verdict)
+                               verdict=verdict, via=via, nbytes=nbytes)
         if candidate:
             self._event(EventKind.STAGED, model, version, "candidate (shadow mode)")
             return ModelResult(model, Outcome.UPDATED, version=version, sha256=sha,
-                               verdict=verdict)
+                               verdict=verdict, via=via, nbytes=nbytes)
         back = way is Direction.BACK
         self._event(EventKind.ROLLED_BACK if back else EventKind.ACTIVE, model, version)
         return ModelResult(model, Outcome.ROLLED_BACK if back else Outcome.UPDATED,
-                           version=version, sha256=sha)
+                           version=version, sha256=sha, via=via, nbytes=nbytes)
 
     def _without_failed(self, plans: tuple[Plan, ...]
                         ) -> tuple[tuple[Plan, ...], list[ModelResult]]:

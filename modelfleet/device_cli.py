@@ -13,9 +13,12 @@ never enrolled it still updates, it just cannot report (the reports wait in the 
 outbox). ``predict`` answers with the active bundle and feeds the candidate (shadow mode),
 persisting its statistics before it exits.
 
-JSON on stdout. Exit status: 0 when the cycle ran (up_to_date / updated / rolled_back, or an
-offer not meant for this device was refused); 1 on any verification failure (one-line reason on
-stderr, active model untouched); 2 on other failures (network, disk, bad arguments).
+JSON on stdout: ``outcome``, ``serial``, ``active``, and per model in ``models`` (and
+``candidates``) its ``outcome``, ``version``, ``sha256``, ``reason``, ``error``, ``via``
+(patch | full | held, or null) and ``bytes`` (downloaded). Exit status: 0 when the cycle
+ran (up_to_date / updated / rolled_back, or an offer not meant for this device was refused); 1
+on any verification failure (one-line reason on stderr, active model untouched); 2 on other
+failures (network, disk, bad arguments).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from client_sdk import ClientSDKError, Event, UpdaterConfig, UpdateResult
+    from client_sdk import ClientSDKError, Event, ModelResult, UpdaterConfig, UpdateResult
     from client_sdk.install import BundleStore
 
 device_app = typer.Typer(no_args_is_help=True)
@@ -102,6 +105,14 @@ class _Progress:
             sys.stderr.write(f"{event.kind.value} {event.model} {event.version} {event.reason}\n")
 
 
+def _entry(m: ModelResult) -> dict[str, Any]:
+    """One model's result: `via` is patch | full | held (held: the device had the bytes), or
+    null when it failed or was refused before any came; `bytes` what it downloaded."""
+    return {"model": m.model, "outcome": m.outcome.value, "reason": m.reason,
+            "error": m.error, "version": m.version, "sha256": m.sha256,
+            "via": None if m.via is None else m.via.value, "bytes": m.nbytes}
+
+
 def _report(
     result: UpdateResult | ClientSDKError, store: BundleStore
 ) -> tuple[dict[str, Any], int, str]:
@@ -119,14 +130,9 @@ def _report(
             "active": _active(store), "models": [],
         }
         return failure, EXIT_VERIFICATION if verification else EXIT_OTHER, reason
-    models = [{"model": m.model, "outcome": m.outcome.value, "reason": m.reason,
-               "error": m.error, "version": m.version, "sha256": m.sha256}
-              for m in result.models]
+    models = [_entry(m) for m in result.models]
     reasons = [f"{m.model}: {m.reason}" for m in result.models if m.reason]
-    candidates = [{"model": m.model, "outcome": m.outcome.value, "reason": m.reason,
-                   "error": m.error, "version": m.version, "sha256": m.sha256,
-                   "verdict": m.verdict or "pending"}
-                  for m in result.candidates]
+    candidates = [_entry(m) | {"verdict": m.verdict or "pending"} for m in result.candidates]
     payload: dict[str, Any] = {"outcome": result.outcome.value, "serial": result.serial,
                "reason": "; ".join(reasons), "active": _active(store), "models": models,
                "candidates": candidates}

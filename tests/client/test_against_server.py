@@ -15,7 +15,15 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from client_sdk import DeviceProfile, ModelRuntime, Outcome, Response, Updater, UpdaterConfig
+from client_sdk import (
+    DeviceProfile,
+    ModelRuntime,
+    Outcome,
+    Response,
+    Updater,
+    UpdaterConfig,
+    Via,
+)
 from server.app import create_app
 from server.auth import create_token
 from server.blobstore import LocalBlobStore
@@ -115,6 +123,7 @@ def test_device_installs_patches_and_rolls_back_against_the_real_server(server, 
         transport=transport, runtime=runtime, formats=["onnx"]))
     first = up.check_once()
     assert first.outcome is Outcome.UPDATED, first
+    assert (first.models[0].via, first.models[0].nbytes) == (Via.FULL, len(v1))
     assert check_whole(runtime.predict("clf", {"x": X}).outputs, X) == 1.0
     assert up.check_once().outcome is Outcome.UP_TO_DATE
 
@@ -128,11 +137,13 @@ def test_device_installs_patches_and_rolls_back_against_the_real_server(server, 
     assert second.outcome is Outcome.UPDATED and second.models[0].version == "2.0", second
     assert any(p.startswith("/v1/patches/") for p in transport.paths)
     assert not any(p.startswith("/v1/artifacts/") for p in transport.paths)
+    assert second.models[0].via is Via.PATCH and 0 < second.models[0].nbytes < len(v2) / 4
     assert runtime.predict("clf", {"x": X}).version == "2.0"
 
     assert client.post(f"/v1/rollouts/{rollout_id}/halt").status_code == 200
     third = up.check_once()
     assert third.outcome is Outcome.ROLLED_BACK and third.models[0].version == "1.0", third
+    assert (third.models[0].via, third.models[0].nbytes) == (Via.HELD, 0)  # kept on the device
     assert runtime.predict("clf", {"x": X}).version == "1.0"
 
 
