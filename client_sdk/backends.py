@@ -49,6 +49,17 @@ class OrtBackend:
         return dict(zip(self._outputs, values, strict=True))
 
 
+def _one_quiet_thread(opts: Any) -> None:
+    """Run each inference on the calling thread alone, and never spin-wait: a shadow candidate
+    runs on a low-priority worker thread, and a pool of spinning onnxruntime threads would
+    burn the app's cores at normal priority (for the active model it changes nothing: it
+    already ran on the app's thread)."""
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+
+
 def _cpu(bundle: Bundle, member: Member) -> Backend:
     import onnxruntime as ort
 
@@ -56,7 +67,7 @@ def _cpu(bundle: Bundle, member: Member) -> Backend:
     opts = ort.SessionOptions()
     # The optimized model is already optimized; don't pay for it again on every load.
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.intra_op_num_threads = 1
+    _one_quiet_thread(opts)
     opts.log_severity_level = 3
     try:
         session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
@@ -72,7 +83,9 @@ def _qnn(bundle: Bundle, member: Member) -> Backend:
 
     path = compiled_qnn(bundle, member)
     try:
-        session = ort.InferenceSession(str(path), qnn.session_options())
+        opts = qnn.session_options()
+        _one_quiet_thread(opts)  # the HTP does the work; CPU fallback is disabled
+        session = ort.InferenceSession(str(path), opts)
     except Exception as e:
         raise BackendUnavailableError(f"QNN EP cannot load {path.name}: {e}") from e
     return OrtBackend("onnxruntime-qnn", session)

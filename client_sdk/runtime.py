@@ -164,6 +164,7 @@ class ModelRuntime:
         shadow_queue: int = 8,
         shadow_persist_every: int = 25,
         shadow_sample_every: int = 1,
+        shadow_background: bool = True,
         health: Policy | None = None,
     ) -> None:
         """``shadow_queue``: samples waiting for the candidate before new ones are dropped;
@@ -171,6 +172,8 @@ class ModelRuntime:
         candidate running beside the app shares its CPU: sample when the app's tail latency
         matters more than a fast verdict — see docs/benchmarks.md);
         ``shadow_persist_every``: samples between two writes of the shadow statistics;
+        ``shadow_background``: run the candidate at the lowest CPU priority the OS allows
+        (False only to measure the difference);
         ``health``: when a newly active bundle is rolled back (``client_sdk.health``)."""
         self.data_dir = Path(data_dir)
         self.store = BundleStore(self.data_dir)
@@ -191,7 +194,8 @@ class ModelRuntime:
         self._sample_every = shadow_sample_every
         self.shadow = ShadowWorker(self.shadow_store, self.clock,
                                    queue_size=shadow_queue, persist_every=shadow_persist_every,
-                                   on_decided=self._decided, idle=self._idle)
+                                   on_decided=self._decided, idle=self._idle,
+                                   background=shadow_background)
         self.health = HealthMonitor(self.data_dir, health)
         self.outbox = Outbox(self.data_dir)
 

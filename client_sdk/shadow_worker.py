@@ -11,6 +11,11 @@ thread runs the candidate, compares (``client_sdk.shadow.compare``), aggregates 
 candidate's ``ShadowStats``, persists them every ``persist_every`` samples and whenever the
 verdict is decided, and reports a decided verdict to ``on_decided``. ``flush`` waits until the
 queue is drained and persists everything (the CLI calls it before exiting).
+
+The candidate must not compete with the app for the CPU either: the worker hands each
+inference to a ``BackgroundRunner`` thread at the lowest priority (``client_sdk.background``)
+and keeps the GIL-holding work (comparison, aggregation, persistence) on its own thread at
+normal priority; it compares only while no active prediction runs, too.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from client_sdk.background import BackgroundRunner
 from client_sdk.clock import Clock
 from client_sdk.errors import ModelNotLoadedError
 from client_sdk.shadow import PENDING, ShadowStats, ShadowStore, compare
@@ -55,7 +61,9 @@ class ShadowWorker:
     def __init__(self, store: ShadowStore, clock: Clock, *, queue_size: int,
                  persist_every: int, on_decided: Decided,
                  idle: Callable[[], bool] = lambda: True, poll_s: float = 0.001,
-                 max_wait_s: float = 0.25) -> None:
+                 max_wait_s: float = 0.25, background: bool = True) -> None:
+        """``background``: candidates run on a thread at the lowest priority (False only to
+        measure what that buys, bench/sdk/bench_shadow.py)."""
         self.store = store
         self._clock = clock
         self._q: collections.deque[_Item] = collections.deque()
@@ -72,6 +80,7 @@ class ShadowWorker:
         self._sessions: dict[str, Session] = {}
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._runner = BackgroundRunner(lower_priority=background)
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -96,6 +105,11 @@ class ShadowWorker:
 
     def session(self, model: str) -> Session | None:
         return self._sessions.get(model)
+
+    @property
+    def priority(self) -> str:
+        """The priority candidates run at (``client_sdk.background``; once one ran)."""
+        return self._runner.priority
 
     def wants(self, model: str) -> bool:
         """True when ``model`` has a candidate still being measured (one dict read)."""
@@ -166,9 +180,8 @@ class ShadowWorker:
                  shape_variant: str | None) -> None:
         if s.detached or s.stats.verdict != PENDING:
             return
-        t0 = time.perf_counter_ns()
         try:
-            got = s.loaded.run(inputs, shape_variant).outputs
+            got, cand_us = self._runner.call(lambda: s.loaded.run(inputs, shape_variant).outputs)
         except ModelNotLoadedError:
             return  # the candidate lacks that input-shape variant: not comparable
         except Exception as e:
@@ -176,7 +189,11 @@ class ShadowWorker:
                 s.stats.fail(f"candidate raised {type(e).__name__}: {e}")
             self._decided(s)
             return
-        cand_us = (time.perf_counter_ns() - t0) // 1000
+        # The run released the GIL, the comparison holds it (numpy on small arrays): if the
+        # app started a prediction meanwhile, let it finish first so it never waits for us.
+        if not self._wait_idle():
+            self._drop(s)
+            return
         sample = compare(outputs, got, active_us, cand_us)
         now = int(self._clock.time())
         with s.lock:
@@ -186,6 +203,7 @@ class ShadowWorker:
         if verdict != PENDING:
             self._decided(s)
         elif due:
+            self._wait_idle()  # (encoding the JSON holds the GIL too; persist even if busy)
             self._persist(s)
 
     def _decided(self, s: Session) -> None:
@@ -216,5 +234,6 @@ class ShadowWorker:
         if thread is not None and thread.is_alive():
             self._stop.set()
             thread.join()
+        self._runner.close()
         self._thread = None
         self._stop = threading.Event()
