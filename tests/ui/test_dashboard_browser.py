@@ -4,8 +4,11 @@ gate reports, a rollout and signed telemetry from enrolled devices.
 
 It opens the rollout page, sees the charts' SVG drawn with data points, pastes a token,
 halts the rollout through the confirm dialog and sees the manifest serial change on the page
-and in the API — and a halt reason / model description made of markup stays text (stored
-XSS). Saves artifacts/ui-rollout.png (the CI artifact).
+and in the API; on a second rollout seeded with a ramp schedule it sees the steps and the next
+step time, ramps by hand and sees share, serial and the schedule's state change; a version's
+failed delta-patch job shows its state, count and error — and a halt reason / model
+description / patch error made of markup stays text (stored XSS). Saves
+artifacts/ui-rollout.png (the CI artifact).
 
 Chromium missing: a skip on a dev box, a failure under CI (MODELFLEET_REQUIRE_POSTGRES=1 or
 CI=true), so the case cannot silently vanish there."""
@@ -18,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,7 @@ from server.app import create_app
 from server.auth import create_token
 from server.blobstore import LocalBlobStore
 from server.db import models as db
+from server.db.states import PatchJobState
 from tests.fleet.conftest import fleet_settings
 from tests.publish.conftest import version_maker
 from tests.support.fleet_devices import FleetDevice, shadow_report, update_report
@@ -37,6 +42,7 @@ from tests.support.served import free_port
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "artifacts" / "ui-rollout.png"
 XSS = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+PATCH_ERROR = "bsdiff4: <b>out of memory</b> making the patch from 1.0"
 
 
 def chromium_or_skip() -> str:
@@ -56,6 +62,7 @@ class Served:
     ops: dict[str, str]
     token: str
     rollout_id: int
+    ramped_id: int  # on channel canary, with a ramp schedule
 
 
 def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, int]:
@@ -91,6 +98,16 @@ def _seed_version(factory: Any, settings: Any, model: str, version: str) -> None
         s.commit()
 
 
+def _seed_failed_patch_job(factory: Any, version: str) -> None:
+    """The version's delta-patch job as the runner leaves it after its last failed attempt
+    (settled: nothing claims it again until a rollout asks)."""
+    with factory() as s:
+        v = s.query(db.ModelVersion).filter_by(version=version).one()
+        s.add(db.PatchJob(version_id=v.id, state=PatchJobState.failed, attempts=3,
+                          patches_added=0, error=PATCH_ERROR))
+        s.commit()
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp_path = tmp_path_factory.mktemp("dashboard")
@@ -116,7 +133,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             assert r.status_code == 201, r.text
             rollout_id = r.json()["id"]
             _send_telemetry(client, enroll)
-            yield Served(base, client, auth, ops, rollout_id)
+            _seed_version(factory, settings, "clf", "2.0")
+            _seed_failed_patch_job(factory, "2.0")
+            # A schedule an hour per step: nothing steps it during the test.
+            r = client.post("/v1/channels/canary/rollouts", headers=auth, json={
+                "model": "clf", "version": "1.0",
+                "ramp": {"steps": [5, 25, 100], "interval_seconds": 3600}})
+            assert r.status_code == 201, r.text
+            yield Served(base, client, auth, ops, rollout_id, r.json()["id"])
     finally:
         server.should_exit = True
         thread.join(timeout=30)
@@ -213,6 +237,7 @@ def test_rollout_page_charts_then_halt_with_a_token_changes_the_serial(page: Any
     expect(page.locator("svg[data-chart=divergence] line.limit")).to_have_count(1)
     expect(page.locator("[data-count=passed]")).to_have_text("5")
     expect(page.locator("[data-count=failed]")).to_have_text("1")
+    expect(page.locator("#ramp-schedule")).to_have_count(0)  # started without a schedule
 
     page.fill("#halt-reason", "divergence on pixel-005")
     page.click("#halt")
@@ -228,6 +253,49 @@ def test_rollout_page_charts_then_halt_with_a_token_changes_the_serial(page: Any
     expect(page.locator("#halt")).to_be_disabled()  # a halt is final
     SCREENSHOT.parent.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+
+def test_ramp_schedule_shows_its_steps_then_a_manual_ramp_takes_over(page: Any,
+                                                                     served: Served) -> None:
+    from playwright.sync_api import expect
+
+    rid = served.ramped_id
+    before = served.client.get(f"/v1/rollouts/{rid}", headers=served.ops).json()["ramp"]
+    assert before["state"] == "scheduled" and before["step"] == 1, before
+    serial_before = _serial(served, "canary")
+    page.goto(f"{served.base}/ui/#/rollouts/{rid}")
+    serial = page.locator("#manifest-serial")
+    expect(serial).to_have_text(str(serial_before))
+    expect(page.locator("#share")).to_have_text("5%")
+    steps = page.locator("#ramp-schedule ol.steps li")
+    expect(steps).to_have_text(["5%", "25%", "100%"])
+    current = page.locator("#ramp-schedule li[aria-current=step]")
+    expect(current).to_have_text("5%")
+    expect(current).to_have_class("step current")
+    expect(page.locator("#ramp-state")).to_have_text("scheduled")
+    due = datetime.fromisoformat(before["next_step_at"]).strftime("%Y-%m-%d %H:%M:%SZ")
+    expect(page.locator("#ramp-next")).to_have_text(due)
+    expect(page.locator("#ramp-schedule")).to_contain_text("every 1 h")
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT.with_name("ui-ramp.png")), full_page=True)
+
+    page.fill("#ramp-percentage", "40")
+    page.click("#ramp")
+    expect(page.locator("#confirm-dialog")).to_be_visible()
+    page.click("#confirm-ok")
+    expect(page.locator("#share")).to_have_text("40%")
+    expect(serial).not_to_have_text(str(serial_before))
+    shown = int(serial.text_content() or "0")
+    assert shown > serial_before and shown == _serial(served, "canary")
+    expect(page.locator("#status")).to_contain_text(f"Ramp: signed manifest serial {shown}")
+    # The person's share stands: the server clears the remaining steps.
+    expect(page.locator("#ramp-state")).to_have_text("taken_over")
+    expect(page.locator("#ramp-next")).to_have_text("–")
+    expect(current).to_have_count(0)  # the share (40%) is no step's
+    expect(page.locator("#ramp-schedule li.cleared")).to_have_text(["25%", "100%"])
+    after = served.client.get(f"/v1/rollouts/{rid}", headers=served.ops).json()
+    assert after["percentage"] == 40 and after["ramp"]["state"] == "taken_over", after
+    assert after["ramp"]["next_step_at"] is None
 
 
 def test_stored_xss_via_model_description_and_audit_reason_renders_as_text(
@@ -263,6 +331,23 @@ def test_version_page_shows_builds_with_their_gate_reports(page: Any, served: Se
     expect(page.locator("section.card")).to_have_count(2)  # android, ios
     expect(page.locator("dl.gates").first).to_contain_text("max_abs_diff")
     expect(page.locator("h1 .badge")).to_have_text("ready")
+
+
+def test_version_page_shows_a_failed_patch_job_with_its_error_as_text(page: Any,
+                                                                       served: Served) -> None:
+    from playwright.sync_api import expect
+
+    api = served.client.get("/v1/models/clf/versions/2.0").json()["patches"]
+    assert api == {"state": "failed", "patches": 0, "attempts": 3, "error": PATCH_ERROR}, api
+    page.goto(f"{served.base}/ui/#/models/clf/versions/2.0")
+    expect(page.locator("#patches-state")).to_have_text("failed")
+    expect(page.locator("#patches-count")).to_have_text("0")
+    expect(page.locator("#patches")).to_contain_text("attempts 3")
+    expect(page.locator("#patches")).to_contain_text("devices download the full artifacts")
+    expect(page.locator("#patches-error")).to_have_text(PATCH_ERROR)  # markup stays text
+    assert page.locator("#patches b").count() == 0
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT.with_name("ui-version.png")), full_page=True)
 
 
 @pytest.mark.parametrize(("env", "outcome"), [

@@ -1,6 +1,7 @@
 // Channels with their rollouts, and one rollout: live health as charts (adoption over time,
 // patch vs full bytes, shadow verdicts, divergence and latency against the thresholds) and
-// the ramp / pause / resume / promote / halt controls (a token with scope `rollout`).
+// the ramp / pause / resume / promote / halt controls (a token with scope `rollout`), and its
+// ramp schedule if it has one (docs/shadow.md "Ramp schedules").
 
 import { api } from "./api.js";
 import { hbars, lineChart, stackedBars } from "./charts.js";
@@ -76,6 +77,35 @@ function charts(rollout, timeline) {
       limitLabel: "limit (p99)" }));
 }
 
+const RAMP_STATES = {
+  scheduled: "steps up while healthy",
+  waiting_for_promotion: "steps once promoted to active",
+  paused: "paused: resuming restarts the wait",
+  done: "no step left",
+  taken_over: "a manual ramp cleared the remaining steps",
+  halted: "halted: the schedule ended",
+};
+
+// The steps as a row of pills: the ones passed, the one the share is at (aria-current), the
+// ones still ahead; then when the next one is due and what the schedule is doing. Once a
+// manual ramp took over, the share is no step's: none is current, the rest are struck out.
+function rampCard(ramp) {
+  if (!ramp) return null;
+  const minutes = ramp.interval_seconds / 60;
+  const every = minutes >= 60 && minutes % 60 === 0 ? `${minutes / 60} h` : `${minutes} min`;
+  const over = ramp.state === "taken_over";
+  const kind = (n) => (n < ramp.step || (over && n === ramp.step) ? "past"
+    : over ? "cleared" : n === ramp.step ? "current" : "ahead");
+  return h("section", { class: "card ramp", id: "ramp-schedule" },
+    h("h2", null, "Ramp schedule ", h("span", { id: "ramp-state" }, badge(ramp.state))),
+    h("ol", { class: "steps", "aria-label": "ramp steps" }, ramp.steps.map((p, i) => h("li", {
+      class: `step ${kind(i + 1)}`, "aria-current": kind(i + 1) === "current" ? "step" : null,
+      "data-step": String(i + 1) }, `${p}%`))),
+    h("p", { class: "muted small" }, `step ${ramp.step} of ${ramp.steps.length} · every ${every}` +
+      " · next step ", h("strong", { id: "ramp-next" }, when(ramp.next_step_at)),
+      ` · ${RAMP_STATES[ramp.state] ?? ramp.state}`));
+}
+
 function controls(id, onDone) {
   const percent = h("input", { id: "ramp-percentage", type: "number", min: "0", max: "100",
     step: "0.0001", placeholder: "%", "aria-label": "new share in percent" });
@@ -130,7 +160,8 @@ export function rolloutPage(root, { id }, { notify }) {
         " · ", h("a", { href: `#/models/${seg(rollout.model)}/versions/${seg(rollout.version)}` },
           "builds and gates")),
       rollout.state_reason ? h("p", { class: "reason" }, "reason: ",
-        h("span", { id: "state-reason" }, rollout.state_reason)) : null);
+        h("span", { id: "state-reason" }, rollout.state_reason)) : null,
+      rampCard(rollout.ramp));
       // A halt is final: nothing left to change.
       for (const el of root.querySelectorAll("#controls input, #controls .row button")) {
         el.disabled = rollout.state === "halted";

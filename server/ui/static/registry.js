@@ -1,4 +1,5 @@
-// Models, their versions, and a version's builds with gate reports (open reads: no token).
+// Models, their versions, and a version's builds with gate reports and its delta-patch job
+// (open reads: no token).
 
 import { api } from "./api.js";
 import { badge, bytes, h, replace, seg, table, when } from "./dom.js";
@@ -49,6 +50,20 @@ function gateRows(gates) {
       ? h("pre", null, JSON.stringify(value, null, 2)) : String(value))]));
 }
 
+// The delta-patch job (docs/publishing.md): made before the version turns ready; a failure
+// never holds the release back, devices then download in full.
+function patchesLine(p) {
+  if (!p) {
+    return h("p", { class: "muted small", id: "patches" }, "delta patches: none needed yet");
+  }
+  return h("div", { id: "patches" }, h("p", { class: "muted small" }, "delta patches: ",
+    h("span", { id: "patches-state" }, badge(p.state)), " · ",
+    h("strong", { id: "patches-count" }, String(p.patches)),
+    ` made · attempts ${p.attempts}`,
+    p.state === "failed" ? " · devices download the full artifacts" : ""),
+  p.error ? h("p", { class: "error", id: "patches-error" }, p.error) : null);
+}
+
 export function versionPage(root, { name, version }) {
   const head = h("div");
   const builds = h("div");
@@ -64,6 +79,7 @@ export function versionPage(root, { name, version }) {
           h("code", null, v.sha256.slice(0, 16)), "… · uploaded ", when(v.created_at),
           ` by ${v.created_by || "–"}`),
         v.error ? h("p", { class: "error" }, v.error) : null,
+        patchesLine(v.patches),
         v.notes ? h("p", { class: "description" }, v.notes) : null);
       replace(builds, list.length ? list.map((b) => h("section", { class: "card" },
         h("h3", null, `${b.platform}${b.variant ? ` · ${b.variant}` : ""} `, badge(b.state),
