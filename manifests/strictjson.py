@@ -47,12 +47,13 @@ def _parse_int(text: str) -> int:
 
 
 def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise MalformedError(f"duplicate JSON object key {key!r}")
-        _check_string(key)
-        obj[key] = value
+    obj = dict(pairs)  # C speed; a duplicate key leaves fewer entries than pairs
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise MalformedError(f"duplicate JSON object key {key!r}")
+            seen.add(key)
     return obj
 
 
@@ -64,7 +65,8 @@ def _check_string(value: str) -> None:
 
 
 def _check_tree(value: Any) -> None:
-    """Walk the parsed value iteratively: strings must be valid Unicode, depth <= MAX_DEPTH."""
+    """Walk the parsed value iteratively: strings (keys too) must be valid Unicode, depth <=
+    MAX_DEPTH."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
@@ -73,8 +75,20 @@ def _check_tree(value: Any) -> None:
         elif isinstance(node, (list, dict)):
             if depth > MAX_DEPTH:
                 raise MalformedError(f"JSON nests deeper than {MAX_DEPTH} levels")
-            children = node if isinstance(node, list) else node.values()
+            if isinstance(node, dict):
+                for key in node:
+                    _check_string(key)
+                children: Any = node.values()
+            else:
+                children = node
             stack.extend((child, depth + 1) for child in children)
+
+
+def _tree_needs_check(text: str) -> bool:
+    """False when the text cannot break the tree rules: a lone surrogate needs a `\\u`
+    escape (the text itself is valid UTF-8), and nesting deeper than MAX_DEPTH needs more
+    than MAX_DEPTH brackets (brackets inside strings only make this answer "check")."""
+    return "\\u" in text or text.count("{") + text.count("[") > MAX_DEPTH
 
 
 def loads(data: bytes, *, what: str = "document") -> JSONObject:
@@ -106,7 +120,8 @@ def loads(data: bytes, *, what: str = "document") -> JSONObject:
     except RecursionError as e:
         raise MalformedError(f"{what} is nested too deeply") from e
     try:
-        _check_tree(value)
+        if _tree_needs_check(text):
+            _check_tree(value)
     except MalformedError as e:
         raise MalformedError(f"{what}: {e}") from None
     if not isinstance(value, dict):

@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from server.api import ROUTERS
 from server.api.errors import install_error_handlers
+from server.api.fasttelemetry import TelemetryRoute
 from server.api.guard import install_request_guard
 from server.api.serving import ServingFastAPI
 from server.blobstore import BlobStore
@@ -47,6 +48,7 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         async with background(services):
             yield
+        await services.fleet.aclose()  # the telemetry group commit's connection
         await run_in_threadpool(services.close)
 
     # FastAPI, plus manifest polls answered from the process cache first (server/api/serving.py).
@@ -71,6 +73,10 @@ def create_app(
         app.include_router(router)
     # Authentication and size caps before any request body is read (server/api/guard.py).
     install_request_guard(app, settings, ROUTERS)
+    # Device telemetry answered before the guard and FastAPI, by the same rules
+    # (server/api/fasttelemetry.py); added last, so it runs first.
+    app.add_middleware(TelemetryRoute, fleet=services.fleet,
+                       cap=settings.max_telemetry_body_bytes)
     return app
 
 

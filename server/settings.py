@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     telemetry_max_skew_seconds: int = Field(default=600, gt=0)
     telemetry_rate_per_second: float = Field(default=10.0, gt=0)
     telemetry_burst: int = Field(default=20, gt=0)
+    # PostgreSQL: concurrent telemetry requests of a process share one transaction (each still
+    # answers only after its rows are committed); off: one transaction per request.
+    telemetry_group_commit: bool = True
     # POSTed a JSON event when the guard halts a rollout by itself; empty = no webhook.
     halt_webhook_url: str = ""
     # How often an API process looks for rollouts whose next ramp step is due.

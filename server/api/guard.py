@@ -103,7 +103,7 @@ def upload_cap(settings: Settings) -> int:
             + settings.max_metadata_bytes + MULTIPART_OVERHEAD_BYTES)
 
 
-def _error(status: int, code: str, detail: str, *, field: str | None = None,
+def error_payload(status: int, code: str, detail: str, *, field: str | None = None,
            fix: str | None = None) -> bytes:
     body = ErrorBody(detail=detail, code=code, field=field, fix=fix)
     return json.dumps(body.model_dump()).encode()
@@ -130,7 +130,7 @@ def _declared_length(scope: Scope) -> int | None:
     return None
 
 
-def _header(scope: Scope, wanted: bytes) -> str | None:
+def header(scope: Scope, wanted: bytes) -> str | None:
     for name, value in scope.get("headers") or []:
         if name == wanted:
             return bytes(value).decode("latin-1")
@@ -181,43 +181,21 @@ class RequestGuard:
         factory = scope["app"].state.session_factory
         try:
             with factory() as session:  # last_used_at is committed by the route's dependency
-                principal = auth.authenticate(session, _header(scope, b"authorization"),
+                principal = auth.authenticate(session, header(scope, b"authorization"),
                                               pepper=self.pepper)
                 if rule.scope is not None:
                     auth.require(principal, rule.scope)
         except ServiceError as e:
-            return e.status_code, _error(e.status_code, e.code, e.message, field=e.field,
+            return e.status_code, error_payload(e.status_code, e.code, e.message, field=e.field,
                                          fix=e.fix)
         return None
 
     # ------------------------------------------------------------------ bodies
 
     async def _json(self, scope: Scope, receive: Receive, send: Send, cap: int) -> None:
-        declared = _declared_length(scope)
-        if declared is not None and declared > cap:
-            await self._too_large(send, cap)
-            return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > cap:
-                await self._too_large(send, cap)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        if too_deep(body):
-            await _respond(send, 422, _error(
-                422, "invalid_request", f"request body: {depth_error()}", field="body",
-                fix="send the documented request schema (see /docs)"))
-            return
-        await self.app(scope, _replay(body, receive), send)
+        body = await read_json_body(scope, receive, send, cap)
+        if body is not None:
+            await self.app(scope, _replay(body, receive), send)
 
     async def _upload(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = _declared_length(scope)
@@ -225,7 +203,7 @@ class RequestGuard:
             await self._too_large(send, self.upload_cap, fix=UPLOAD_FIX)
             return
         if self.uploads_in_flight >= self.max_uploads:
-            await _respond(send, 503, _error(
+            await _respond(send, 503, error_payload(
                 503, "too_many_uploads",
                 f"{self.max_uploads} uploads are already in progress on this server",
                 fix=f"retry in {UPLOAD_RETRY_AFTER_SECONDS} s (MODELFLEET_MAX_CONCURRENT_UPLOADS "
@@ -267,9 +245,44 @@ class RequestGuard:
 
     async def _too_large(self, send: Send, cap: int, *,
                          fix: str = "send a smaller request body") -> None:
-        await _respond(send, 413, _error(
-            413, "payload_too_large", f"request body is larger than the limit of {cap} bytes",
-            fix=fix))
+        await too_large(send, cap, fix=fix)
+
+
+async def too_large(send: Send, cap: int, *, fix: str = "send a smaller request body") -> None:
+    await _respond(send, 413, error_payload(
+        413, "payload_too_large", f"request body is larger than the limit of {cap} bytes",
+        fix=fix))
+
+
+async def read_json_body(scope: Scope, receive: Receive, send: Send, cap: int) -> bytes | None:
+    """The whole JSON body, read only while it stays within `cap` (413 at once when the
+    declared length is over it, before a byte is read), and no deeper than JSON nesting
+    allows (422); None when a refusal was sent or the client went away."""
+    declared = _declared_length(scope)
+    if declared is not None and declared > cap:
+        await too_large(send, cap)
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None  # the client went away
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > cap:
+            await too_large(send, cap)
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    if too_deep(body):
+        await _respond(send, 422, error_payload(
+            422, "invalid_request", f"request body: {depth_error()}", field="body",
+            fix="send the documented request schema (see /docs)"))
+        return None
+    return body
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

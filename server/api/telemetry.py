@@ -3,11 +3,13 @@
 - `POST /v1/devices/enroll` (token scope `enroll`): a device registers its own Ed25519 key;
 - `POST /v1/devices/{device_id}/revoke` (scope `rollout`): its reports are refused from now on;
 - `POST /v1/telemetry`: no bearer token — the device's signature over the exact body bytes
-  (`X-Device-Id`, `X-Device-Signature`), verified before the body is parsed; the request
-  guard caps the body at `max_telemetry_body_bytes` (256 KiB) before it is read.
+  (`X-Device-Id`, `X-Device-Signature`), verified before the body is parsed; the body is
+  capped at `max_telemetry_body_bytes` (256 KiB) before it is read. Served by the raw ASGI
+  route of server/api/fasttelemetry.py; the route here documents it in the OpenAPI spec and
+  answers under a root path, through the same `Fleet.receive`.
 A batch that brought a final verdict, a failure or a rollback is judged by the guard in the
 same request, after its transaction committed, and the rollouts it touched take a due ramp
-step if healthy (server/services/fleet/ramp.py).
+step if healthy (server/services/fleet/ramp.py) — both in `Fleet.receive`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
 from server.api.deps import EnrollPrincipal, FleetDep, RolloutPrincipal, ServicesDep
 from server.api.errors import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND, ErrorBody
@@ -109,12 +110,8 @@ async def post_telemetry(request: Request, service: FleetDep) -> Response:
     stored are skipped and counted as `duplicates`."""
     body = await request.body()
     try:
-        result = await run_in_threadpool(
-            service.ingest.ingest, request.headers.get("x-device-id"),
-            request.headers.get("x-device-signature"), body)
+        result = await service.receive(request.headers.get("x-device-id"),
+                                       request.headers.get("x-device-signature"), body)
     except RateLimitedError as e:
         return _error(429, e.code, e.message, e.fix, {"Retry-After": str(e.retry_after)})
-    if result.judged:
-        await run_in_threadpool(service.guard.evaluate, result.judged)
-        await run_in_threadpool(service.ramp.tick, result.judged)
     return JSONResponse({"accepted": result.accepted, "duplicates": result.duplicates})

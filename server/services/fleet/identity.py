@@ -130,6 +130,10 @@ class DeviceKeys:
         self._keys: dict[str, VerifyKey] = {}
         self._lock = threading.Lock()
 
+    def cached(self, device_id: str) -> bool:
+        """True when `verify` needs no database read for this device."""
+        return device_id in self._keys
+
     def get(self, device_id: str) -> VerifyKey:
         key = self._keys.get(device_id)
         if key is not None:

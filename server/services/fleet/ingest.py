@@ -43,6 +43,8 @@ SIGNATURE_FIX = ("send X-Device-Id and X-Device-Signature: standard base64 of th
                  "signature over the exact body bytes")
 RELEASE_CACHE_SECONDS = 5.0
 FAILING_EVENTS = ("failed", "rolled_back")
+# (model, version, channel) of a report -> the release it is about (None: none known).
+ReleaseMap = dict[tuple[str, str, str | None], int | None]
 
 
 class DeviceRevokedAuthError(AuthenticationError):
@@ -105,7 +107,7 @@ class _Statements:
 
 
 @functools.cache
-def _statements(dialect: str) -> _Statements:
+def dialect_statements(dialect: str) -> _Statements:
     def insert(table: Any) -> Any:
         return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
 
@@ -158,9 +160,17 @@ class TelemetryIngest:
         self._releases: dict[tuple[str, str], tuple[float, list[tuple[str, int, bool]]]] = {}
 
     def ingest(self, device_id: str | None, signature: str | None, body: bytes) -> IngestResult:
-        if not device_id or not DEVICE_ID.fullmatch(device_id):
-            raise DeviceUnknownError("missing or malformed X-Device-Id header",
-                                     fix=SIGNATURE_FIX)
+        """The whole request on the calling thread: `admit`, then one transaction."""
+        batch, received = self.admit(device_id, signature, body)
+        return self._store(batch, received)
+
+    def admit(self, device_id: str | None, signature: str | None,
+              body: bytes) -> tuple[Batch, datetime]:
+        """Everything before storing, in this order: the device id, the signature over the
+        exact `body` (before a byte of it is parsed), the rate limit, the strict parse and the
+        staleness check. The batch and the time it was received."""
+        check_device_header(device_id)
+        assert device_id is not None
         self.keys.verify(device_id, body, decode_signature(signature))
         wait = self.limiter.take(device_id)
         if wait > 0:
@@ -178,9 +188,35 @@ class TelemetryIngest:
                 f"sent_at is {int(batch.sent_at - now)} s from the server's clock (limit "
                 f"±{self.max_skew_s} s): a replayed or delayed batch",
                 fix="send pending reports in a new batch with the current time in sent_at")
-        return self._store(batch, datetime.fromtimestamp(now, UTC))
+        return batch, datetime.fromtimestamp(now, UTC)
 
     # ------------------------------------------------------------------ storing
+
+    def cached_releases(self, batch: Batch) -> ReleaseMap | None:
+        """The release of every report from the process cache, or None when one is missing
+        or older than RELEASE_CACHE_SECONDS (then `load_releases`)."""
+        now = time.monotonic()
+        out: ReleaseMap = {}
+        for r in batch.reports:
+            key = (r.model, r.version, r.channel)
+            if key not in out:
+                hit = self._releases.get((r.model, r.version))
+                if hit is None or hit[0] < now:
+                    return None
+                out[key] = _pick_release(hit[1], r.channel)
+        return out
+
+    def load_releases(self, batch: Batch, conn: Connection | None = None) -> ReleaseMap:
+        """The release of every report, reading the ones the cache lacks (a session of its
+        own unless `conn` is given)."""
+        if conn is None:
+            cached = self.cached_releases(batch)
+            if cached is not None:
+                return cached
+            with self.factory() as session:
+                return self.load_releases(batch, session.connection())
+        return {(r.model, r.version, r.channel): self._release_for(
+            conn, r.model, r.version, r.channel) for r in batch.reports}
 
     def _release_for(self, conn: Connection, model: str, version: str,
                      channel: str | None) -> int | None:
@@ -199,12 +235,7 @@ class TelemetryIngest:
             hit = (time.monotonic() + RELEASE_CACHE_SECONDS,
                    [(r[0], r[1], bool(r[2])) for r in rows])
             self._releases[key] = hit
-        releases = hit[1]
-        if channel is not None:
-            return next((rid for ch, rid, _ in releases if ch == channel), None)
-        live = [rid for _, rid, halted in releases if not halted]
-        candidates = live or [rid for _, rid, _ in releases]
-        return candidates[0] if candidates else None
+        return _pick_release(hit[1], channel)
 
     def _store(self, batch: Batch, received: datetime) -> IngestResult:
         with self.factory() as session:
@@ -218,23 +249,47 @@ class TelemetryIngest:
             if active_before is None:
                 raise DeviceRevokedAuthError(f"device {batch.device_id!r} was revoked",
                                              fix="enrol the installation under a new device id")
-            release_of = {(r.model, r.version, r.channel): self._release_for(
-                conn, r.model, r.version, r.channel) for r in batch.reports}
-            rows = [_event_row(batch.device_id, r, release_of[(r.model, r.version, r.channel)],
-                               received) for r in batch.reports]
-            stmt = _statements(conn.dialect.name).events
+            release_of = self.load_releases(batch, conn)
+            rows = [event_row(batch.device_id, r, release_of[(r.model, r.version, r.channel)],
+                              received) for r in batch.reports]
+            stmt = dialect_statements(conn.dialect.name).events
             new_ids = set(conn.execute(stmt, rows).scalars()) if rows else set()
             new = [r for r in batch.reports if r.id in new_ids]
-            active = _active_versions(dict(active_before), new)
+            active = active_versions(dict(active_before), new)
             if active != active_before:
                 conn.execute(update(db.Device).where(db.Device.id == batch.device_id)
                              .values(active_versions=active))
-            judged = _standings(conn, batch.device_id, new, release_of, received)
+            standings = standing_rows(batch.device_id, new, release_of, received)
+            upserts = dialect_statements(conn.dialect.name)
+            if standings.shadow:
+                conn.execute(upserts.shadow_standing, standings.shadow)
+            if standings.event:
+                conn.execute(upserts.event_standing, standings.event)
             session.commit()
-        return IngestResult(len(new), len(batch.reports) - len(new), frozenset(judged))
+        return IngestResult(len(new), len(batch.reports) - len(new), standings.judged)
 
 
-def _event_row(device_id: str, r: UpdateReport | ShadowReport | HealthReport,
+def _pick_release(releases: list[tuple[str, int, bool]], channel: str | None) -> int | None:
+    if channel is not None:
+        return next((rid for ch, rid, _ in releases if ch == channel), None)
+    live = [rid for _, rid, halted in releases if not halted]
+    candidates = live or [rid for _, rid, _ in releases]
+    return candidates[0] if candidates else None
+
+
+def check_device_header(device_id: str | None) -> None:
+    if not device_id or not DEVICE_ID.fullmatch(device_id):
+        raise DeviceUnknownError("missing or malformed X-Device-Id header", fix=SIGNATURE_FIX)
+
+
+def accepted_reports(result: IngestResult) -> int:
+    """How many reports a committed batch stored: the one call every 200 of
+    `POST /v1/telemetry` passes through, on either storing path (a metrics counter hooks in
+    here)."""
+    return result.accepted
+
+
+def event_row(device_id: str, r: UpdateReport | ShadowReport | HealthReport,
                release_id: int | None, received: datetime) -> dict[str, Any]:
     kl = latency = samples = None
     kind: str = r.kind
@@ -250,7 +305,7 @@ def _event_row(device_id: str, r: UpdateReport | ShadowReport | HealthReport,
             "payload": r.model_dump(exclude_none=True), "received_at": received}
 
 
-def _active_versions(active: dict[str, str],
+def active_versions(active: dict[str, str],
                      reports: Sequence[UpdateReport | ShadowReport | HealthReport]
                      ) -> dict[str, str]:
     for r in sorted((r for r in reports if isinstance(r, UpdateReport)), key=lambda r: r.at):
@@ -261,12 +316,21 @@ def _active_versions(active: dict[str, str],
     return active
 
 
-def _standings(conn: Connection, device_id: str,
-               reports: Iterable[UpdateReport | ShadowReport | HealthReport],
-               release_of: dict[tuple[str, str, str | None], int | None],
-               now: datetime) -> set[int]:
-    """Upserts the device's row per release from its new reports; the releases whose guard
+@dataclass(frozen=True)
+class Standings:
+    """The device_releases upserts of a batch's new reports, and the releases whose guard
     may have moved."""
+
+    shadow: list[dict[str, Any]]
+    event: list[dict[str, Any]]
+    judged: frozenset[int]
+
+
+def standing_rows(device_id: str,
+                  reports: Iterable[UpdateReport | ShadowReport | HealthReport],
+                  release_of: ReleaseMap, now: datetime) -> Standings:
+    """The device's row per release from its new reports (latest shadow summary, latest
+    update event)."""
     shadows: dict[int, ShadowReport] = {}
     events: dict[int, list[UpdateReport]] = {}
     judged: set[int] = set()
@@ -283,26 +347,22 @@ def _standings(conn: Connection, device_id: str,
             events.setdefault(rid, []).append(r)
             if r.event in FAILING_EVENTS:
                 judged.add(rid)
-    if shadows:
-        rows = [{"device_id": device_id, "release_id": rid, "downloaded": True,
-                 "rolled_back": False, "verdict": s.verdict, "shadow_at": s.at,
-                 "samples": s.samples, "kl_mean_micro": s.kl_mean_micro,
-                 "kl_max_micro": s.kl_max_micro, "active_p50_us": s.active_p50_us,
-                 "candidate_p50_us": s.candidate_p50_us, "candidate_p99_us": s.candidate_p99_us,
-                 "updated_at": now} for rid, s in shadows.items()]
-        conn.execute(_statements(conn.dialect.name).shadow_standing, rows)
-    if events:
-        rows = []
-        for rid, evs in events.items():
-            last = evs[0]
-            for e in evs:  # the latest; on a tie the later one in the batch (sent in order)
-                if e.at >= last.at:
-                    last = e
-            rows.append({"device_id": device_id, "release_id": rid, "event": last.event,
-                         "event_at": last.at, "updated_at": now,
-                         "downloaded": any(e.event in ("downloaded", "verified", "activated")
-                                           for e in evs),
-                         "rolled_back": any(e.event == "rolled_back" for e in evs)})
-        conn.execute(_statements(conn.dialect.name).event_standing, rows)
-    return judged
-
+    shadow_rows = [{"device_id": device_id, "release_id": rid, "downloaded": True,
+                    "rolled_back": False, "verdict": s.verdict, "shadow_at": s.at,
+                    "samples": s.samples, "kl_mean_micro": s.kl_mean_micro,
+                    "kl_max_micro": s.kl_max_micro, "active_p50_us": s.active_p50_us,
+                    "candidate_p50_us": s.candidate_p50_us,
+                    "candidate_p99_us": s.candidate_p99_us, "updated_at": now}
+                   for rid, s in shadows.items()]
+    event_rows = []
+    for rid, evs in events.items():
+        last = evs[0]
+        for e in evs:  # the latest; on a tie the later one in the batch (sent in order)
+            if e.at >= last.at:
+                last = e
+        event_rows.append({"device_id": device_id, "release_id": rid, "event": last.event,
+                           "event_at": last.at, "updated_at": now,
+                           "downloaded": any(e.event in ("downloaded", "verified", "activated")
+                                             for e in evs),
+                           "rolled_back": any(e.event == "rolled_back" for e in evs)})
+    return Standings(shadow_rows, event_rows, frozenset(judged))

@@ -1,15 +1,30 @@
 """The fleet services of one API process: telemetry ingestion, the guard it feeds and the
-ramp schedules that step healthy rollouts."""
+ramp schedules that step healthy rollouts.
+
+`Fleet.receive` is the whole of `POST /v1/telemetry` after the body was read (both the raw
+ASGI route, server/api/fasttelemetry.py, and the FastAPI route call it). On PostgreSQL the
+checks run on the event loop and the rows go through the process's group commit
+(server/services/fleet/groupcommit.py); on any other database (SQLite, the embedded default)
+the generic path runs in a worker thread, one transaction per request.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sqlalchemy import make_url
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from server.publish.publisher import Publisher
+from server.services.fleet.groupcommit import GroupCommitter
 from server.services.fleet.guard import FleetGuard
-from server.services.fleet.ingest import TelemetryIngest
+from server.services.fleet.ingest import (
+    IngestResult,
+    TelemetryIngest,
+    accepted_reports,
+    check_device_header,
+)
 from server.services.fleet.ramp import RampTicker
 from server.settings import Settings
 
@@ -19,6 +34,42 @@ class Fleet:
     ingest: TelemetryIngest
     guard: FleetGuard
     ramp: RampTicker
+    committer: GroupCommitter | None = None  # PostgreSQL with group commit on
+
+    async def receive(self, device_id: str | None, signature: str | None,
+                      body: bytes) -> IngestResult:
+        """Verifies, stores and judges one signed batch; raises the service error to answer
+        otherwise. Returns once the batch's rows are committed."""
+        ingest, committer = self.ingest, self.committer
+        if committer is None:
+            result = await run_in_threadpool(ingest.ingest, device_id, signature, body)
+        else:
+            check_device_header(device_id)
+            assert device_id is not None
+            if not ingest.keys.cached(device_id):  # once per device and process
+                await run_in_threadpool(ingest.keys.get, device_id)
+            batch, received = ingest.admit(device_id, signature, body)
+            release_of = ingest.cached_releases(batch)
+            if release_of is None:  # at most once per model version every few seconds
+                release_of = await run_in_threadpool(ingest.load_releases, batch)
+            result = await committer.store(batch, release_of, received)
+        accepted_reports(result)
+        if result.judged:
+            await run_in_threadpool(self.guard.evaluate, result.judged)
+            await run_in_threadpool(self.ramp.tick, result.judged)
+        return result
+
+    async def aclose(self) -> None:
+        if self.committer is not None:
+            await self.committer.aclose()
+
+
+def libpq_dsn(database_url: str) -> str | None:
+    """The libpq form of a PostgreSQL URL (None for any other database)."""
+    url = make_url(database_url)
+    if url.get_backend_name() != "postgresql":
+        return None
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def make_fleet(settings: Settings, factory: sessionmaker[Session],
@@ -27,4 +78,6 @@ def make_fleet(settings: Settings, factory: sessionmaker[Session],
                              burst=settings.telemetry_burst,
                              max_skew_s=settings.telemetry_max_skew_seconds)
     guard = FleetGuard(factory, publisher, webhook_url=settings.halt_webhook_url)
-    return Fleet(ingest, guard, RampTicker(factory, publisher))
+    dsn = libpq_dsn(settings.resolved_database_url) if settings.telemetry_group_commit else None
+    return Fleet(ingest, guard, RampTicker(factory, publisher),
+                 GroupCommitter(dsn) if dsn is not None else None)

@@ -1,0 +1,76 @@
+"""`POST /v1/telemetry` as a raw ASGI route in front of FastAPI.
+
+A telemetry request needs none of FastAPI's machinery (no token, no schema-bound body: the
+signature covers the exact bytes), and under load that machinery — the request guard's route
+matching, routing, dependency resolution, the response classes — cost more server CPU than
+the ingest itself. `TelemetryRoute` answers the one path with the guard's own rules and the
+same `Fleet.receive` the FastAPI route calls:
+
+1. the body is read only while within `max_telemetry_body_bytes`: a declared length over it
+   is a 413 (with `Connection: close`) before a byte is read, a stream that passes it is cut
+   off with a 413; too deep a nesting is a 422 (`server.api.guard.read_json_body`);
+2. `Fleet.receive` verifies the signature over those bytes before parsing, rate limits,
+   parses strictly and stores (group commit on PostgreSQL); a 200 means committed;
+3. service errors are answered with the app's error body and status (401 unknown / revoked /
+   bad signature / stale, 422 naming the field, 429 with Retry-After).
+
+Any other path or method, or a request under a root path, goes to the app unchanged (the
+FastAPI route stays for the OpenAPI spec and for root-path deployments).
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.api.errors import ErrorBody
+from server.api.guard import header, read_json_body
+from server.errors import ServiceError
+from server.services.fleet.ingest import RateLimitedError
+from server.services.fleet.service import Fleet
+
+PATH = "/v1/telemetry"
+_JSON = (b"content-type", b"application/json")
+
+
+class TelemetryRoute:
+    """See the module docstring. `cap` is `Settings.max_telemetry_body_bytes`."""
+
+    def __init__(self, app: ASGIApp, *, fleet: Fleet, cap: int) -> None:
+        self.app = app
+        self.fleet = fleet
+        self.cap = cap
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST"
+                or scope.get("root_path")):
+            await self.app(scope, receive, send)
+            return
+        body = await read_json_body(scope, receive, send, self.cap)
+        if body is None:
+            return  # refused (413 / 422) or the client went away
+        try:
+            result = await self.fleet.receive(header(scope, b"x-device-id"),
+                                              header(scope, b"x-device-signature"), body)
+        except RateLimitedError as e:
+            await _send(send, e.status_code, _error_body(e),
+                        [(b"retry-after", str(e.retry_after).encode())])
+            return
+        except ServiceError as e:
+            await _send(send, e.status_code, _error_body(e))
+            return
+        await _send(send, 200, b'{"accepted":%d,"duplicates":%d}'
+                    % (result.accepted, result.duplicates))
+
+
+def _error_body(e: ServiceError) -> bytes:
+    body = ErrorBody(detail=e.message, code=e.code, field=e.field, fix=e.fix)
+    return json.dumps(body.model_dump(), ensure_ascii=False, separators=(",", ":")).encode()
+
+
+async def _send(send: Send, status: int, payload: bytes,
+                extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [_JSON, (b"content-length", b"%d" % len(payload)), *(extra or [])]})
+    await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,299 @@
+"""Group commit of admitted telemetry batches into PostgreSQL (the production database).
+
+Every request of one API process that is ready to store (signature verified, rate limited,
+parsed, not stale: `TelemetryIngest.admit`) hands its batch to the process's
+`GroupCommitter` and awaits the commit that contains its rows: a 200 still means the rows are
+committed. While one group's transaction is in flight the next requests queue, and the next
+group takes them all, so under load many requests share one BEGIN … COMMIT and one WAL flush.
+
+One group is two round trips on one psycopg connection in pipeline mode (no pool, no
+pre-ping), with one statement per step whatever the group's size: BEGIN and `STORE` (lock the
+group's live devices in id order, set their last_seen_at, insert every report of a live device
+with ON CONFLICT (report_id) DO NOTHING, return the devices' active versions and the new
+report ids); then the two standings upserts, the changed `active_versions` and COMMIT. The
+rows and rules are the ones of the generic path (server/services/fleet/ingest.py); the
+standings upserts take their ON CONFLICT rules from its statements, compiled for psycopg.
+
+Safety of sharing a transaction:
+- a revoked device's batch stores nothing (STORE inserts only the rows of devices it
+  locked as live) and answers 401; the others in the group commit;
+- a device appears at most once per group (its next batch waits for the next group), so
+  `active_versions` is computed from the row the group itself read;
+- STORE locks the device rows in id order, so two processes' groups take them in one order
+  and cannot deadlock each other;
+- when a group's transaction fails (a bad value, a lost connection), it is rolled back and each
+  of its batches is retried alone, so one bad batch cannot fail the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Json
+from sqlalchemy.dialects.postgresql import psycopg as pg_dialect
+
+from server.db import models as db
+from server.services.fleet.ingest import (
+    DeviceRevokedAuthError,
+    IngestResult,
+    ReleaseMap,
+    Standings,
+    active_versions,
+    dialect_statements,
+    event_row,
+    standing_rows,
+)
+from server.services.fleet.reports import Batch
+
+STORE = """
+WITH seen AS (
+    SELECT * FROM json_to_recordset(%(devices)s) AS v(id text, at timestamptz)),
+locked AS (
+    SELECT d.id FROM devices d JOIN seen ON seen.id = d.id WHERE d.revoked_at IS NULL
+    ORDER BY d.id FOR UPDATE OF d),
+live AS (
+    UPDATE devices d SET last_seen_at = seen.at FROM locked JOIN seen ON seen.id = locked.id
+    WHERE d.id = locked.id
+    RETURNING d.id, d.active_versions),
+new AS (
+    INSERT INTO telemetry_events (report_id, device_id, release_id, model, version, kind,
+                                  kl_micro, latency_p99_us, samples, payload, received_at)
+    SELECT r.report_id, r.device_id, r.release_id, r.model, r.version, r.kind, r.kl_micro,
+           r.latency_p99_us, r.samples, r.payload, r.received_at
+    FROM json_to_recordset(%(rows)s) AS r(report_id text, device_id text, release_id integer,
+        model text, version text, kind text, kl_micro bigint, latency_p99_us bigint,
+        samples integer, payload json, received_at timestamptz)
+    JOIN live ON live.id = r.device_id
+    ON CONFLICT (report_id) DO NOTHING
+    RETURNING report_id, device_id)
+SELECT id, active_versions, NULL FROM live
+UNION ALL SELECT device_id, NULL, report_id FROM new
+"""
+SET_ACTIVE = """
+UPDATE devices d SET active_versions = a.active
+FROM json_to_recordset(%(rows)s) AS a(id text, active json) WHERE d.id = a.id
+"""
+# The event_row fields STORE reads from its JSON rows.
+ROW_FIELDS = ("report_id", "device_id", "release_id", "model", "version", "kind", "kl_micro",
+              "latency_p99_us", "samples", "payload")
+MAX_GROUP_BATCHES = 256
+MAX_GROUP_REPORTS = 5_000
+
+
+@functools.cache
+def _standing_upserts() -> tuple[str, str]:
+    """The generic path's two device_releases upserts for a whole group: the rows come as one
+    JSON parameter (`%(rows)s`), the ON CONFLICT rules are the generic statements' own."""
+    statements = dialect_statements("postgresql")
+    dialect = pg_dialect.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's own
+    table = db.DeviceRelease.__table__
+    shadow = ["device_id", "release_id", "downloaded", "rolled_back", "verdict", "shadow_at",
+              "samples", "kl_mean_micro", "kl_max_micro", "active_p50_us", "candidate_p50_us",
+              "candidate_p99_us", "updated_at"]
+    event = ["device_id", "release_id", "event", "event_at", "updated_at", "downloaded",
+             "rolled_back"]
+
+    def upsert(stmt: Any, columns: list[str]) -> str:
+        compiled = stmt.compile(dialect=dialect, column_keys=columns)
+        sql = str(compiled)
+        rules = sql[sql.index(" ON CONFLICT "):]
+        # The statement's own bound values (True, -1) written as SQL literals.
+        for name, value in compiled.params.items():
+            if name not in columns:
+                literal = ("true" if value else "false") if isinstance(value, bool) else (
+                    str(int(value)))
+                rules = rules.replace(f"%({name})s", literal)
+        types = ", ".join(f"{c} {table.c[c].type.compile(dialect)}" for c in columns)
+        names = ", ".join(columns)
+        # Only the code's own column names and types go into the text; values are parameters.
+        return (f"INSERT INTO device_releases ({names}) SELECT {names} "  # noqa: S608
+                f"FROM json_to_recordset(%(rows)s) AS s({types}){rules}")
+
+    return upsert(statements.shadow_standing, shadow), upsert(statements.event_standing, event)
+
+
+@dataclass
+class _Pending:
+    batch: Batch
+    release_of: ReleaseMap
+    received: datetime
+    done: asyncio.Future[IngestResult]
+
+
+@dataclass
+class GroupStats:
+    """Counts since start (tests read them to see that requests shared transactions)."""
+
+    groups: int = 0
+    batches: int = 0
+    retried_alone: int = 0
+
+
+class GroupCommitter:
+    """See the module docstring. One per API process; it binds to the event loop of its first
+    `store` and is closed by `aclose` (the app's lifespan)."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._pending: deque[_Pending] = deque()
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._drainer: asyncio.Task[None] | None = None
+        self.stats = GroupStats()
+
+    async def store(self, batch: Batch, release_of: ReleaseMap,
+                    received: datetime) -> IngestResult:
+        """Stores the batch in the next group's transaction; returns once it committed."""
+        done: asyncio.Future[IngestResult] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(batch, release_of, received, done))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())
+        return await done
+
+    async def aclose(self) -> None:
+        if self._drainer is not None:
+            with contextlib.suppress(Exception):
+                await self._drainer
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    async def _drain(self) -> None:
+        while self._pending:
+            await self._commit(self._take())
+
+    def _take(self) -> list[_Pending]:
+        group: list[_Pending] = []
+        later: list[_Pending] = []
+        devices: set[str] = set()
+        reports = 0
+        while self._pending and len(group) < MAX_GROUP_BATCHES:
+            p = self._pending.popleft()
+            if p.batch.device_id in devices:
+                later.append(p)  # its device's row is already in this group
+                continue
+            if group and reports + len(p.batch.reports) > MAX_GROUP_REPORTS:
+                later.append(p)
+                break
+            group.append(p)
+            devices.add(p.batch.device_id)
+            reports += len(p.batch.reports)
+        self._pending.extendleft(reversed(later))
+        return group
+
+    async def _commit(self, group: list[_Pending]) -> None:
+        try:
+            outcomes = await self._transaction(group)
+        except Exception as e:
+            if len(group) == 1:
+                _settle(group[0], e)
+                return
+            # One bad batch (or a lost connection) must not fail the rest: each alone.
+            self.stats.retried_alone += len(group)
+            for p in group:
+                try:
+                    (outcome,) = await self._transaction([p])
+                except Exception as alone:
+                    outcome = alone
+                _settle(p, outcome)
+            return
+        self.stats.groups += 1
+        self.stats.batches += len(group)
+        for p, outcome in zip(group, outcomes, strict=True):
+            _settle(p, outcome)
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+            self._conn = conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+        return conn
+
+    async def _transaction(self, group: list[_Pending]) -> list[IngestResult | Exception]:
+        conn = await self._connection()
+        shadow_sql, event_sql = _standing_upserts()
+        outcomes: list[IngestResult | Exception] = []
+        async with conn.pipeline() as pipeline, conn.transaction():
+            cursor = conn.cursor()
+            await cursor.execute(STORE, _store_params(group))
+            await pipeline.sync()
+            active_of: dict[str, dict[str, str]] = {}
+            new_ids: set[str] = set()
+            for device_id, active, report_id in await cursor.fetchall():
+                if report_id is None:
+                    active_of[device_id] = active
+                else:
+                    new_ids.add(report_id)
+            shadow: list[dict[str, Any]] = []
+            event: list[dict[str, Any]] = []
+            changed: list[dict[str, Any]] = []
+            for p in group:
+                before = active_of.get(p.batch.device_id)
+                if before is None:
+                    outcomes.append(DeviceRevokedAuthError(
+                        f"device {p.batch.device_id!r} was revoked",
+                        fix="enrol the installation under a new device id"))
+                    continue
+                result, standings, active = _outcome(p, before, new_ids)
+                if active is not None:
+                    changed.append({"id": p.batch.device_id, "active": active})
+                shadow += standings.shadow
+                event += standings.event
+                outcomes.append(result)
+            for sql, rows in ((shadow_sql, shadow), (event_sql, event), (SET_ACTIVE, changed)):
+                if rows:
+                    await conn.execute(sql, {"rows": Json(rows, dumps=_dumps)})
+        return outcomes
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, default=_iso, separators=(",", ":"))
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _store_params(group: list[_Pending]) -> dict[str, Any]:
+    devices = []
+    rows = []
+    for p in group:
+        device = p.batch.device_id
+        devices.append({"id": device, "at": p.received})
+        for r in p.batch.reports:
+            full = event_row(device, r, p.release_of[(r.model, r.version, r.channel)],
+                             p.received)
+            row = {name: full[name] for name in ROW_FIELDS}
+            row["received_at"] = p.received
+            rows.append(row)
+    return {"devices": Json(devices, dumps=_dumps), "rows": Json(rows, dumps=_dumps)}
+
+
+def _outcome(p: _Pending, active_before: dict[str, str], new_ids: set[str]
+             ) -> tuple[IngestResult, Standings, dict[str, str] | None]:
+    """The result, the standings rows and the new active versions (None: unchanged)."""
+    new = [r for r in p.batch.reports if r.id in new_ids]
+    active = active_versions(dict(active_before), new)
+    standings = standing_rows(p.batch.device_id, new, p.release_of, p.received)
+    result = IngestResult(len(new), len(p.batch.reports) - len(new), standings.judged)
+    return result, standings, (active if active != active_before else None)
+
+
+def _settle(p: _Pending, outcome: IngestResult | Exception) -> None:
+    if p.done.done():  # the request was cancelled (client gone); its rows stand
+        return
+    if isinstance(outcome, Exception):
+        p.done.set_exception(outcome)
+    else:
+        p.done.set_result(outcome)

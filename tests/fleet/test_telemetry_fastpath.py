@@ -1,0 +1,220 @@
+"""The telemetry fast paths: the raw ASGI route (server/api/fasttelemetry.py) keeps the
+request guard's and the ingest's rules, and PostgreSQL's group commit
+(server/services/fleet/groupcommit.py) stores exactly what the generic path stores, shares
+transactions, and lets one revoked device in a group fail alone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from starlette.types import Message, Receive, Scope, Send
+
+from server.api.fasttelemetry import TelemetryRoute
+from server.db import models as db
+from server.services.fleet.groupcommit import GroupCommitter
+from server.services.fleet.ingest import DeviceRevokedAuthError
+from server.services.fleet.reports import parse_batch
+from server.services.fleet.service import Fleet as FleetService
+from server.services.fleet.service import libpq_dsn
+from tests.fleet.conftest import Fleet, fleet_settings, open_fleet
+from tests.support.fleet_devices import FleetDevice, shadow_report, update_report
+
+SHADOW = {"max_kl_micro": 5_000, "max_latency_p99_us": 20_000, "min_samples": 100}
+
+
+def _service(fleet: Fleet) -> FleetService:
+    service: FleetService = fleet.client.app.state.services.fleet  # type: ignore[attr-defined]
+    return service
+
+
+def _call_route(route: TelemetryRoute, headers: list[tuple[bytes, bytes]],
+                chunks: list[bytes]) -> tuple[list[Message], int]:
+    """Drives the route over ASGI: the messages it sent and how many body chunks it read."""
+    sent: list[Message] = []
+    read = 0
+
+    async def receive() -> Message:
+        nonlocal read
+        read += 1
+        more = read < len(chunks)
+        return {"type": "http.request", "body": chunks[read - 1], "more_body": more}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope: Scope = {"type": "http", "method": "POST", "path": "/v1/telemetry",
+                    "root_path": "", "headers": headers}
+    asyncio.run(route(scope, receive, send))
+    return sent, read
+
+
+async def _never_called(_scope: Scope, _receive: Receive, _send: Send) -> None:
+    raise AssertionError("the raw route passed a telemetry request on to FastAPI")
+
+
+def test_raw_route_serves_telemetry_in_front_of_the_app(fleet: Fleet) -> None:
+    stack: Any = fleet.client.app.middleware_stack  # type: ignore[attr-defined]
+    layers = []
+    while stack is not None and len(layers) < 16:
+        layers.append(type(stack).__name__)
+        stack = getattr(stack, "app", None)
+    assert "TelemetryRoute" in layers
+    assert layers.index("TelemetryRoute") < layers.index("RequestGuard")
+
+
+def test_oversize_body_is_refused_before_a_byte_is_read(fleet: Fleet) -> None:
+    route = TelemetryRoute(_never_called, fleet=_service(fleet), cap=1_000)
+    sent, read = _call_route(route, [(b"content-length", b"5000")], [b"x" * 5000])
+    assert sent[0]["status"] == 413 and read == 0
+    assert (b"connection", b"close") in sent[0]["headers"]
+    assert json.loads(sent[1]["body"])["code"] == "payload_too_large"
+    assert fleet.events() == 0
+
+
+def test_streamed_body_over_the_cap_is_cut_off(fleet: Fleet) -> None:
+    route = TelemetryRoute(_never_called, fleet=_service(fleet), cap=1_000)
+    sent, read = _call_route(route, [], [b"x" * 600, b"x" * 600, b"x" * 600])
+    assert sent[0]["status"] == 413 and read == 2  # stopped at the chunk that passed the cap
+    assert fleet.events() == 0
+
+
+def test_raw_route_refuses_a_bad_signature(fleet: Fleet) -> None:
+    device = fleet.enroll(FleetDevice("sig-01"))
+    body = device.batch([shadow_report("clf", "1.0", "failed")])
+    forged = FleetDevice("sig-01").headers(body)  # another key, same device id
+    route = TelemetryRoute(_never_called, fleet=_service(fleet), cap=256 * 1024)
+    headers = [(k.lower().encode(), v.encode()) for k, v in forged.items()]
+    sent, _ = _call_route(route, headers, [body])
+    assert sent[0]["status"] == 401
+    assert json.loads(sent[1]["body"])["code"] == "device_signature_invalid"
+    assert fleet.events() == 0
+
+
+def test_replayed_batch_is_stored_once_and_an_old_one_refused(fleet: Fleet) -> None:
+    device = fleet.enroll(FleetDevice("replay-01"))
+    body = device.batch([shadow_report("clf", "1.0", "pending")])
+    first = fleet.client.post("/v1/telemetry", content=body, headers=device.headers(body))
+    again = fleet.client.post("/v1/telemetry", content=body, headers=device.headers(body))
+    assert first.json() == {"accepted": 1, "duplicates": 0}
+    assert again.json() == {"accepted": 0, "duplicates": 1}
+    old = device.batch([shadow_report("clf", "1.0", "pending")], sent_at=1_000_000_000)
+    r = fleet.client.post("/v1/telemetry", content=old, headers=device.headers(old))
+    assert r.status_code == 401 and r.json()["code"] == "device_report_stale"
+    assert fleet.events() == 1
+
+
+def test_each_database_gets_its_storing_path(fleet: Fleet,
+                                             devices: Callable[[int], list[FleetDevice]]
+                                             ) -> None:
+    service = _service(fleet)
+    is_pg = fleet.settings.resolved_database_url.startswith("postgresql")
+    assert (service.committer is not None) == is_pg
+    (device,) = devices(1)
+    r = fleet.send(device, [update_report("clf", "1.0", "activated")])
+    assert r.status_code == 200 and r.json()["accepted"] == 1
+    with fleet.client.app.state.session_factory() as s:  # type: ignore[attr-defined]
+        row = s.get(db.Device, device.device_id)
+        assert row is not None and row.active_versions == {"clf": "1.0"}
+    if service.committer is not None:
+        assert service.committer.stats.batches >= 1
+
+
+# ---------------------------------------------------------------- group commit (PostgreSQL)
+
+
+def _batches(fleet: Fleet, group: list[FleetDevice], at: int) -> list[Any]:
+    out = []
+    for i, d in enumerate(group):
+        reports = [update_report("clf", "1.0", "activated", at=at),
+                   shadow_report("clf", "1.0", ("pending", "failed")[i % 2], at=at),
+                   {"id": f"{i:032x}", "kind": "health", "at": at, "model": "clf",
+                    "version": "1.0", "channel": "prod", "predictions": 9, "errors": 1,
+                    "p99_us": 800, "rolled_back": False}]
+        out.append(parse_batch(d.batch(reports)))
+    return out
+
+
+def _stored(fleet: Fleet, device_id: str) -> tuple[list[Any], list[Any], dict[str, str]]:
+    with fleet.client.app.state.session_factory() as s:  # type: ignore[attr-defined]
+        events = [(e.release_id, e.model, e.version, e.kind, e.kl_micro, e.latency_p99_us,
+                   e.samples, {k: v for k, v in e.payload.items() if k != "id"})
+                  for e in s.scalars(select(db.TelemetryEvent)
+                                     .where(db.TelemetryEvent.device_id == device_id)
+                                     .order_by(db.TelemetryEvent.kind))]
+        standings = [(r.release_id, r.event, r.event_at, r.downloaded, r.rolled_back,
+                      r.verdict, r.shadow_at, r.samples, r.kl_mean_micro, r.kl_max_micro,
+                      r.active_p50_us, r.candidate_p50_us, r.candidate_p99_us)
+                     for r in s.scalars(select(db.DeviceRelease)
+                                        .where(db.DeviceRelease.device_id == device_id))]
+        device = s.get(db.Device, device_id)
+        assert device is not None
+        return events, standings, device.active_versions
+
+
+@pytest.mark.postgres
+def test_group_commit_stores_what_the_generic_path_stores(
+        postgres_url: str, tmp_path: Any) -> None:
+    for fleet in open_fleet(fleet_settings(postgres_url, tmp_path)):
+        fleet.rollout("1.0", mode="shadow", guard={"min_devices": 1_000}, shadow=SHADOW)
+        generic, grouped = (fleet.enroll(FleetDevice(n)) for n in ("generic-1", "grouped-1"))
+        ingest = _service(fleet).ingest
+        _, b1 = _batches(fleet, [grouped, generic], 1_700_000_000)  # b1: a failed verdict
+        # The same reports from the other device (fresh report ids).
+        b2 = parse_batch(grouped.batch([json.loads(r.model_dump_json()) | {"id": f"{i:031x}f"}
+                                        for i, r in enumerate(b1.reports)]))
+        now = datetime.now(UTC)
+        ingest._store(b1, now)  # the generic path (SQLAlchemy, one transaction)
+
+        async def grouped_store() -> Any:
+            committer = GroupCommitter(libpq_dsn(postgres_url) or "")
+            try:
+                return await committer.store(b2, ingest.load_releases(b2), now)
+            finally:
+                await committer.aclose()
+
+        result = asyncio.run(grouped_store())
+        assert result.accepted == 3 and result.judged
+        assert _stored(fleet, "generic-1") == _stored(fleet, "grouped-1")
+        assert _stored(fleet, "grouped-1")[2] == {"clf": "1.0"}
+
+
+@pytest.mark.postgres
+def test_concurrent_batches_share_a_transaction_and_a_revoked_device_fails_alone(
+        postgres_url: str, tmp_path: Any) -> None:
+    for fleet in open_fleet(fleet_settings(postgres_url, tmp_path)):
+        fleet.rollout("1.0", mode="shadow", guard={"min_devices": 1_000}, shadow=SHADOW)
+        group = [fleet.enroll(FleetDevice(f"grp-{i:02d}")) for i in range(12)]
+        r = fleet.client.post("/v1/devices/grp-05/revoke", headers=fleet.ops)
+        assert r.status_code == 200
+        batches = _batches(fleet, group, 1_700_000_000)
+        # grp-00 twice: its second batch must wait for the next group (one row read each).
+        batches.append(parse_batch(group[0].batch(
+            [update_report("clf", "1.0", "rolled_back", at=1_700_000_001)])))
+        ingest = _service(fleet).ingest
+        now = datetime.now(UTC)
+
+        async def store_all() -> tuple[list[Any], Any]:
+            committer = GroupCommitter(libpq_dsn(postgres_url) or "")
+            try:
+                out = await asyncio.gather(
+                    *(committer.store(b, ingest.load_releases(b), now) for b in batches),
+                    return_exceptions=True)
+                return list(out), committer.stats
+            finally:
+                await committer.aclose()
+
+        outcomes, stats = asyncio.run(store_all())
+        assert stats.groups == 2 and stats.batches == len(batches)  # 12 at once, then grp-00
+        assert isinstance(outcomes[5], DeviceRevokedAuthError)
+        assert all(o.accepted == 3 for i, o in enumerate(outcomes[:12]) if i != 5)
+        assert outcomes[12].accepted == 1
+        assert _stored(fleet, "grp-05") == ([], [], {})  # nothing of the revoked device
+        assert fleet.events() == 11 * 3 + 1
+        assert _stored(fleet, "grp-00")[2] == {}  # activated, then rolled back in order
+        assert _stored(fleet, "grp-01")[2] == {"clf": "1.0"}
