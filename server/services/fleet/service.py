@@ -24,6 +24,7 @@ from server.services.fleet.ingest import (
     TelemetryIngest,
     accepted_reports,
     check_device_header,
+    decode_signature,
 )
 from server.services.fleet.ramp import RampTicker
 from server.settings import Settings
@@ -47,6 +48,7 @@ class Fleet:
             check_device_header(device_id)
             assert device_id is not None
             if not ingest.keys.cached(device_id):  # once per device and process
+                decode_signature(signature)  # the generic path's order: signature, then key
                 await run_in_threadpool(ingest.keys.get, device_id)
             batch, received = ingest.admit(device_id, signature, body)
             release_of = ingest.cached_releases(batch)
