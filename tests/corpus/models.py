@@ -7,7 +7,8 @@ shipped (real weights, paddle2onnx, dynamic dims). Exporters: torch dynamo (opse
 the TorchScript-based torch.onnx exporter (opsets 11–14), torch.export `.pt2`, paddle2onnx.
 
 Everything is written under `fetch.cache_dir()` (outside git) and reused while the files
-exist (delete the directory to rebuild). Reference inputs are real where a package ships
+exist (delete the directory to rebuild); each build holds its `fetch.locked` lock, so parallel
+test workers build a model once. Reference inputs are real where a package ships
 them (MiniLM's tokenizer on real sentences), page-like images for PP-OCR
 (tests/compile/ocr_models.py), elsewhere seeded random draws.
 """
@@ -125,17 +126,19 @@ def _torch_entry(name: str, family: str, exporter: str, make: Callable[[], Any],
 
     def build(cache: Path) -> CorpusModel:
         path, ref, meta = _cached(cache, name, fmt)
-        if not (path.is_file() and ref.is_file() and meta.is_file()):
-            import torch
+        # Under the lock: another process (an xdist worker) building the same model waits.
+        with fetch.locked(f"corpus-{name}"):
+            if not (path.is_file() and ref.is_file() and meta.is_file()):
+                import torch
 
-            torch.manual_seed(0)
-            module = make().eval()
-            if fmt is SourceFormat.ONNX:
-                _export_onnx(module, specs, path, exporter, opset, dynamic)
-            else:
-                _export_pt2(module, specs, path, dynamic)
-            _save_reference(ref, feeds())
-            meta.write_text(json.dumps({"params": _params(module)}))
+                torch.manual_seed(0)
+                module = make().eval()
+                if fmt is SourceFormat.ONNX:
+                    _export_onnx(module, specs, path, exporter, opset, dynamic)
+                else:
+                    _export_pt2(module, specs, path, dynamic)
+                _save_reference(ref, feeds())
+                meta.write_text(json.dumps({"params": _params(module)}))
         params = int(json.loads(meta.read_text())["params"])
         return CorpusModel(name, family, exporter if fmt is SourceFormat.EXPORTED_PROGRAM
                            else f"{exporter} opset {opset}", fmt, path, specs, ref, dims,
@@ -243,11 +246,12 @@ def _ppocr(kind: str, shape: tuple[int, ...]) -> Callable[[Path], CorpusModel]:
         specs = (InputSpec(onnx.load(str(path), load_external_data=False).graph.input[0].name,
                            shape),)
         ref = cache / f"ppocr-{kind}.text.ref.npz"
-        if not ref.is_file():
-            from tests.compile.ocr_models import text_image
+        with fetch.locked(f"corpus-ppocr-{kind}"):
+            if not ref.is_file():
+                from tests.compile.ocr_models import text_image
 
-            _save_reference(ref, {specs[0].name: np.stack(
-                [text_image(shape, seed) for seed in (0, 1)])[:, None]})
+                _save_reference(ref, {specs[0].name: np.stack(
+                    [text_image(shape, seed) for seed in (0, 1)])[:, None]})
         graph = onnx.load(str(path)).graph
         tensors = [*graph.initializer, *(a.t for n in graph.node if n.op_type == "Constant"
                                          for a in n.attribute if a.name == "value")]
