@@ -7,6 +7,11 @@ skipped, unless MODELFLEET_REQUIRE_POSTGRES=1 (set by CI on machines that have i
 
 S3: one moto server per session, over real HTTP on a free loopback port; each test gets its
 own bucket.
+
+Parallel runs (pytest-xdist, as scripts/test runs them): session fixtures exist once per
+worker, each with its own databases, moto server and ports. `--dist loadfile` keeps each test
+module whole on one worker, in file order: several modules share one served server per module
+and build on what earlier tests in it did (tests/cli/test_release_cli.py).
 """
 
 from __future__ import annotations
