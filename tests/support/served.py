@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 import socket
 import subprocess
 import time
@@ -9,10 +11,25 @@ import urllib.request
 from pathlib import Path
 
 
+def _worker_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # gw0, gw1, ... under pytest-xdist
+    return int(worker[2:]) if worker[2:].isdigit() else 0
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free right now, from a range of its own per pytest-xdist worker
+    (below the kernel's ephemeral range): two workers never hand out the same port, so a
+    server that lost a race for its port cannot be mistaken for another worker's."""
+    base = 10_000 + (_worker_index() % 4) * 5_000
+    for _ in range(200):
+        port = random.randrange(base, base + 5_000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {base}..{base + 4_999}")
 
 
 def wait_until_up(url: str, proc: subprocess.Popen[bytes], log: Path,
