@@ -19,9 +19,11 @@ from server.api import ROUTERS
 from server.api.errors import install_error_handlers
 from server.api.fasttelemetry import TelemetryRoute
 from server.api.guard import install_request_guard
+from server.api.observe import RequestObserver
 from server.api.serving import ServingFastAPI
 from server.blobstore import BlobStore
 from server.jobs.interface import JobQueue
+from server.observability.metrics import PollFlusher
 from server.publish.errors import PublishError
 from server.publish.resign import resign_loop
 from server.services.fleet.ramp import ramp_loop
@@ -43,10 +45,11 @@ def create_app(
     `modelfleet serve` does it at start). `blob_store`/`job_queue` override the ones the
     settings choose (tests, embedding)."""
     services = build_services(settings, blob_store=blob_store, job_queue=job_queue)
+    flusher = PollFlusher(services.manifest_cache.stats)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        async with background(services):
+        async with background(services), flushing(flusher):
             yield
         await services.fleet.aclose()  # the telemetry group commit's connection
         await run_in_threadpool(services.close)
@@ -59,6 +62,7 @@ def create_app(
         "token with the right scope (`modelfleet tokens create --scope …`).",
         lifespan=lifespan,
         manifest_cache=services.manifest_cache,
+        log_polls=settings.log_polls,
     )
     # The one handle on the wiring; routes reach its parts through server/api/deps.py. The
     # plain attributes name the same objects, for tests and embedders that inspect them.
@@ -68,6 +72,7 @@ def create_app(
     app.state.session_factory = services.session_factory
     app.state.blob_store = services.blob_store
     app.state.job_queue = services.job_queue
+    app.state.poll_flusher = flusher  # GET /metrics flushes this process's polls first
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
@@ -77,6 +82,9 @@ def create_app(
     # (server/api/fasttelemetry.py); added last, so it runs first.
     app.add_middleware(TelemetryRoute, fleet=services.fleet,
                        cap=settings.max_telemetry_body_bytes)
+    # Outermost: request id, request counter and access log around everything, the guard's
+    # own refusals included (server/api/observe.py).
+    app.add_middleware(RequestObserver)
     return app
 
 
@@ -104,3 +112,26 @@ async def background(services: Services) -> AsyncIterator[None]:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+POLL_FLUSH_SECONDS = 1.0
+
+
+@contextlib.asynccontextmanager
+async def flushing(flusher: PollFlusher) -> AsyncIterator[None]:
+    """Copies the poll counts into the poll counter once a second, so a scrape answered by
+    another worker process is at most that far behind (server/observability/metrics.py)."""
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(POLL_FLUSH_SECONDS)
+            flusher.flush()
+
+    task = asyncio.create_task(loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        flusher.flush()

@@ -61,6 +61,13 @@ class Settings(BaseSettings):
     # Manifest polls answered in the HTTP protocol write no access-log line; with this on (and
     # uvicorn's access log on) every poll takes the logged ASGI path (server/api/fastpoll.py).
     log_polls: bool = False
+    # Log lines as human text or one JSON object per line (server/observability/logs.py);
+    # `modelfleet serve|worker --log-format` overrides it. Text by default: a terminal or a
+    # `tee` in development stays readable; deployments choose json (docker-compose.yml does).
+    log_format: Literal["text", "json"] = "text"
+    # Empty: GET /metrics answers without a token (scrapers inside the network). Set: it wants
+    # `Authorization: Bearer <this>`.
+    metrics_token: str = ""
 
     # Size caps for uploads (bytes). An .npz is also capped by the bytes its arrays take once
     # decompressed (read from the .npy headers at upload, before anything is inflated).

@@ -10,6 +10,7 @@ from server.api import (
     builds,
     devices,
     health,
+    metrics,
     models,
     rollouts,
     serving,
@@ -21,6 +22,7 @@ from server.api import (
 
 ROUTERS: list[APIRouter] = [
     health.router,
+    metrics.router,
     audit.router,
     models.router,
     versions.router,

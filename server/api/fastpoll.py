@@ -15,9 +15,10 @@ are the ones the ASGI path sends: uvicorn's default headers (Date, Server), then
 ETag, Cache-Control (and for a 200 Content-Type, Content-Length), `connection: close` when
 the connection does not stay open.
 
-Polls answered here write no access-log line; with `Settings.log_polls`
-(MODELFLEET_LOG_POLLS=1) and uvicorn's access log on, every poll goes through the logged
-ASGI path instead.
+Polls answered here write no access-log line and carry no X-Request-Id; they are counted
+in `ManifestCache.stats` (plain ints; server/observability/metrics.py exports them). With
+`Settings.log_polls` (MODELFLEET_LOG_POLLS=1) every poll goes through the logged ASGI path
+instead.
 
     uvicorn server.asgi:app --http server.api.fastpoll:ManifestPollProtocol --loop uvloop
 """
@@ -73,10 +74,9 @@ class ManifestPollProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         serving = find_serving_app(self.app)
-        # Polls through the access log need the ASGI path (the logged client address may
-        # come from proxy headers), so logging polls switches the shortcut off.
-        logging_polls = (serving is not None and self.access_log
-                         and serving.state.services.settings.log_polls)
+        # Polls through the access log need the ASGI path (the app writes the access log:
+        # server/api/observe.py), so logging polls switches the shortcut off.
+        logging_polls = serving is not None and serving.state.services.settings.log_polls
         self._cache: ManifestCache | None = (
             None if (serving is None or logging_polls or self.root_path)
             else serving.manifest_cache)
@@ -135,6 +135,8 @@ class ManifestPollProtocol(HttpToolsProtocol):
         close = b"" if keep_alive else _CLOSE
         if entry.not_modified(request_if_none_match(self.headers)):
             out = b"".join((_STATUS_304, default, entry.raw_304, close, b"\r\n"))
+            if self._cache is not None:  # always set here: only the shortcut answers
+                self._cache.stats.shortcut_304 += 1
         else:
             out = b"".join((_STATUS_200, default, entry.raw_200, close, b"\r\n", entry.data))
         self.transport.write(out)

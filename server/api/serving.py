@@ -43,19 +43,23 @@ class ServingFastAPI(FastAPI):
     framework work (middleware, routing, dependencies) — that is what keeps a 304 cheap. A
     miss, any other path or method goes through FastAPI as usual."""
 
-    def __init__(self, *args: Any, manifest_cache: ManifestCache, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, manifest_cache: ManifestCache, log_polls: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.manifest_cache = manifest_cache
+        # Logged polls take the middleware path, where the access log is written.
+        self.log_polls = log_polls
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
-        if (scope["type"] == "http" and scope["method"] == "GET"
+        if (scope["type"] == "http" and scope["method"] == "GET" and not self.log_polls
                 and path.startswith(PREFIX) and path.endswith(SUFFIX)):
             cache = self.manifest_cache
             entry = cache.lookup(path[len(PREFIX):-len(SUFFIX)])
             if entry is not None:
                 cache.stats.app += 1
                 if entry.not_modified(request_if_none_match(scope["headers"])):
+                    cache.stats.app_304 += 1
                     await send({"type": "http.response.start", "status": 304,
                                 "headers": entry.headers_304})
                     await send({"type": "http.response.body", "body": b""})
@@ -88,6 +92,7 @@ async def get_manifest(channel: str, request: Request, cache: ManifestCacheDep) 
     cache.stats.route += 1
     headers = {"ETag": entry.etag, "Cache-Control": MANIFEST_CACHE_CONTROL}
     if entry.not_modified(request.headers.get("if-none-match")):
+        cache.stats.route_304 += 1
         return Response(status_code=304, headers=headers)
     return Response(entry.data, media_type="application/json", headers=headers)
 

@@ -169,6 +169,12 @@ class BlobStore(Protocol):
         """A time-limited direct GET URL, or None when the backend has none (local)."""
         ...
 
+    def check_ready(self) -> None:
+        """Cheap readiness probe (GET /readyz): returns when the store can be used, raises
+        BlobBackendError saying why not (directory missing or read-only, bucket missing,
+        credentials refused, endpoint down)."""
+        ...
+
 
 def check_range(length: int, start: int, end: int | None) -> int:
     """Validates [start, end) against a blob of `length`; returns the resolved end."""

@@ -135,6 +135,15 @@ class LocalBlobStore:
         validate_key(key)
         return None
 
+    def check_ready(self) -> None:
+        # Both directories a put needs, present and writable (a volume mounted read-only or
+        # removed under a running server shows here, not at the next upload).
+        for path in (self._objects, self._tmp):
+            if not path.is_dir():
+                raise BlobBackendError(f"blob directory {path} is missing")
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise BlobBackendError(f"blob directory {path} is not writable")
+
 
 def _read_range(f: BinaryIO, start: int, stop: int, chunk_size: int) -> Iterator[bytes]:
     with f:

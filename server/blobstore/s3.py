@@ -255,6 +255,17 @@ class S3BlobStore:
         self._call("list", prefix or "(all)", collect)
         return iter(sorted(keys))
 
+    def check_ready(self) -> None:
+        # HEAD on the bucket: one request, answers for endpoint, credentials and bucket.
+        try:
+            self._s3.head_bucket(Bucket=self.bucket)
+        except ClientError as e:
+            code = str(e.response.get("Error", {}).get("Code", ""))
+            raise BlobBackendError(f"S3 bucket {self.bucket!r} not usable: {code}".rstrip()
+                                   ) from e
+        except BotoCoreError as e:
+            raise BlobBackendError(f"S3 endpoint not reachable: {e}") from e
+
     def presigned_url(self, key: str, expires_in: int = 3600) -> str | None:
         full = self._full(key)
         url: str = self._call("presign", key, lambda: self._s3.generate_presigned_url(

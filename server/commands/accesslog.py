@@ -1,19 +1,27 @@
-"""The access log `modelfleet serve` writes: uvicorn's, minus the "is there a newer root?"
-probe. Devices ask for /v1/root/<N+1>.json on every update and a 404 is the normal answer
-(no rotation happened); logged, it looks like an error on each poll."""
+"""The logging of `modelfleet serve` and `modelfleet worker`: text or JSON lines
+(server/observability/logs.py) with request ids, and the access log minus the "is there a
+newer root?" probe. Devices ask for /v1/root/<N+1>.json on every update and a 404 is the
+normal answer (no rotation happened); logged, it looks like an error on each poll.
+
+The access log is the app's own (logger `modelfleet.access`, written by
+server/api/observe.py: route template, duration, request id); uvicorn's is switched off.
+Manifest polls answered from the cache write none unless `--log-polls`
+(server/api/fastpoll.py)."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import re
 from typing import Any
+
+from server.observability.logs import LogFormat
 
 ROOT_PROBE = re.compile(r"^/v1/root/\d+\.json$")
 
 
 class QuietRootProbe(logging.Filter):
-    """Drops uvicorn access records of `GET /v1/root/<N>.json` answered 404."""
+    """Drops access records of `GET /v1/root/<N>.json` answered 404 (their args are
+    uvicorn's: client, method, path, http version, status)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
@@ -24,13 +32,33 @@ class QuietRootProbe(logging.Filter):
         return True
 
 
-def log_config() -> dict[str, Any]:
-    """uvicorn's default logging config with QuietRootProbe on the access handler (applied
-    in every worker process too, which build their logging from this dict)."""
-    from uvicorn.config import LOGGING_CONFIG
-
-    config: dict[str, Any] = copy.deepcopy(LOGGING_CONFIG)
-    config.setdefault("filters", {})["quiet_root_probe"] = {
-        "()": "server.commands.accesslog.QuietRootProbe"}
-    config["handlers"]["access"].setdefault("filters", []).append("quiet_root_probe")
-    return config
+def log_config(fmt: LogFormat = "text", *, level: str = "INFO") -> dict[str, Any]:
+    """dictConfig for a server process (uvicorn applies it in every worker process too):
+    everything to stderr in `fmt`, the access log to stdout without root-probe 404s."""
+    formatter = "json" if fmt == "json" else "text"
+    filters = ["request_id"]
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "json": {"()": "server.observability.logs.JsonFormatter"},
+            "text": {"()": "server.observability.logs.TextFormatter"},
+        },
+        "filters": {
+            "request_id": {"()": "server.observability.logs.RequestIdFilter"},
+            "quiet_root_probe": {"()": "server.commands.accesslog.QuietRootProbe"},
+        },
+        "handlers": {
+            "default": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
+                        "formatter": formatter, "filters": filters},
+            "access": {"class": "logging.StreamHandler", "stream": "ext://sys.stdout",
+                       "formatter": formatter, "filters": [*filters, "quiet_root_probe"]},
+        },
+        "loggers": {
+            "uvicorn": {"handlers": ["default"], "level": level, "propagate": False},
+            "uvicorn.error": {"level": level},
+            "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
+            "modelfleet.access": {"handlers": ["access"], "level": level, "propagate": False},
+        },
+        "root": {"handlers": ["default"], "level": level},
+    }

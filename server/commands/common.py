@@ -1,13 +1,15 @@
-"""What several server commands share: settings for a data directory, with the schema migrated."""
+"""What several server commands share: settings for a data directory, with the schema
+migrated, and the `--log-format` option."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
 if TYPE_CHECKING:
+    from server.observability.logs import LogFormat
     from server.settings import Settings
 
 
@@ -27,3 +29,19 @@ def migrated_settings(data_dir: Path) -> Settings:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.resolved_database_url)
     return settings
+
+
+LOG_FORMAT_HELP = "text | json: one JSON object per line (default MODELFLEET_LOG_FORMAT, else text)"
+LogFormatOption = Annotated[str | None, typer.Option("--log-format", help=LOG_FORMAT_HELP)]
+
+
+def chosen_log_format(flag: str | None, settings: Settings) -> LogFormat:
+    """The flag, else the setting; exits 2 naming the choices for anything else."""
+    from server.observability.logs import LOG_FORMATS
+
+    fmt = settings.log_format if flag is None else flag
+    if fmt not in LOG_FORMATS:
+        typer.echo(f"error: --log-format must be one of {', '.join(LOG_FORMATS)}, not {fmt!r}",
+                   err=True)
+        raise typer.Exit(2)
+    return cast("LogFormat", fmt)

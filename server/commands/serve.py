@@ -2,16 +2,22 @@
 
 SQLite file and local blob directory under --data-dir unless MODELFLEET_DATABASE_URL /
 MODELFLEET_BLOB_STORE say otherwise; the schema is migrated (`alembic upgrade head`) first.
-A port already in use is reported at once, before anything else happens.
+A port already in use is reported at once, before anything else happens. `--workers N`
+runs N API processes sharing one fresh Prometheus multiprocess directory; `--log-format json`
+writes one JSON object per log line (server/observability/logs.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from server.commands.common import LogFormatOption
 
 
 def port_in_use(host: str, port: int) -> str | None:
@@ -30,6 +36,32 @@ def port_in_use(host: str, port: int) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def multiprocess_metrics_dir() -> Iterator[Path]:
+    """A fresh PROMETHEUS_MULTIPROC_DIR for this run's worker processes (spawned after this,
+    they inherit it and write their counters there; GET /metrics in any of them sums all:
+    server/observability/metrics.py), removed afterwards. Fresh, because counters left by an
+    earlier run would be summed in. An operator's PROMETHEUS_MULTIPROC_DIR picks where it is
+    made (e.g. a tmpfs)."""
+    import os
+    import shutil
+    import tempfile
+
+    from server.observability.metrics import MULTIPROC_ENV
+
+    parent = os.environ.get(MULTIPROC_ENV) or None
+    path = Path(tempfile.mkdtemp(prefix="modelfleet-metrics-", dir=parent))
+    os.environ[MULTIPROC_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        if parent is None:
+            os.environ.pop(MULTIPROC_ENV, None)
+        else:
+            os.environ[MULTIPROC_ENV] = parent
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def serve(
@@ -40,15 +72,15 @@ def register(app: typer.Typer) -> None:
         log_polls: Annotated[bool, typer.Option(
             "--log-polls", metavar="", help="Access-log manifest polls too (slower: they then go "
             "through the full ASGI path)")] = False,
+        log_format: LogFormatOption = None,
     ) -> None:
         """Start the API on the embedded default (SQLite file + local blob directory)."""
         import os
 
         import uvicorn
 
-        from server.app import create_app
         from server.commands.accesslog import log_config
-        from server.commands.common import migrated_settings
+        from server.commands.common import chosen_log_format, migrated_settings
 
         busy = port_in_use(host, port)
         if busy is not None:
@@ -57,6 +89,8 @@ def register(app: typer.Typer) -> None:
                        f"./scripts/serve: PORT={port + 1})", err=True)
             raise typer.Exit(1)
         settings = migrated_settings(data_dir)
+        fmt = chosen_log_format(log_format, settings)
+        settings = settings.model_copy(update={"log_format": fmt})
         typer.echo(f"ModelFleet API on http://{host}:{port} (data: {settings.data_dir}, "
                    f"blobs: {settings.blob_store}, docs: /docs)")
         # Fresh manifest polls are answered inside the HTTP protocol, unlogged unless
@@ -66,13 +100,17 @@ def register(app: typer.Typer) -> None:
         if log_polls:
             settings = settings.model_copy(update={"log_polls": True})
         if workers == 1:
+            from server.app import create_app
+
             uvicorn.run(create_app(settings), host=host, port=port, http=ManifestPollProtocol,
-                        loop="auto", log_level="info", log_config=log_config())
+                        loop="auto", log_level="info", log_config=log_config(fmt))
             return
         # Worker processes build the app themselves, from the environment (server/asgi.py).
         os.environ["MODELFLEET_DATA_DIR"] = str(settings.data_dir)
+        os.environ["MODELFLEET_LOG_FORMAT"] = fmt
         if log_polls:
             os.environ["MODELFLEET_LOG_POLLS"] = "1"
-        uvicorn.run("server.asgi:app", host=host, port=port, workers=workers,
-                    http="server.api.fastpoll:ManifestPollProtocol", loop="auto",
-                    log_level="info", log_config=log_config())
+        with multiprocess_metrics_dir():
+            uvicorn.run("server.asgi:app", host=host, port=port, workers=workers,
+                        http="server.api.fastpoll:ManifestPollProtocol", loop="auto",
+                        log_level="info", log_config=log_config(fmt))

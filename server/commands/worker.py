@@ -16,6 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
+from server.commands.common import LogFormatOption
+
 
 def _snapshot(data_dir: Path | None, model: str, version: str) -> dict[str, Any]:
     from server.api.builds import build_list
@@ -59,16 +61,21 @@ def register(app: typer.Typer) -> None:
         role: Annotated[str, typer.Option(help="compile: sandboxed builds only, never "
                         "touches the release key (mount none); publish: delta patches and "
                         "re-signing (needs the release key); all: both")] = "all",
+        log_format: LogFormatOption = None,
+        metrics_port: Annotated[int, typer.Option(min=0, max=65535, help="serve this "
+                                "worker's job counters for Prometheus at "
+                                ":PORT/metrics (0: off)")] = 0,
     ) -> None:
         """Run compile and delta-patch jobs (needs MODELFLEET_DATABASE_URL pointing at PostgreSQL
         and, for the publish role, the release key under MODELFLEET_KEYS_DIR)."""
-        import logging
+        import logging.config
 
+        from server.commands.accesslog import log_config
+        from server.commands.common import chosen_log_format
         from server.settings import Settings
 
-        logging.basicConfig(level=logging.INFO,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         settings = Settings() if data_dir is None else Settings(data_dir=data_dir)
+        logging.config.dictConfig(log_config(chosen_log_format(log_format, settings)))
         if not settings.resolved_database_url.startswith("postgres"):
             typer.echo("modelfleet worker needs PostgreSQL: set MODELFLEET_DATABASE_URL="
                        "postgresql+psycopg://… (the embedded SQLite default compiles inside "
@@ -85,6 +92,12 @@ def register(app: typer.Typer) -> None:
             _warn_if_key_visible(settings)
         typer.echo(f"{role} worker: concurrency {concurrency}, heartbeat {heartbeat}s, "
                    f"takeover after {stalled_after}s")
+        if metrics_port:
+            # Job counters live in this process (server/observability/metrics.py); the API's
+            # /metrics does not see them.
+            from prometheus_client import start_http_server
+
+            start_http_server(metrics_port)
         made = build_worker(settings, heartbeat_s=heartbeat, stalled_after_s=stalled_after,
                             role=role)
         try:

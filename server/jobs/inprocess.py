@@ -15,6 +15,7 @@ import socket
 import threading
 import uuid
 
+from server.jobs.interface import JobQueueUnavailableError
 from server.jobs.patch_runner import PatchRunner, request_patches
 from server.jobs.runner import BuildRunner
 
@@ -57,6 +58,14 @@ class InProcessJobQueue:
                 self._thread = threading.Thread(target=self._loop, name="modelfleet-compile",
                                                 daemon=True)
                 self._thread.start()
+
+    def check_ready(self) -> None:
+        """The worker thread, once started, is still running (it dies only on a bug: a
+        failing job is caught inside it). Raises JobQueueUnavailableError."""
+        thread = self._thread
+        if thread is not None and not thread.is_alive() and not self._stop.is_set():
+            raise JobQueueUnavailableError("the in-process worker thread has stopped; "
+                                           "queued builds wait for the next upload")
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stops taking builds; a build in progress finishes first (up to `timeout_s`)."""

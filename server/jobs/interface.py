@@ -4,11 +4,18 @@
 The registry holds a `JobQueue` on `app.state.job_queue`; the compile area swaps in its own
 implementation (in-process or procrastinate). `NullJobQueue` records the calls and does
 nothing else — the default until a real queue is wired, and handy in tests.
+
+A queue may also offer `check_ready() -> None` raising JobQueueUnavailableError (readiness,
+server/services/health.py); one without it has nothing that can fail on its own.
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
+
+
+class JobQueueUnavailableError(Exception):
+    """A queue's optional `check_ready()` (GET /readyz) found it unusable; says why."""
 
 
 @runtime_checkable

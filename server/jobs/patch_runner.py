@@ -43,6 +43,7 @@ from server.db.types import utcnow
 from server.delta import DeltaPolicy
 from server.delta.errors import DeltaInputError
 from server.jobs.lease import Lease, RetryPolicy
+from server.observability.metrics import PATCH_JOBS
 from server.publish.patches import patch_and_republish, patch_bases
 from server.publish.publisher import Publisher
 
@@ -162,14 +163,17 @@ class PatchRunner:
                 select(func.count(Patch.id)).join(Artifact, Artifact.id == Patch.to_artifact_id)
                 .where(Artifact.version_id == version_id)) or 0
             if error is None:
+                outcome = "done"
                 if job.requests > job.requests_claimed:  # asked again while running
                     self.lease.finish(job, PatchJobState.queued)
                     job.attempts = 0
                 else:
                     self.lease.finish(job, PatchJobState.done)
             elif retry and self.lease.may_retry(job):
+                outcome = "retried"
                 self.lease.back_off(job, error[:MAX_ERROR_CHARS])
             else:
+                outcome = "failed"
                 suffix = f" (gave up after {job.attempts} attempts)" if retry else ""
                 self.lease.finish(job, PatchJobState.failed, (error + suffix)[:MAX_ERROR_CHARS])
             # A version waiting for its patches is released by this attempt, made or failed:
@@ -179,3 +183,4 @@ class PatchRunner:
                 audit.record(s, "system", "patches.failed", f"version:{version_id}",
                              error=error[:MAX_ERROR_CHARS], fallback="full download")
             s.commit()
+        PATCH_JOBS.labels(outcome).inc()

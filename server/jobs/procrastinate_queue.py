@@ -28,6 +28,7 @@ import procrastinate
 from procrastinate import exceptions as pexc
 from sqlalchemy.orm import Session, sessionmaker
 
+from server.jobs.interface import JobQueueUnavailableError
 from server.jobs.patch_runner import PatchRunner, request_patches
 from server.jobs.runner import BuildRunner
 
@@ -105,6 +106,9 @@ def make_sync_app(database_url: str) -> procrastinate.App:
         conninfo=conninfo(database_url))), _defer_only(TASK_NAME), _defer_only(PATCH_TASK_NAME))
 
 
+READY_TIMEOUT_S = 3
+
+
 class ProcrastinateJobQueue:
     """API-side: defers jobs; never runs them."""
 
@@ -144,6 +148,24 @@ class ProcrastinateJobQueue:
         except Exception:
             log.warning("deferring the patch job of version %s failed; a worker's rescue "
                         "pass will pick it up", version_id, exc_info=True)
+
+    def check_ready(self) -> None:
+        """The queue's PostgreSQL answers within READY_TIMEOUT_S and has procrastinate's
+        tables (the API's first enqueue or any worker's start creates them). One short
+        connection of its own: the deferring pool waits up to 30 s for a dead server, longer
+        than any readiness probe. Raises JobQueueUnavailableError."""
+        import psycopg
+
+        try:
+            with psycopg.connect(conninfo(self._url), connect_timeout=READY_TIMEOUT_S) as conn:
+                row = conn.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()
+        except psycopg.Error as e:
+            raise JobQueueUnavailableError(
+                f"procrastinate queue database unreachable: {e.__class__.__name__}") from e
+        if row is None or row[0] is None:
+            raise JobQueueUnavailableError(
+                "procrastinate's tables are missing: start `modelfleet worker` once (it "
+                "creates them)")
 
     def close(self) -> None:
         if self._opened:

@@ -56,6 +56,7 @@ from server.db.types import utcnow
 from server.delta import DeltaPolicy
 from server.jobs.lease import Lease, RetryPolicy
 from server.jobs.patch_runner import patch_before_ready
+from server.observability.metrics import BUILD_JOBS
 
 __all__ = ["BuildRunner", "RetryPolicy", "wait_for"]
 
@@ -237,6 +238,7 @@ class BuildRunner:
             self.lease.finish(build, BuildState.succeeded if ok else BuildState.failed, error)
             versions.settle(s, build.version_id, patch_first=self._patch_first)
             s.commit()
+        BUILD_JOBS.labels("succeeded" if ok else "failed").inc()
 
     def _fail(self, build_id: int, error: str, job_log: _JobLog) -> None:
         with self._sf() as s:
@@ -247,6 +249,7 @@ class BuildRunner:
             self.lease.finish(build, BuildState.failed, error[:4000])
             versions.settle(s, build.version_id)
             s.commit()
+        BUILD_JOBS.labels("failed").inc()
 
     def _retry_or_fail(self, build_id: int, error: str, job_log: _JobLog) -> None:
         with self._sf() as s:
@@ -263,6 +266,7 @@ class BuildRunner:
             build.log = job_log.text()
             self.lease.back_off(build, error[:4000])
             s.commit()
+        BUILD_JOBS.labels("retried").inc()
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:

@@ -79,6 +79,10 @@ class PollStats:
     shortcut: int = 0  # uvicorn protocol (server/api/fastpoll.py)
     app: int = 0  # ServingFastAPI.__call__, before routing
     route: int = 0  # the FastAPI route (a miss, HEAD, an entry past max_stale)
+    # How many of each were answered 304 (server/observability/metrics.py exports both).
+    shortcut_304: int = 0
+    app_304: int = 0
+    route_304: int = 0
     reloads: int = 0  # background reloads started
 
     @property

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 import manifests
 from server.db import audit
 from server.db import models as db
+from server.observability.metrics import count_halt
 from server.publish import rules
 from server.publish.errors import (
     ChannelExistsError,
@@ -379,8 +380,11 @@ def halt_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int
         release.ramp_next_at = None
         return True
 
-    return _change_rollout(factory, pub, rollout_id, "rollout.halt", apply, actor=actor,
+    view = _change_rollout(factory, pub, rollout_id, "rollout.halt", apply, actor=actor,
                            reason=reason)
+    if view.serial is not None:  # this call halted it (a repeated halt publishes nothing)
+        count_halt(actor)
+    return view
 
 
 def promote_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,

@@ -21,6 +21,7 @@ from server.db.types import utcnow
 from server.jobs.inprocess import InProcessJobQueue
 from server.jobs.interface import NullJobQueue
 from server.jobs.runner import BuildRunner, RetryPolicy, _JobLog, wait_for
+from server.observability.metrics import BUILD_JOBS
 from tests.jobs.jobs_helpers import make_settings, publish_token, uploader
 
 CONV_INPUTS = [{"name": "image", "dtype": "float32", "shape": [1, 3, 16, 16]}]
@@ -156,12 +157,22 @@ def _version_state(sf: Any) -> VersionState:
         return s.scalars(select(ModelVersion.state)).one()
 
 
+def build_job_counts() -> dict[str, float]:
+    """modelfleet_build_jobs_total by outcome, as GET /metrics exports it."""
+    return {o: BUILD_JOBS.labels(o)._value.get() for o in ("retried", "succeeded", "failed")}
+
+
+def counts_since(before: dict[str, float]) -> dict[str, float]:
+    return {o: n - before[o] for o, n in build_job_counts().items()}
+
+
 def test_transient_failure_retries_with_backoff_then_succeeds(registry_with_upload):
     sf, store = registry_with_upload
     FlakyPipeline.calls = 0
     runner = BuildRunner(sf, store, worker_id="w1", retry=RetryPolicy(base_delay_s=0.3),
                          pipeline_factory=lambda log: FlakyPipeline(log, failures=1))
     queue = InProcessJobQueue(runner)
+    before = build_job_counts()
 
     assert queue.drain() == 1
     b = _build(sf)
@@ -173,6 +184,7 @@ def test_transient_failure_retries_with_backoff_then_succeeds(registry_with_uplo
     b = _build(sf)
     assert b.state == BuildState.succeeded and b.attempts == 2
     assert _version_state(sf) == VersionState.ready
+    assert counts_since(before) == {"retried": 1, "succeeded": 1, "failed": 0}
 
 
 def test_transient_failures_give_up_after_max_attempts(registry_with_upload):
@@ -181,11 +193,13 @@ def test_transient_failures_give_up_after_max_attempts(registry_with_upload):
     runner = BuildRunner(sf, store, worker_id="w1",
                          retry=RetryPolicy(max_attempts=2, base_delay_s=0.0),
                          pipeline_factory=lambda log: FlakyPipeline(log, failures=99))
+    before = build_job_counts()
     InProcessJobQueue(runner).drain()
     b = _build(sf)
     assert b.state == BuildState.failed and b.attempts == 2
     assert "gave up after 2 attempts" in b.error
     assert _version_state(sf) == VersionState.failed
+    assert counts_since(before) == {"retried": 1, "succeeded": 0, "failed": 1}  # /metrics
 
 
 def test_build_abandoned_by_a_dead_worker_is_taken_over_and_the_dead_one_cannot_write(

@@ -21,6 +21,7 @@ from server.delta import DeltaPolicy
 from server.jobs.inprocess import InProcessJobQueue
 from server.jobs.patch_runner import PatchRunner, request_patches
 from server.jobs.runner import RetryPolicy, wait_for
+from server.observability.metrics import PATCH_JOBS
 from server.publish import rollouts as ro
 from server.publish.patches import generate_patches
 from server.wiring import make_publisher
@@ -177,6 +178,8 @@ def test_a_transient_failure_is_retried_after_a_backoff_then_gives_up(settings, 
     ids = _prod_with(factory, pub, store, series[:2])
     request_patches(factory, ids[1])
     runner = _runner(factory, pub, "a", retry=RetryPolicy(max_attempts=2, base_delay_s=0.5))
+    outcomes = ("retried", "done", "failed")
+    before = {o: PATCH_JOBS.labels(o)._value.get() for o in outcomes}
     assert runner.process(ids[1]) is True
     job = job_row(factory, ids[1])
     assert job.state == db.PatchJobState.queued and "storage unavailable" in job.error
@@ -197,6 +200,9 @@ def test_a_transient_failure_is_retried_after_a_backoff_then_gives_up(settings, 
         assert wait_for(lambda: runner.process(ids[2]), 5, 0.05)
     job = job_row(factory, ids[2])
     assert job.state == db.PatchJobState.failed and "gave up after 2 attempts" in job.error
+    # GET /metrics counts each settled attempt by outcome (modelfleet_patch_jobs_total).
+    assert {o: PATCH_JOBS.labels(o)._value.get() - before[o] for o in outcomes} == {
+        "retried": 2, "done": 1, "failed": 1}
 
 
 def test_a_job_whose_worker_died_after_storing_patches_is_taken_over_and_resigned(

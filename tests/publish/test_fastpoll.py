@@ -393,3 +393,30 @@ def test_during_a_slow_reload_the_shortcut_serves_the_stale_entry_and_one_reload
         r, _ = parse(srv.raw(get()))
         assert r.status == 200 and r.header("etag") == etag and cache.stats.reloads == 1
         assert len(srv.app.calls) == calls
+
+
+def test_polls_answered_by_the_shortcut_show_in_metrics_with_their_304_share(settings):
+    from tests.support.metrics import sample
+
+    publish_prod(settings, "1.0")
+    with serve(settings) as srv:
+        first, _ = parse(srv.raw(get()))  # the miss: the route answers and fills the cache
+        before, _ = parse(srv.raw(get("/metrics")))
+        etag = first.header("etag")
+        for _ in range(3):
+            r, _ = parse(srv.raw(get(MANIFEST, f"If-None-Match: {etag}")))
+            assert r.status == 304
+        r, _ = parse(srv.raw(get()))
+        assert r.status == 200
+        after, _ = parse(srv.raw(get("/metrics")))
+        assert len(srv.app.calls) == 3  # the miss and two scrapes; no poll reached the app
+
+    def delta(**labels: str) -> float:
+        name = "modelfleet_manifest_polls_total"
+        return (sample(after.body.decode(), name, **labels)
+                - sample(before.body.decode(), name, **labels))
+
+    assert sample(before.body.decode(), "modelfleet_manifest_polls_total", path="route",
+                  status="200") >= 1
+    assert delta(path="shortcut", status="304") == 3
+    assert delta(path="shortcut", status="200") == 1

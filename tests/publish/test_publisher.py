@@ -13,6 +13,7 @@ from sqlalchemy import select
 import manifests
 from server.blobstore.keys import current_manifest_key
 from server.db import models as db
+from server.observability.metrics import ROLLOUT_HALTS
 from server.publish import publisher as publisher_module
 from server.publish import rollouts as ro
 from server.publish.errors import (
@@ -86,6 +87,7 @@ def test_halt_stops_offering_the_release_and_devices_fall_back(factory, pub, blo
     m, _ = current(factory, blob_store, root)
     assert [r.version for r in m.models["clf"].releases] == ["1.1", "1.0"]
     trusted = manifests.TrustedManifest.of(m)
+    halts = {a: ROLLOUT_HALTS.labels(a)._value.get() for a in ("system", "user")}
     halted = ro.halt_rollout(factory, pub, new.record.id, actor="system", reason="kl too high")
     assert halted.serial == m.serial + 1
     m2, _ = current(factory, blob_store, root, trusted=trusted)
@@ -94,6 +96,11 @@ def test_halt_stops_offering_the_release_and_devices_fall_back(factory, pub, blo
     assert manifests.select_release(m2, "clf", device).version == "1.0"
     # a retried halt is a no-op: no new manifest
     assert ro.halt_rollout(factory, pub, new.record.id, actor=ACTOR).serial is None
+    # GET /metrics: the guard's halt counted once as "system", the no-op retry not at all.
+    assert {a: ROLLOUT_HALTS.labels(a)._value.get() - n for a, n in halts.items()} == {
+        "system": 1, "user": 0}
+    ro.halt_rollout(factory, pub, old.record.id, actor=ACTOR)
+    assert ROLLOUT_HALTS.labels("user")._value.get() - halts["user"] == 1
     with pytest.raises(RolloutStateError, match="halted"):
         ro.ramp_rollout(factory, pub, new.record.id, 50, actor=ACTOR)
     assert old.record.id != new.record.id

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.blobstore import (
+    BlobBackendError,
     BlobDigestMismatchError,
     BlobNotFoundError,
     BlobStore,
@@ -47,6 +48,25 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> BlobStore:
         prefix="mf/",
         part_size=PART,
     )
+
+
+def test_a_usable_store_is_ready(store: BlobStore) -> None:
+    store.check_ready()  # GET /readyz calls this: it must pass on every working store
+
+
+def test_readiness_names_a_missing_bucket_or_a_removed_blob_directory(
+        s3_bucket, tmp_path: Path) -> None:
+    import shutil
+
+    missing = S3BlobStore(s3_bucket.bucket + "-gone", endpoint_url=s3_bucket.endpoint_url,
+                          access_key=s3_bucket.access_key, secret_key=s3_bucket.secret_key,
+                          region=s3_bucket.region)
+    with pytest.raises(BlobBackendError, match="-gone"):
+        missing.check_ready()
+    local = LocalBlobStore(tmp_path / "blobs")
+    shutil.rmtree(tmp_path / "blobs")
+    with pytest.raises(BlobBackendError, match="missing"):
+        local.check_ready()
 
 
 def read_all(store: BlobStore, key: str) -> bytes:

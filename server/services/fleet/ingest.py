@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server.db import models as db
 from server.errors import AuthenticationError, InvalidInputError, ServiceError
+from server.observability.metrics import count_telemetry
 from server.services.fleet.identity import DEVICE_ID, DeviceKeys, DeviceUnknownError
 from server.services.fleet.reports import (
     Batch,
@@ -286,6 +287,7 @@ def accepted_reports(result: IngestResult) -> int:
     """How many reports a committed batch stored: the one call every 200 of
     `POST /v1/telemetry` passes through, on either storing path (a metrics counter hooks in
     here)."""
+    count_telemetry(result.accepted, result.duplicates)
     return result.accepted
 
 
