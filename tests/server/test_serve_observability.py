@@ -1,0 +1,92 @@
+"""`modelfleet serve --workers 2 --log-format json` as an operator runs it: /metrics sums
+every worker process's counters (prometheus_client multiprocess mode, a fresh directory per
+run, removed at exit), every log line is one JSON object, and the access line carries the
+request id the response echoed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.support.metrics import sample
+from tests.support.served import free_port, wait_until_up
+
+REPO = Path(__file__).resolve().parents[2]
+REQUESTS = 60
+
+
+def counter_files(run: Path) -> list[Path]:
+    return sorted(run.glob("counter_*.db"))
+
+
+def per_file(path: Path) -> float:
+    """GET /v1/models 200s counted in one process's file."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    total = 0.0
+    for key, value, *_rest in MmapedDict.read_all_values_from_file(str(path)):
+        name, _help, labels, *_ = json.loads(key)
+        if (name == "modelfleet_http_requests" and labels.get("route") == "/v1/models"
+                and labels.get("status") == "200"):
+            total += value
+    return total
+
+
+def test_serve_with_two_workers_sums_metrics_and_writes_json_logs(tmp_path: Path) -> None:
+    port = free_port()
+    parent = tmp_path / "prom"
+    parent.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(parent)}
+    env.pop("MODELFLEET_LOG_FORMAT", None)
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    with out.open("wb") as o, err.open("wb") as e:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from modelfleet.cli import main; main()", "serve",
+             "--data-dir", str(tmp_path / "data"), "--port", str(port), "--workers", "2",
+             "--log-format", "json"], stdout=o, stderr=e, env=env, cwd=REPO)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_until_up(f"{base}/healthz", proc, err)
+            runs = list(parent.glob("modelfleet-metrics-*"))
+            assert len(runs) == 1  # serve made a fresh directory under the operator's
+            # Each worker process writes its own counter file once its app is built.
+            deadline = time.monotonic() + 60
+            while len(counter_files(runs[0])) < 2:
+                assert time.monotonic() < deadline, "the second worker never started"
+                time.sleep(0.2)
+            for _ in range(REQUESTS):  # a new connection each: both workers take some
+                with urllib.request.urlopen(f"{base}/v1/models", timeout=10) as r:
+                    assert r.status == 200
+            request = urllib.request.Request(f"{base}/v1/models?limit=3",
+                                             headers={"X-Request-Id": "trace-abc.1"})
+            with urllib.request.urlopen(request, timeout=10) as r:
+                assert r.headers["X-Request-Id"] == "trace-abc.1"
+            # Both processes served some of them (the kernel spreads the connections)…
+            served = [per_file(path) for path in counter_files(runs[0])]
+            assert len([n for n in served if n > 0]) == 2, served
+            # …and whichever answers the scrape sums them (a process-local registry would
+            # see only its own share of the requests).
+            for _ in range(4):
+                with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+                    text = r.read().decode()
+                assert sample(text, "modelfleet_http_requests_total", method="GET",
+                              route="/v1/models", status="200") == REQUESTS + 1
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    assert not runs[0].exists()  # removed at exit: the next run starts from zero
+    lines = [line for line in (out.read_text() + err.read_text()).splitlines()
+             if line and not line.startswith("ModelFleet API on ")]  # serve's one banner
+    bad = [line for line in lines if not line.startswith("{")]
+    assert not bad, bad
+    records = [json.loads(line) for line in lines]  # every log line is one JSON object
+    traced = [r for r in records if r.get("request_id") == "trace-abc.1"]
+    assert len(traced) == 1
+    assert (traced[0]["logger"], traced[0]["route"], traced[0]["status"]) == (
+        "modelfleet.access", "/v1/models", 200)
+    assert any(r["logger"].startswith("uvicorn") for r in records)  # uvicorn's too
