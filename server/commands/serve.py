@@ -38,27 +38,21 @@ def port_in_use(host: str, port: int) -> str | None:
 
 @contextlib.contextmanager
 def multiprocess_metrics_dir() -> Iterator[Path]:
-    """A fresh PROMETHEUS_MULTIPROC_DIR for this run's worker processes (spawned after this,
-    they inherit it and write their counters there; GET /metrics in any of them sums all:
-    server/observability/metrics.py), removed afterwards. Fresh, because counters left by an
-    earlier run would be summed in. An operator's PROMETHEUS_MULTIPROC_DIR picks where it is
-    made (e.g. a tmpfs)."""
+    """A fresh PROMETHEUS_MULTIPROC_DIR (under the temp directory, TMPDIR) for this run's
+    worker processes: spawned after this, they inherit it and write their counters there;
+    GET /metrics in any of them sums all (server/observability/metrics.py). Fresh, because
+    counters left by an earlier run would be summed in; removed afterwards."""
     import os
     import shutil
     import tempfile
 
     from server.observability.metrics import MULTIPROC_ENV
 
-    parent = os.environ.get(MULTIPROC_ENV) or None
-    path = Path(tempfile.mkdtemp(prefix="modelfleet-metrics-", dir=parent))
-    os.environ[MULTIPROC_ENV] = str(path)
+    path = Path(tempfile.mkdtemp(prefix="modelfleet-metrics-"))
+    os.environ[MULTIPROC_ENV] = str(path)  # this process exits when the workers have
     try:
         yield path
     finally:
-        if parent is None:
-            os.environ.pop(MULTIPROC_ENV, None)
-        else:
-            os.environ[MULTIPROC_ENV] = parent
         shutil.rmtree(path, ignore_errors=True)
 
 

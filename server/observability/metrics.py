@@ -26,11 +26,10 @@ before a scrape in the scraping process).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, values
 from prometheus_client import generate_latest as _generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -106,15 +105,18 @@ class PollFlusher:
                 self._seen[i] = now
 
 
-def multiprocess_dir() -> str | None:
-    return os.environ.get(MULTIPROC_ENV) or None
+def multiprocess() -> bool:
+    """Whether this process's counters live in mmap files: prometheus_client chose so at
+    import from PROMETHEUS_MULTIPROC_DIR (its own read of the environment, not ours)."""
+    return bool(values.ValueClass.__name__ == "MmapedValue")
 
 
 def render() -> bytes:
     """The text exposition of every counter: summed over all processes in multiprocess mode,
     this process's (plus its process/GC collectors) otherwise."""
-    if multiprocess_dir() is None:
+    if not multiprocess():
         return _generate_latest(REGISTRY)
     registry = CollectorRegistry()
+    # It finds the directory itself (PROMETHEUS_MULTIPROC_DIR), as the values did.
     MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # untyped upstream
     return _generate_latest(registry)

@@ -39,9 +39,10 @@ def per_file(path: Path) -> float:
 
 def test_serve_with_two_workers_sums_metrics_and_writes_json_logs(tmp_path: Path) -> None:
     port = free_port()
-    parent = tmp_path / "prom"
+    parent = tmp_path / "tmp"
     parent.mkdir()
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(parent)}
+    env = {**os.environ, "TMPDIR": str(parent)}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     env.pop("MODELFLEET_LOG_FORMAT", None)
     out, err = tmp_path / "out.log", tmp_path / "err.log"
     with out.open("wb") as o, err.open("wb") as e:
@@ -53,7 +54,7 @@ def test_serve_with_two_workers_sums_metrics_and_writes_json_logs(tmp_path: Path
             base = f"http://127.0.0.1:{port}"
             wait_until_up(f"{base}/healthz", proc, err)
             runs = list(parent.glob("modelfleet-metrics-*"))
-            assert len(runs) == 1  # serve made a fresh directory under the operator's
+            assert len(runs) == 1  # serve made a fresh directory for this run
             # Each worker process writes its own counter file once its app is built.
             deadline = time.monotonic() + 60
             while len(counter_files(runs[0])) < 2:
