@@ -9,6 +9,7 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from server.db import models as db
+from server.observability.metrics import TELEMETRY_REPORTS
 from tests.fleet.conftest import Fleet
 from tests.support.fleet_devices import FleetDevice, shadow_report, update_report
 
@@ -61,11 +62,15 @@ def test_reports_are_stored_once_and_the_device_row_follows_them(fleet: Fleet) -
                {"id": "ab" * 16, "kind": "health", "at": 1, "model": "clf", "version": "1.0",
                 "artifact_sha256": None, "channel": "prod", "predictions": 10, "errors": 0,
                 "p99_us": 1200, "rolled_back": False}]
+    counted = {k: TELEMETRY_REPORTS.labels(k)._value.get() for k in ("accepted", "duplicate")}
     r = fleet.send(device, reports)
     assert r.status_code == 200, r.text
     assert r.json() == {"accepted": 3, "duplicates": 0}
     again = fleet.send(device, [*reports, update_report("clf", "1.0", "verified")])
     assert again.json() == {"accepted": 1, "duplicates": 3}
+    # GET /metrics: modelfleet_telemetry_reports_total counts what the answers said.
+    assert {k: TELEMETRY_REPORTS.labels(k)._value.get() - n for k, n in counted.items()} == {
+        "accepted": 4, "duplicate": 3}
     assert fleet.events() == 4
     listed = fleet.client.get("/v1/devices", headers=fleet.ops).json()["devices"]
     assert [d["id"] for d in listed] == ["pixel-0003"]
