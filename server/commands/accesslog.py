@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+import sys
+from typing import Any, TextIO
 
 from server.observability.logs import LogFormat
 
@@ -32,6 +33,26 @@ class QuietRootProbe(logging.Filter):
         return True
 
 
+class StdStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A StreamHandler that writes to whatever `sys.stderr` / `sys.stdout` is when it emits,
+    not to the stream object current when logging was configured: a command run twice in
+    one process (tests, embedding) would otherwise keep writing to a closed stream."""
+
+    def __init__(self, which: str = "stderr") -> None:
+        if which not in ("stderr", "stdout"):
+            raise ValueError(f"which must be stderr or stdout, not {which!r}")
+        self._which = which
+        super().__init__()
+
+    @property
+    def stream(self) -> TextIO:
+        return getattr(sys, self._which)  # type: ignore[no-any-return]
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass  # the stream is looked up at each write
+
+
 def log_config(fmt: LogFormat = "text", *, level: str = "INFO") -> dict[str, Any]:
     """dictConfig for a server process (uvicorn applies it in every worker process too):
     everything to stderr in `fmt`, the access log to stdout without root-probe 404s."""
@@ -49,9 +70,9 @@ def log_config(fmt: LogFormat = "text", *, level: str = "INFO") -> dict[str, Any
             "quiet_root_probe": {"()": "server.commands.accesslog.QuietRootProbe"},
         },
         "handlers": {
-            "default": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
+            "default": {"()": "server.commands.accesslog.StdStreamHandler", "which": "stderr",
                         "formatter": formatter, "filters": filters},
-            "access": {"class": "logging.StreamHandler", "stream": "ext://sys.stdout",
+            "access": {"()": "server.commands.accesslog.StdStreamHandler", "which": "stdout",
                        "formatter": formatter, "filters": [*filters, "quiet_root_probe"]},
         },
         "loggers": {
