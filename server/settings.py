@@ -58,8 +58,9 @@ class Settings(BaseSettings):
     # DATA_DIR/keys. In production mount only release.key here (root keys stay offline).
     keys_dir: Path | None = None
 
-    # Manifest polls answered in the HTTP protocol write no access-log line; with this on (and
-    # uvicorn's access log on) every poll takes the logged ASGI path (server/api/fastpoll.py).
+    # Manifest polls and telemetry answered in the HTTP protocol write no access-log line; with
+    # this on (and uvicorn's access log on) they take the logged ASGI path
+    # (server/api/fastpoll.py, server/api/fastingest.py).
     log_polls: bool = False
     # Log lines as human text or one JSON object per line (server/observability/logs.py);
     # `modelfleet serve|worker --log-format` overrides it. Text by default: a terminal or a

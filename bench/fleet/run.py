@@ -150,7 +150,7 @@ def start_server(url: str, data: Path, port: int, workers: int) -> subprocess.Po
     return subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "bench.serve.app:make_app", "--factory",
          "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-         "--http", "server.api.fastpoll:ManifestPollProtocol", "--loop", "uvloop",
+         "--http", "server.api.fastingest:DeviceProtocol", "--loop", "uvloop",
          "--no-access-log", "--log-level", "warning"],
         cwd=ROOT, env=env, start_new_session=True)
 

@@ -86,7 +86,7 @@ def prepare(data: Path) -> None:
                      actor="bench")
 
 
-HTTP_PROTOCOLS = {"fastpoll": "server.api.fastpoll:ManifestPollProtocol",
+HTTP_PROTOCOLS = {"fastpoll": "server.api.fastingest:DeviceProtocol",
                   "httptools": "httptools"}
 
 NGINX_CONF = """
@@ -252,7 +252,7 @@ def main() -> None:
 
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cmd = " ".join(["python bench/serve/run.py", *sys.argv[1:]])
-    proto = {"fastpoll": "`--http server.api.fastpoll:ManifestPollProtocol`",
+    proto = {"fastpoll": "`--http server.api.fastingest:DeviceProtocol`",
              "httptools": "`--http httptools`"}
     lines = [
         f"Run {date} on this machine ({os.cpu_count()} cores, shared with other work; load "

@@ -65,7 +65,7 @@ class _DefaultHeaderLines:
         return self._lines
 
 
-_DEFAULT_HEADERS = _DefaultHeaderLines()
+DEFAULT_HEADERS = _DefaultHeaderLines()
 
 
 class ManifestPollProtocol(HttpToolsProtocol):
@@ -131,7 +131,7 @@ class ManifestPollProtocol(HttpToolsProtocol):
             return
         keep_alive = (self.parser.get_http_version() != "1.0"
                       and self.parser.should_keep_alive())
-        default = _DEFAULT_HEADERS.get(self.server_state.default_headers)
+        default = DEFAULT_HEADERS.get(self.server_state.default_headers)
         close = b"" if keep_alive else _CLOSE
         if entry.not_modified(request_if_none_match(self.headers)):
             out = b"".join((_STATUS_304, default, entry.raw_304, close, b"\r\n"))
@@ -139,11 +139,18 @@ class ManifestPollProtocol(HttpToolsProtocol):
                 self._cache.stats.shortcut_304 += 1
         else:
             out = b"".join((_STATUS_200, default, entry.raw_200, close, b"\r\n", entry.data))
+        self._send_answer(out, keep_alive)
+
+    def _send_answer(self, out: bytes, keep_alive: bool) -> None:
+        """Writes a whole answer, then closes or waits for the connection's next request."""
         self.transport.write(out)
         self.server_state.total_requests += 1
         if not keep_alive:
             self.transport.close()
             return
         self._unset_keepalive_if_required()
+        self._next_request()
+
+    def _next_request(self) -> None:
         self.timeout_keep_alive_task = self.loop.call_later(
             self.timeout_keep_alive, self.timeout_keep_alive_handler)

@@ -15,7 +15,9 @@ same `Fleet.receive` the FastAPI route calls:
    bad signature / stale, 422 naming the field, 429 with Retry-After).
 
 Any other path or method, or a request under a root path, goes to the app unchanged (the
-FastAPI route stays for the OpenAPI spec and for root-path deployments).
+FastAPI route stays for the OpenAPI spec and for root-path deployments). Under uvicorn with
+`server.api.fastingest:DeviceProtocol` most telemetry never gets here: the protocol answers it
+with the same `answer` (server/api/fastingest.py); this route takes what the protocol passes on.
 """
 
 from __future__ import annotations
@@ -50,27 +52,26 @@ class TelemetryRoute:
         body = await read_json_body(scope, receive, send, self.cap)
         if body is None:
             return  # refused (413 / 422) or the client went away
-        try:
-            result = await self.fleet.receive(header(scope, b"x-device-id"),
+        status, payload, extra = await answer(self.fleet, header(scope, b"x-device-id"),
                                               header(scope, b"x-device-signature"), body)
-        except RateLimitedError as e:
-            await _send(send, e.status_code, _error_body(e),
-                        [(b"retry-after", str(e.retry_after).encode())])
-            return
-        except ServiceError as e:
-            await _send(send, e.status_code, _error_body(e))
-            return
-        await _send(send, 200, b'{"accepted":%d,"duplicates":%d}'
-                    % (result.accepted, result.duplicates))
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [_JSON, (b"content-length", b"%d" % len(payload)), *extra]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+async def answer(fleet: Fleet, device_id: str | None, signature: str | None,
+                 body: bytes) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """Status, JSON body and extra headers for a telemetry request whose body was read — the
+    one answer of this route and of the protocol shortcut (server/api/fastingest.py)."""
+    try:
+        result = await fleet.receive(device_id, signature, body)
+    except RateLimitedError as e:
+        return e.status_code, _error_body(e), [(b"retry-after", str(e.retry_after).encode())]
+    except ServiceError as e:
+        return e.status_code, _error_body(e), []
+    return 200, b'{"accepted":%d,"duplicates":%d}' % (result.accepted, result.duplicates), []
 
 
 def _error_body(e: ServiceError) -> bytes:
     body = ErrorBody(detail=e.message, code=e.code, field=e.field, fix=e.fix)
     return json.dumps(body.model_dump(), ensure_ascii=False, separators=(",", ":")).encode()
-
-
-async def _send(send: Send, status: int, payload: bytes,
-                extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [_JSON, (b"content-length", b"%d" % len(payload)), *(extra or [])]})
-    await send({"type": "http.response.body", "body": payload})

@@ -123,8 +123,9 @@ async def _respond(send: Send, status: int, payload: bytes,
     await send({"type": "http.response.body", "body": payload})
 
 
-def _declared_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers") or []:
+def declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The Content-Length of raw ASGI (or uvicorn protocol) headers, or None."""
+    for name, value in headers:
         if name == b"content-length":
             return int(value) if value.isdigit() else None
     return None
@@ -198,7 +199,7 @@ class RequestGuard:
             await self.app(scope, _replay(body, receive), send)
 
     async def _upload(self, scope: Scope, receive: Receive, send: Send) -> None:
-        declared = _declared_length(scope)
+        declared = declared_length(scope.get("headers") or [])
         if declared is not None and declared > self.upload_cap:
             await self._too_large(send, self.upload_cap, fix=UPLOAD_FIX)
             return
@@ -248,17 +249,27 @@ class RequestGuard:
         await too_large(send, cap, fix=fix)
 
 
+def too_large_payload(cap: int, *, fix: str = "send a smaller request body") -> bytes:
+    """The 413 body for a request body over `cap` (also written by server/api/fastingest.py)."""
+    return error_payload(413, "payload_too_large",
+                         f"request body is larger than the limit of {cap} bytes", fix=fix)
+
+
+def too_deep_payload() -> bytes:
+    """The 422 body for JSON nested deeper than allowed (also server/api/fastingest.py)."""
+    return error_payload(422, "invalid_request", f"request body: {depth_error()}",
+                         field="body", fix="send the documented request schema (see /docs)")
+
+
 async def too_large(send: Send, cap: int, *, fix: str = "send a smaller request body") -> None:
-    await _respond(send, 413, error_payload(
-        413, "payload_too_large", f"request body is larger than the limit of {cap} bytes",
-        fix=fix))
+    await _respond(send, 413, too_large_payload(cap, fix=fix))
 
 
 async def read_json_body(scope: Scope, receive: Receive, send: Send, cap: int) -> bytes | None:
     """The whole JSON body, read only while it stays within `cap` (413 at once when the
     declared length is over it, before a byte is read), and no deeper than JSON nesting
     allows (422); None when a refusal was sent or the client went away."""
-    declared = _declared_length(scope)
+    declared = declared_length(scope.get("headers") or [])
     if declared is not None and declared > cap:
         await too_large(send, cap)
         return None
@@ -278,9 +289,7 @@ async def read_json_body(scope: Scope, receive: Receive, send: Send, cap: int) -
             break
     body = b"".join(chunks)
     if too_deep(body):
-        await _respond(send, 422, error_payload(
-            422, "invalid_request", f"request body: {depth_error()}", field="body",
-            fix="send the documented request schema (see /docs)"))
+        await _respond(send, 422, too_deep_payload())
         return None
     return body
 

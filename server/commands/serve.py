@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int, typer.Option()] = 8000,
         workers: Annotated[int, typer.Option(min=1, max=64, help="API processes")] = 1,
         log_polls: Annotated[bool, typer.Option(
-            "--log-polls", metavar="", help="Access-log manifest polls too (slower: they then go "
+            "--log-polls", metavar="", help="Access-log manifest polls and telemetry too (slower: "
             "through the full ASGI path)")] = False,
         log_format: LogFormatOption = None,
     ) -> None:
@@ -87,16 +87,16 @@ def register(app: typer.Typer) -> None:
         settings = settings.model_copy(update={"log_format": fmt})
         typer.echo(f"ModelFleet API on http://{host}:{port} (data: {settings.data_dir}, "
                    f"blobs: {settings.blob_store}, docs: /docs)")
-        # Fresh manifest polls are answered inside the HTTP protocol, unlogged unless
-        # --log-polls (server/api/fastpoll.py); everything else is uvicorn as usual.
-        from server.api.fastpoll import ManifestPollProtocol
+        # Fresh manifest polls and device telemetry are answered inside the HTTP protocol,
+        # unlogged unless --log-polls (server/api/fastingest.py); the rest is uvicorn as usual.
+        from server.api.fastingest import DeviceProtocol
 
         if log_polls:
             settings = settings.model_copy(update={"log_polls": True})
         if workers == 1:
             from server.app import create_app
 
-            uvicorn.run(create_app(settings), host=host, port=port, http=ManifestPollProtocol,
+            uvicorn.run(create_app(settings), host=host, port=port, http=DeviceProtocol,
                         loop="auto", log_level="info", log_config=log_config(fmt))
             return
         # Worker processes build the app themselves, from the environment (server/asgi.py).
@@ -106,5 +106,5 @@ def register(app: typer.Typer) -> None:
             os.environ["MODELFLEET_LOG_POLLS"] = "1"
         with multiprocess_metrics_dir():
             uvicorn.run("server.asgi:app", host=host, port=port, workers=workers,
-                        http="server.api.fastpoll:ManifestPollProtocol", loop="auto",
+                        http="server.api.fastingest:DeviceProtocol", loop="auto",
                         log_level="info", log_config=log_config(fmt))
