@@ -38,6 +38,8 @@ def _reject_float(text: str) -> NoReturn:
 
 
 def _parse_int(text: str) -> int:
+    if len(text) < 16:  # at most 15 characters: |value| < 10^15 < 2^53, always safe
+        return int(text)  # (the common case, once per integer of every signed body)
     digits = text.lstrip("-")
     if len(digits) > _MAX_INT_DIGITS or abs(int(text)) > MAX_SAFE_INTEGER:
         raise MalformedError(
