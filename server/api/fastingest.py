@@ -18,8 +18,10 @@ The request is answered from a task (the ingest awaits the group commit); until 
 request behind it on the connection waits its turn in uvicorn's pipeline, and a poll behind it
 is not answered early. Everything unusual goes through uvicorn and the app unchanged: a
 request pipelined behind an unfinished one, `Expect: 100-continue`, a root path, a paused
-transport, an upgrade, `limit_concurrency`, and with `Settings.log_polls` and the access log
-on, all device traffic (these requests write no access-log line).
+transport, an upgrade, `limit_concurrency`, and with `Settings.log_polls` all device traffic.
+Requests answered here are what server/api/observe.py makes of the ASGI path — an
+X-Request-Id (a sane incoming one, else new) echoed and set in `REQUEST_ID` for the request's
+log records, a count in `modelfleet_http_requests` — except the access-log line, as for polls.
 
     uvicorn server.asgi:app --http server.api.fastingest:DeviceProtocol --loop uvloop
 """
@@ -35,10 +37,13 @@ from server.api.fastpoll import DEFAULT_HEADERS, ManifestPollProtocol, find_serv
 from server.api.fasttelemetry import answer
 from server.api.guard import declared_length, too_deep_payload, too_large_payload
 from server.json_depth import too_deep
+from server.observability.logs import REQUEST_ID, request_id_from
+from server.observability.metrics import HTTP_REQUESTS
 from server.publish.manifest_cache import CachedManifest
 from server.services.fleet.service import Fleet
 
 PATH = b"/v1/telemetry"
+PATH_LABEL = "/v1/telemetry"  # its route label in modelfleet_http_requests
 _CLOSE = b"connection: close\r\n"
 _500 = (b"content-length: 21\r\ncontent-type: text/plain; charset=utf-8\r\n" + _CLOSE
         + b"\r\nInternal Server Error")
@@ -61,7 +66,7 @@ class DeviceProtocol(ManifestPollProtocol):
         self._cap = 0
         if serving is not None and not self.root_path and self.limit_concurrency is None:
             settings = serving.state.services.settings
-            if not (self.access_log and settings.log_polls):
+            if not settings.log_polls:  # logged device traffic takes the app's access log
                 self._fleet = serving.state.services.fleet
                 self._cap = settings.max_telemetry_body_bytes
         self._chunks: list[bytes] | None = None  # the body of a telemetry request being read
@@ -127,7 +132,8 @@ class DeviceProtocol(ManifestPollProtocol):
                       and self.parser.should_keep_alive())
         task = self.loop.create_task(self._ingest(
             self._fleet, _header(self.headers, b"x-device-id"),
-            _header(self.headers, b"x-device-signature"), body, keep_alive))
+            _header(self.headers, b"x-device-signature"), body, keep_alive,
+            request_id_from(_header(self.headers, b"x-request-id"))))
         self._inflight = task
         self.tasks.add(task)  # the server waits for it on shutdown
         task.add_done_callback(self.tasks.discard)
@@ -135,20 +141,26 @@ class DeviceProtocol(ManifestPollProtocol):
     # ------------------------------------------------------------------ answers
 
     async def _ingest(self, fleet: Fleet, device_id: str | None, signature: str | None,
-                      body: bytes, keep_alive: bool) -> None:
+                      body: bytes, keep_alive: bool, request_id: str) -> None:
+        # As server/api/observe.py does on the ASGI path: the id in every log record of the
+        # request (this task's own context), echoed last, the request counted.
+        REQUEST_ID.set(request_id)
         try:
             status, payload, extra = await answer(fleet, device_id, signature, body)
         except Exception:  # what uvicorn does for an app exception: log, 500, close
             self.logger.exception("Exception in telemetry request")
             self._inflight = None
+            HTTP_REQUESTS.labels("POST", PATH_LABEL, "500").inc()
             self._write(STATUS_LINE[500] + DEFAULT_HEADERS.get(
                 self.server_state.default_headers) + _500, keep_alive=False)
             return
         self._inflight = None
+        HTTP_REQUESTS.labels("POST", PATH_LABEL, str(status)).inc()
         keep_alive = keep_alive and not self._close_after
         head = [STATUS_LINE[status], DEFAULT_HEADERS.get(self.server_state.default_headers),
                 b"content-type: application/json\r\ncontent-length: %d\r\n" % len(payload)]
         head.extend(name + b": " + value + b"\r\n" for name, value in extra)
+        head.append(b"x-request-id: " + request_id.encode() + b"\r\n")
         if not keep_alive:
             head.append(_CLOSE)
         head.append(b"\r\n")
@@ -158,10 +170,13 @@ class DeviceProtocol(ManifestPollProtocol):
     def _refuse(self, status: int, payload: bytes) -> None:
         """An answer before the body was taken, as the guard's: `connection: close`."""
         self._refused = True
+        HTTP_REQUESTS.labels("POST", PATH_LABEL, str(status)).inc()
+        request_id = request_id_from(_header(self.headers, b"x-request-id")).encode()
         self._write(b"".join((STATUS_LINE[status],
                               DEFAULT_HEADERS.get(self.server_state.default_headers),
                               b"content-type: application/json\r\ncontent-length: %d\r\n"
-                              % len(payload), _CLOSE, b"\r\n", payload)), keep_alive=False)
+                              % len(payload), _CLOSE, b"x-request-id: ", request_id, b"\r\n",
+                              b"\r\n", payload)), keep_alive=False)
 
     def _write(self, out: bytes, *, keep_alive: bool) -> None:
         if not self.transport.is_closing():  # else the client went away; nothing to answer

@@ -75,6 +75,9 @@ def test_every_answer_matches_the_asgi_route_byte_for_byte(fleet: Fleet) -> None
                  "Content-Length: 99999", length=False),  # 413 declared
             *(post(*signed(limited)) for _ in range(4)),  # 200 x3, then 429 + Retry-After
         ]
+        # The same X-Request-Id on both paths: echoed (server/api/observe.py), so comparable.
+        requests = [r.replace(b"\r\nHost: t\r\n", b"\r\nHost: t\r\nX-Request-Id: eq-%d\r\n" % i)
+                    for i, r in enumerate(requests)]
         with serve(fleet.settings, http=http) as srv:
             answers[name] = [parse(srv.raw(r))[0] for r in requests]
             assert (telemetry_calls(srv) == 0) == (name == "fast")
@@ -86,6 +89,7 @@ def test_every_answer_matches_the_asgi_route_byte_for_byte(fleet: Fleet) -> None
         assert ([(k, v) for k, v in fast.headers if k != "date"]
                 == [(k, v) for k, v in asgi.headers if k != "date"])
         assert fast.header("content-type") == "application/json"
+        assert (fast.header("x-request-id") or "").startswith("eq-")
     assert answers["fast"][-1].header("retry-after") is not None
 
 
@@ -182,3 +186,20 @@ def test_connection_close_is_honoured(fleet: Fleet) -> None:
             s.sendall(post(*signed(device), "Connection: close"))
             r, _ = parse(read_all(s))
         assert r.status == 200 and r.header("connection") == "close"
+
+
+def test_fast_path_requests_are_counted_and_get_a_request_id(fleet: Fleet) -> None:
+    from server.observability.metrics import HTTP_REQUESTS
+
+    device = fleet.enroll(FleetDevice("count-01"))
+    ok = HTTP_REQUESTS.labels("POST", "/v1/telemetry", "200")
+    refused = HTTP_REQUESTS.labels("POST", "/v1/telemetry", "413")
+    before = ok._value.get(), refused._value.get()
+    with serve(fleet.settings, http=DeviceProtocol) as srv:
+        r, _ = parse(srv.raw(post(*signed(device), "X-Request-Id: bad id with spaces")))
+        assert r.status == 200 and len(r.header("x-request-id") or "") == 32  # a new one
+        r, _ = parse(srv.raw(post(b"{}", {}, "Content-Length: 99999", length=False),
+                             until_close=True))
+        assert r.status == 413 and len(r.header("x-request-id") or "") == 32
+        assert telemetry_calls(srv) == 0
+    assert (ok._value.get() - before[0], refused._value.get() - before[1]) == (1, 1)
