@@ -12,7 +12,7 @@ phases; the table gives medians (range in brackets). Server CPU per request = th
 user+system time over the round / requests answered.
 
     python bench/fleet/run.py [--workers 2] [--duration 5] [--rounds 3] [--connections 32]
-                              [--devices 1000] [--write-docs]
+                              [--devices 1000] [--http device|asgi] [--write-docs]
 
 Needs PostgreSQL at 127.0.0.1:5432 (user postgres, trust) and wrk (apt-get install -y wrk).
 """
@@ -144,13 +144,20 @@ def build_requests(devices: list[tuple[str, object]], count: int, per: int, path
             out.write(f"{device_id}\t{sig}\t{body.decode()}\n")
 
 
-def start_server(url: str, data: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
+# device: telemetry and polls answered in the HTTP protocol (what `modelfleet serve` runs);
+# asgi: the same server with telemetry through uvicorn's ASGI cycle (the raw route), to compare.
+HTTP_PROTOCOLS = {"device": "server.api.fastingest:DeviceProtocol",
+                  "asgi": "server.api.fastpoll:ManifestPollProtocol"}
+
+
+def start_server(url: str, data: Path, port: int, workers: int,
+                 http: str = "device") -> subprocess.Popen[bytes]:
     env = {**os.environ, "MODELFLEET_DATA_DIR": str(data), "MODELFLEET_DATABASE_URL": url,
            "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "bench.serve.app:make_app", "--factory",
          "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-         "--http", "server.api.fastingest:DeviceProtocol", "--loop", "uvloop",
+         "--http", HTTP_PROTOCOLS[http], "--loop", "uvloop",
          "--no-access-log", "--log-level", "warning"],
         cwd=ROOT, env=env, start_new_session=True)
 
@@ -227,6 +234,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--devices", type=int, default=1000)
+    ap.add_argument("--http", choices=sorted(HTTP_PROTOCOLS), default="device",
+                    help="device: telemetry answered in the HTTP protocol (modelfleet serve); "
+                    "asgi: through uvicorn's ASGI cycle, for comparison")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
 
@@ -240,7 +250,7 @@ def main() -> None:
             tmp = Path(tmp_s)
             devices = seed(url, tmp / "data", args.devices)
             port = free_port()
-            server = start_server(url, tmp / "data", port, args.workers)
+            server = start_server(url, tmp / "data", port, args.workers, args.http)
             wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
             # Warm-up: every device's key into the workers' caches, connections pooled.
             phase("warm", 1, port, url, server, devices, tmp,
@@ -278,6 +288,7 @@ def render(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
         f"## Fleet telemetry ingestion ({date})",
         "",
         f"`python bench/fleet/run.py --workers {args.workers} --duration {args.duration} "
+        f"{'' if args.http == 'device' else '--http ' + args.http + ' '}"
         f"--rounds {args.rounds} --connections {args.connections} --devices {args.devices}`: "
         "the real app under uvicorn into PostgreSQL 127.0.0.1, signed requests replayed by "
         "wrk on loopback; medians of the rounds [range]. Server CPU = user+system of the "
