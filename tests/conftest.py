@@ -122,3 +122,31 @@ def s3_bucket(s3_server: str) -> S3Bucket:
     bucket = S3Bucket(endpoint_url=s3_server, bucket=f"mf-{uuid.uuid4().hex[:12]}")
     bucket.client().create_bucket(Bucket=bucket.bucket)
     return bucket
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """Undo the logging configuration a test's command applied (`modelfleet worker` and
+    `serve` run dictConfig: root at INFO to stderr). Left in place, the next test's CLI run
+    under CliRunner gets those log lines mixed into the output it parses as JSON."""
+    import logging
+
+    def snapshot() -> dict[str, tuple[list[logging.Handler], int, bool, bool]]:
+        loggers = {name: lg for name, lg in logging.Logger.manager.loggerDict.items()
+                   if isinstance(lg, logging.Logger)}
+        loggers[""] = logging.getLogger()
+        return {name: (lg.handlers[:], lg.level, lg.propagate, lg.disabled)
+                for name, lg in loggers.items()}
+
+    before = snapshot()
+    yield
+    for name, (handlers, level, propagate, disabled) in before.items():
+        lg = logging.getLogger(name or None)
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate, lg.disabled = propagate, disabled
+    for name in set(snapshot()) - set(before):
+        lg = logging.getLogger(name)
+        lg.handlers.clear()
+        lg.setLevel(logging.NOTSET)
+        lg.propagate, lg.disabled = True, False
