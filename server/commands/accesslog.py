@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from typing import Any, TextIO
+from typing import Any
 
 from server.observability.logs import LogFormat
 
@@ -33,10 +33,10 @@ class QuietRootProbe(logging.Filter):
         return True
 
 
-class StdStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A StreamHandler that writes to whatever `sys.stderr` / `sys.stdout` is when it emits,
-    not to the stream object current when logging was configured: a command run twice in
-    one process (tests, embedding) would otherwise keep writing to a closed stream."""
+class StdStreamHandler(logging.Handler):
+    """Writes each record to whatever `sys.stderr` / `sys.stdout` is when it emits, not to
+    the stream object current when logging was configured: a command run twice in one
+    process (tests, embedding) would otherwise keep writing to a closed stream."""
 
     def __init__(self, which: str = "stderr") -> None:
         if which not in ("stderr", "stdout"):
@@ -44,13 +44,15 @@ class StdStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self._which = which
         super().__init__()
 
-    @property
-    def stream(self) -> TextIO:
-        return getattr(sys, self._which)  # type: ignore[no-any-return]
-
-    @stream.setter
-    def stream(self, _value: TextIO) -> None:
-        pass  # the stream is looked up at each write
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stream = getattr(sys, self._which)
+            stream.write(self.format(record) + "\n")
+            stream.flush()
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
 
 
 def log_config(fmt: LogFormat = "text", *, level: str = "INFO") -> dict[str, Any]:
