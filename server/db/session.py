@@ -7,7 +7,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+# Seconds libpq waits for PostgreSQL to answer a new connection. Its own default is forever:
+# a database host that drops packets would hang every request and /readyz instead of failing.
+# A `connect_timeout` in the URL's query wins.
+PG_CONNECT_TIMEOUT_S = 10
 
 
 def make_engine(database_url: str, **kwargs: Any) -> Engine:
@@ -20,6 +26,8 @@ def make_engine(database_url: str, **kwargs: Any) -> Engine:
         kwargs.setdefault("connect_args", {"check_same_thread": False, "timeout": 30})
     else:
         kwargs.setdefault("pool_pre_ping", True)
+        if "connect_timeout" not in make_url(url).query:
+            kwargs.setdefault("connect_args", {"connect_timeout": PG_CONNECT_TIMEOUT_S})
     engine = create_engine(url, **kwargs)
     if url.startswith("sqlite"):
         event.listen(engine, "connect", _sqlite_pragmas)

@@ -114,3 +114,27 @@ def test_a_dead_in_process_worker_thread_is_not_ready(settings: Settings) -> Non
     queue._thread.join(5)
     with pytest.raises(JobQueueUnavailableError, match="worker thread has stopped"):
         queue.check_ready()
+
+
+def test_a_database_host_that_never_answers_is_a_503_not_a_hang(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that takes the TCP connection and then says nothing (a black-holed or wedged
+    database) must not hang /readyz (or any request) forever: libpq's own default."""
+    import socket
+
+    from server.db import session as db_session
+
+    monkeypatch.setattr(db_session, "PG_CONNECT_TIMEOUT_S", 1)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # the kernel completes handshakes; nobody ever reads or replies
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{silent.getsockname()[1]}/nothing"
+    client = TestClient(create_app(settings.model_copy(update={"database_url": url}),
+                                   job_queue=NullJobQueue()))
+    answer: list[Any] = []
+    t = threading.Thread(target=lambda: answer.append(client.get("/readyz")), daemon=True)
+    t.start()
+    t.join(60)
+    silent.close()
+    assert answer, "/readyz still waiting for a database that never answers"
+    assert answer[0].status_code == 503 and answer[0].json()["field"] == "database"
