@@ -41,3 +41,25 @@ def group_cpu_seconds(pgid: int) -> float:
         if int(fields[2]) == pgid:
             total += int(fields[11]) + int(fields[12])
     return total / tick
+
+
+
+def postgres_cpu_seconds(dsn: str) -> float:
+    """On-CPU time of the local PostgreSQL backends connected to the database of `dsn` (a
+    libpq URL), from /proc/<pid>/schedstat (nanoseconds): the database's share of the work
+    apart from other clients of the same server. Shared background processes (WAL writer,
+    checkpointer) are not counted; backends that ended are not either, so measure while the
+    server under test keeps its connections. 0.0 when PostgreSQL runs on another machine."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pids = [row[0] for row in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()")]
+    total = 0
+    for pid in pids:
+        try:
+            total += int((Path("/proc") / str(pid) / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # ended meanwhile, or not on this machine
+            continue
+    return total / 1e9

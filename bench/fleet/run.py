@@ -37,7 +37,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import free_port, group_cpu_seconds, wait_http  # noqa: E402
+from bench.common import (  # noqa: E402
+    free_port,
+    group_cpu_seconds,
+    postgres_cpu_seconds,
+    wait_http,
+)
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BATCH = 50
@@ -205,8 +210,11 @@ def phase(name: str, per: int, port: int, url: str, server: subprocess.Popen[byt
     count = int(expect_rps * args.duration * 1.5)
     build_requests(devices, count, per, reqs)
     before_rows, before_cpu = rows(url), group_cpu_seconds(server.pid)
+    dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
+    before_pg = postgres_cpu_seconds(dsn)
     result = run_wrk(port, Path(__file__).with_name("requests.lua"), reqs, args)
     cpu = group_cpu_seconds(server.pid) - before_cpu
+    pg_cpu = postgres_cpu_seconds(dsn) - before_pg
     stored = settled_rows(url) - before_rows
     ok = result["requests"] - result["non2xx"]
     reqs.unlink()
@@ -214,6 +222,7 @@ def phase(name: str, per: int, port: int, url: str, server: subprocess.Popen[byt
             # Requests still in flight when wrk stopped are stored but not counted as answered.
             "lost": max(0, ok * per - stored) if result["requests"] <= count else float("nan"),
             "non2xx": result["non2xx"], "cpu_ms_per_req": 1000 * cpu / ok if ok else 0.0,
+            "pg_cpu_ms_per_req": 1000 * pg_cpu / ok if ok else 0.0,
             "p99_ms": result["p99_ms"], "wrapped": float(result["requests"] > count)}
 
 
@@ -280,6 +289,7 @@ def render(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
         return (f"| {label} | {median_range([r['req_s'] for r in rs], ',.0f')} | "
                 f"{median_range([r['reports_s'] for r in rs], ',.0f')} | "
                 f"{median_range([r['cpu_ms_per_req'] for r in rs], '.2f')} | "
+                f"{median_range([r['pg_cpu_ms_per_req'] for r in rs], '.2f')} | "
                 f"{median_range([r['p99_ms'] for r in rs], '.1f')} | "
                 f"{'0' if lost == 0 else lost:} | {sum(r['non2xx'] for r in rs):.0f} | {goal} |")
 
@@ -292,12 +302,14 @@ def render(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
         f"--rounds {args.rounds} --connections {args.connections} --devices {args.devices}`: "
         "the real app under uvicorn into PostgreSQL 127.0.0.1, signed requests replayed by "
         "wrk on loopback; medians of the rounds [range]. Server CPU = user+system of the "
-        "uvicorn processes per request answered; lost = reports answered 200 − rows stored "
+        "uvicorn processes per request answered, PostgreSQL CPU = on-CPU time of the "
+        "PostgreSQL backends connected to the bench's database per request answered (not the "
+        "shared WAL writer and checkpointer); lost = reports answered 200 − rows stored "
         "(counted after each round).",
         "",
-        "| requests | requests/s | reports/s | server CPU ms/request | p99 ms | lost | "
-        "non-2xx | goal |",
-        "|---|---|---|---|---|---|---|---|",
+        "| requests | requests/s | reports/s | server CPU ms/request | PostgreSQL CPU ms/request "
+        "| p99 ms | lost | non-2xx | goal |",
+        "|---|---|---|---|---|---|---|---|---|",
         row("1 report each", results["single"], 1, "≥ 1,000 requests/s"),
         row(f"{BATCH} reports each", results["batch"], BATCH, "≥ 20,000 reports/s"),
         "",
