@@ -1,9 +1,24 @@
 """The telemetry batch a device sends (docs/shadow.md "Report schema"): strict JSON
 (`manifests.strictjson`: no duplicate keys, no floats, safe integers only) validated field by
-field; anything unknown or out of range refuses the whole batch (422 naming the field)."""
+field; anything unknown or out of range refuses the whole batch (422 naming the field).
+
+Two ways to the same answer. The strict one parses with `manifests.strictjson` and validates
+the objects. The fast one (≈ 2.5x cheaper per report, most of the ingest's parse cost)
+validates the bytes with pydantic's own JSON parser, which on its own already refuses what
+the strict rules refuse here except duplicate keys: a byte order mark, bytes that are not
+UTF-8, control characters in strings, trailing text; and floats, NaN and integers outside
+±(2^53-1) can fail only the schema, since every number in it is a bounded integer and no
+field takes arbitrary JSON (a test keeps it so). What is left is checked on the bytes:
+a `\\u` escape (lone surrogates are the strict parser's call) sends the body the strict way,
+and so does any difference between the keys the batch holds and the key ends (`"` then `:`)
+in the text — every key occurrence is one, so equal counts mean no key was given twice.
+Whenever the fast way does not accept, the strict way answers, so every refusal and its
+message are the strict way's.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -91,9 +106,43 @@ def _field(loc: tuple[int | str, ...]) -> str:
     return path or "body"
 
 
+# The end of a key: its closing quote, JSON whitespace, the colon (also matches inside
+# strings, which only sends such a body the strict way). Without any whitespace byte in the
+# body it is just `":`, counted at memchr speed.
+_KEY_END = re.compile(rb'"[ \t\n\r]*:')
+_WHITESPACE = (b" ", b"\t", b"\n", b"\r")
+
+
+def _key_ends(body: bytes) -> int:
+    if any(ws in body for ws in _WHITESPACE):
+        return len(_KEY_END.findall(body))
+    return body.count(b'":')
+
+
 def parse_batch(body: bytes) -> Batch:
     """The batch in `body` (already size-capped and signature-checked), or
     InvalidInputError naming the first offending field."""
+    batch = parse_batch_fast(body)
+    return batch if batch is not None else parse_batch_strictly(body)
+
+
+def parse_batch_fast(body: bytes) -> Batch | None:
+    """The batch when the strict way would give this same batch, else None (see module)."""
+    if b"\\u" in body:
+        return None
+    try:
+        batch = _BATCH.validate_json(body)
+    except ValidationError:
+        return None
+    keys = len(batch.__pydantic_fields_set__) + sum(
+        len(r.__pydantic_fields_set__) for r in batch.reports)
+    if _key_ends(body) != keys:
+        return None
+    return batch
+
+
+def parse_batch_strictly(body: bytes) -> Batch:
+    """`parse_batch` through `manifests.strictjson` and the objects' validation."""
     try:
         document = loads(body, what="telemetry batch")
     except MalformedError as e:
