@@ -142,11 +142,14 @@ def _batches(fleet: Fleet, group: list[FleetDevice], at: int) -> list[Any]:
 
 def _stored(fleet: Fleet, device_id: str) -> tuple[list[Any], list[Any], dict[str, str]]:
     with fleet.client.app.state.session_factory() as s:  # type: ignore[attr-defined]
+        # The payload key for key, in order (all but the report id, unique per row).
         events = [(e.release_id, e.model, e.version, e.kind, e.kl_micro, e.latency_p99_us,
-                   e.samples, {k: v for k, v in e.payload.items() if k != "id"})
+                   e.samples, [(k, v) for k, v in e.payload.items() if k != "id"],
+                   e.received_at)
                   for e in s.scalars(select(db.TelemetryEvent)
                                      .where(db.TelemetryEvent.device_id == device_id)
-                                     .order_by(db.TelemetryEvent.kind))]
+                                     .order_by(db.TelemetryEvent.kind,
+                                               db.TelemetryEvent.payload["at"].as_integer()))]
         standings = [(r.release_id, r.event, r.event_at, r.downloaded, r.rolled_back,
                       r.verdict, r.shadow_at, r.samples, r.kl_mean_micro, r.kl_max_micro,
                       r.active_p50_us, r.candidate_p50_us, r.candidate_p99_us)
@@ -182,6 +185,59 @@ def test_group_commit_stores_what_the_generic_path_stores(
         assert result.accepted == 3 and result.judged
         assert _stored(fleet, "generic-1") == _stored(fleet, "grouped-1")
         assert _stored(fleet, "grouped-1")[2] == {"clf": "1.0"}
+
+
+def _every_shape(at: int) -> list[dict[str, Any]]:
+    """Reports with every optional field given or left out, free text, names of every
+    allowed character, and a version no release is about (release_id NULL)."""
+    sha = "ab" * 32
+    return [
+        update_report("clf", "1.0", "failed", at=at) | {
+            "via": None, "bytes": None, "reason": 'disk, full: "x" \\ caf\u00e9 \u2603'},
+        update_report("clf", "1.0", "downloaded", at=at + 1, channel=None)
+        | {"artifact_sha256": sha, "via": "patch", "bytes": 0},
+        shadow_report("clf", "1.0", "passed", at=at + 2, cosine_min_micro=-1_000_000,
+                      snr_min_centi_db=-9_007_199_254_740_991, reason="ok, fine"),
+        shadow_report("clf", "1.0", "pending", at=at + 3, cosine_min_micro=None,
+                      snr_min_centi_db=None),
+        {"id": "0" * 32, "kind": "health", "at": at + 4, "model": "clf", "version": "1.0",
+         "predictions": 0, "errors": 0, "rolled_back": True},
+        {"id": "1" * 32, "kind": "health", "at": at + 5, "model": "A-b.c_d+e",
+         "version": "0+a.b-c_d", "channel": "x.y-z_0+1", "predictions": 2**53 - 1,
+         "errors": 1, "p99_us": 9, "rolled_back": False},
+    ]
+
+
+@pytest.mark.postgres
+def test_group_commit_stores_every_column_and_payload_as_the_generic_path(
+        postgres_url: str, tmp_path: Any) -> None:
+    for fleet in open_fleet(fleet_settings(postgres_url, tmp_path)):
+        fleet.rollout("1.0", mode="shadow", guard={"min_devices": 1_000}, shadow=SHADOW)
+        generic, grouped, other = (fleet.enroll(FleetDevice(n))
+                                   for n in ("generic-2", "grouped-2", "grouped-3"))
+        ingest = _service(fleet).ingest
+        reports = _every_shape(1_700_000_000)
+        b1 = parse_batch(generic.batch(reports))
+        b2, b3 = (parse_batch(d.batch([r | {"id": f"{i:030x}{n}"}
+                                       for i, r in enumerate(reports)]))
+                  for n, d in (("0f", grouped), ("1f", other)))
+        now = datetime.now(UTC)
+        assert ingest._store(b1, now).accepted == len(reports)  # the generic path
+
+        async def grouped_store() -> list[Any]:
+            committer = GroupCommitter(libpq_dsn(postgres_url) or "")
+            try:  # two batches in one group's statement
+                return list(await asyncio.gather(
+                    *(committer.store(b, ingest.load_releases(b), now) for b in (b2, b3))))
+            finally:
+                await committer.aclose()
+
+        assert [r.accepted for r in asyncio.run(grouped_store())] == [len(reports)] * 2
+        stored = _stored(fleet, "generic-2")
+        assert stored == _stored(fleet, "grouped-2") == _stored(fleet, "grouped-3")
+        # By kind, then time: health, health of the unknown version, shadow ×2, update ×2.
+        assert [e[0] is None for e in stored[0]] == [False, True, False, False, False, False]
+        assert ("reason", 'disk, full: "x" \\ caf\u00e9 \u2603') in stored[0][5][7]
 
 
 @pytest.mark.postgres

@@ -292,19 +292,23 @@ def accepted_reports(result: IngestResult) -> int:
 
 
 def event_row(device_id: str, r: UpdateReport | ShadowReport | HealthReport,
-               release_id: int | None, received: datetime) -> dict[str, Any]:
-    kl = latency = samples = None
-    kind: str = r.kind
-    if isinstance(r, ShadowReport):
-        kl, latency, samples = r.kl_mean_micro, r.candidate_p99_us, r.samples
-    elif isinstance(r, HealthReport):
-        latency = r.p99_us
-    else:
-        kind = f"update.{r.event}"
+              release_id: int | None, received: datetime) -> dict[str, Any]:
+    kind, kl, latency, samples = event_columns(r)
     return {"report_id": r.id, "device_id": device_id, "release_id": release_id,
             "model": r.model, "version": r.version, "kind": kind, "kl_micro": kl,
             "latency_p99_us": latency, "samples": samples,
             "payload": r.model_dump(exclude_none=True), "received_at": received}
+
+
+def event_columns(r: UpdateReport | ShadowReport | HealthReport
+                  ) -> tuple[str, int | None, int | None, int | None]:
+    """The kind, kl_micro, latency_p99_us and samples columns of a report's
+    `telemetry_events` row (both storing paths)."""
+    if isinstance(r, ShadowReport):
+        return r.kind, r.kl_mean_micro, r.candidate_p99_us, r.samples
+    if isinstance(r, HealthReport):
+        return r.kind, None, r.p99_us, None
+    return f"update.{r.event}", None, None, None
 
 
 def active_versions(active: dict[str, str],
