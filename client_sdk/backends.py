@@ -60,10 +60,10 @@ def _one_quiet_thread(opts: Any) -> None:
     opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
 
 
-def _cpu(bundle: Bundle, member: Member) -> Backend:
+def _cpu(bundle: Bundle, member: Member, compile_missing: bool) -> Backend:
     import onnxruntime as ort
 
-    path = compiled_onnx(bundle, member)
+    path = compiled_onnx(bundle, member, compile_missing=compile_missing)
     opts = ort.SessionOptions()
     # The optimized model is already optimized; don't pay for it again on every load.
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -76,12 +76,12 @@ def _cpu(bundle: Bundle, member: Member) -> Backend:
     return OrtBackend("onnxruntime-cpu", session)
 
 
-def _qnn(bundle: Bundle, member: Member) -> Backend:
+def _qnn(bundle: Bundle, member: Member, compile_missing: bool) -> Backend:
     import onnxruntime as ort
 
     from client_sdk import qnn
 
-    path = compiled_qnn(bundle, member)
+    path = compiled_qnn(bundle, member, compile_missing=compile_missing)
     try:
         opts = qnn.session_options()
         _one_quiet_thread(opts)  # the HTP does the work; CPU fallback is disabled
@@ -113,12 +113,14 @@ def _coreml(bundle: Bundle, member: Member) -> Backend:
     return CoreMLBackend(ct.models.CompiledMLModel(str(compiled_coreml(bundle, member))))
 
 
-def open_backend(bundle: Bundle, member: Member) -> Backend:
-    """Load ``member`` of ``bundle`` on the backend its format needs."""
+def open_backend(bundle: Bundle, member: Member, *, compile_missing: bool = True) -> Backend:
+    """Load ``member`` of ``bundle`` on the backend its format needs; ``compile_missing=False``
+    (the shadow process: the app's process compiled it) raises ``BackendUnavailableError``
+    instead of compiling, so that loading never writes into a bundle."""
     if member.format == FORMAT_ONNX:
-        return _cpu(bundle, member)
+        return _cpu(bundle, member, compile_missing)
     if member.format in QNN_FORMATS:
-        return _qnn(bundle, member)
+        return _qnn(bundle, member, compile_missing)
     if member.format in COREML_FORMATS:
         return _coreml(bundle, member)
     raise BackendUnavailableError(f"no backend for format {member.format!r}")

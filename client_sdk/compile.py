@@ -47,12 +47,20 @@ def _cached(path: Path) -> Path | None:
     return None
 
 
-def compiled_onnx(bundle: Bundle, member: Member) -> Path:
-    """The optimized ONNX model for this onnxruntime version, compiling it if missing."""
+def _not_compiled(bundle: Bundle, member: Member) -> BackendUnavailableError:
+    return BackendUnavailableError(
+        f"{member.file} of {bundle.model} {bundle.version} is not compiled on this device")
+
+
+def compiled_onnx(bundle: Bundle, member: Member, *, compile_missing: bool = True) -> Path:
+    """The optimized ONNX model for this onnxruntime version, compiling it if missing (else
+    ``BackendUnavailableError``: a reader that must not write into the bundle)."""
     out = bundle.path / "compiled" / onnxruntime_key() / f"{member.file}.opt.onnx"
     hit = _cached(out)
     if hit is not None:
         return hit
+    if not compile_missing:
+        raise _not_compiled(bundle, member)
     import onnxruntime as ort
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -76,8 +84,9 @@ def compiled_onnx(bundle: Bundle, member: Member) -> Path:
     return out
 
 
-def compiled_qnn(bundle: Bundle, member: Member) -> Path:
-    """The EPContext model for this onnxruntime-qnn version, compiling it if missing."""
+def compiled_qnn(bundle: Bundle, member: Member, *, compile_missing: bool = True) -> Path:
+    """The EPContext model for this onnxruntime-qnn version, compiling it if missing (else
+    ``BackendUnavailableError``)."""
     if member.format == FORMAT_QNN_CONTEXT:
         return bundle.member_path(member)
     from client_sdk import qnn
@@ -87,6 +96,8 @@ def compiled_qnn(bundle: Bundle, member: Member) -> Path:
     hit = _cached(out)
     if hit is not None:
         return hit
+    if not compile_missing:
+        raise _not_compiled(bundle, member)
     import onnxruntime as ort
 
     out.parent.mkdir(parents=True, exist_ok=True)
