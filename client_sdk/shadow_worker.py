@@ -1,10 +1,14 @@
 """``ShadowWorker``: runs candidate models on the app's inputs, off the app's thread.
 
+(``ModelRuntime(shadow_isolation="thread")``, and where the shadow process cannot run:
+``client_sdk.shadow_process`` keeps the GIL-holding work out of the app's process.)
+
 ``ModelRuntime.predict`` answers with the active model, then ``offer``s the input (with the
 active outputs and latency) here: an append to a bounded queue — when the queue is full the
 sample is dropped and counted, so the app never waits for the candidate. The app's thread
 never signals the worker (a wake-up would make the two contend for the GIL right inside the
-app's call): the worker polls the queue every ``poll_s`` and, before each sample, waits until
+app's call): the worker polls the queue every ``poll_s`` while a candidate is attached (it
+sleeps on an event while none is) and, before each sample, waits until
 no active prediction is running (``idle()``), so the candidate runs in the app's idle time; a
 sample that finds no idle moment within ``max_wait_s`` is dropped and counted too. One worker
 thread runs the candidate, compares (``client_sdk.shadow.compare``), aggregates into the
@@ -72,6 +76,7 @@ class ShadowWorker:
         self._done = 0        # items finished by the worker
         self._offer_lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a session was attached (or close)
         self._idle = idle
         self._poll_s = poll_s
         self._max_wait_s = max_wait_s
@@ -95,6 +100,7 @@ class ShadowWorker:
         session = Session(loaded, stats)
         self._sessions[b.model] = session
         self._ensure_thread()
+        self._wake.set()
         return session
 
     def detach(self, model: str) -> None:
@@ -156,7 +162,11 @@ class ShadowWorker:
             try:
                 item = self._q.popleft()
             except IndexError:
-                time.sleep(self._poll_s)
+                if not self._sessions:  # nothing to compare: sleep until an attach, no polling
+                    self._wake.wait()
+                    self._wake.clear()
+                else:
+                    time.sleep(self._poll_s)
                 continue
             try:
                 if self._wait_idle():
@@ -233,6 +243,7 @@ class ShadowWorker:
         thread = self._thread
         if thread is not None and thread.is_alive():
             self._stop.set()
+            self._wake.set()
             thread.join()
         self._runner.close()
         self._thread = None
