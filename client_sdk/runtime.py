@@ -16,9 +16,11 @@ bundle's CPU ONNX fallback member; after ``breaker_threshold`` consecutive failu
 model switches to the fallback for good and a FALLBACK event is reported.
 
 Shadow mode: a bundle in the "candidate" slot never answers ``predict`` (unless asked for by
-``slot=``); each active prediction is offered to it on the ``ShadowWorker`` thread (bounded
-queue, drops counted) which compares the outputs and latencies and decides its verdict
-(``client_sdk.shadow``). A failed candidate is cleared from the slot at once.
+``slot=``); each active prediction is offered to it (bounded, drops counted) — by default in
+the shadow process (``client_sdk.shadow_process``: a child with its own GIL), else on the
+``ShadowWorker`` thread (``shadow_isolation``) —, which compares the outputs and latencies
+and decides its verdict (``client_sdk.shadow``). A failed candidate is cleared from the slot
+at once.
 
 Local rollback: ``client_sdk.health`` watches a newly active bundle; when it fails at run time
 the previous bundle is loaded and swapped in at once and made active on disk (no download), and
@@ -39,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from client_sdk import shadow_process
 from client_sdk.backends import Arrays, Backend, open_backend
 from client_sdk.clock import Clock, SystemClock
 from client_sdk.errors import (
@@ -52,6 +55,7 @@ from client_sdk.events import Event, EventCallback, EventKind, emit
 from client_sdk.health import HealthMonitor, Policy
 from client_sdk.install import SHAPE_ROLE_PREFIX, Bundle, BundleStore, Member
 from client_sdk.shadow import FAILED, ShadowStore
+from client_sdk.shadow_process import ShadowProcess
 from client_sdk.shadow_worker import Session, ShadowWorker
 from client_sdk.telemetry import Outbox, update_report
 
@@ -60,6 +64,8 @@ CANDIDATE = "candidate"
 # The lock the updater holds while it installs (runtime rollbacks take it to write the pointer).
 LOCK_NAME = ".updater.lock"
 BackendFactory = Callable[[Bundle, Member], Backend]
+# Where shadow candidates run (``ModelRuntime(shadow_isolation=...)``).
+AUTO, PROCESS, THREAD = "auto", "process", "thread"
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,30 @@ class LoadedModel:
             return self._fallback
 
 
+def prepare_bundle(bundle: Bundle, open_member: BackendFactory, *, threshold: int,
+                   on_event: EventCallback | None) -> LoadedModel:
+    """Load ``bundle``'s backends (``ModelRuntime.prepare``; also the shadow process's way to
+    load a candidate): the primary member, else the bundle's CPU ONNX fallback when the
+    primary cannot run here (reported), and every input-shape variant."""
+    primary_m = bundle.members[0]
+    fallback_m = next((m for m in bundle.members[1:] if m.role == "fallback"), None)
+    fallback = open_member(bundle, fallback_m) if fallback_m is not None else None
+    try:
+        primary = open_member(bundle, primary_m)
+    except BackendUnavailableError as e:
+        if fallback is None:
+            raise
+        emit(on_event, Event(
+            EventKind.FALLBACK, bundle.model, bundle.version,
+            f"{primary_m.format} unavailable ({e}); using {fallback.name}",
+        ))
+        primary, fallback = fallback, None
+    shapes = {m.role.removeprefix(SHAPE_ROLE_PREFIX): open_member(bundle, m)
+              for m in bundle.members if m.role.startswith(SHAPE_ROLE_PREFIX)}
+    return LoadedModel(bundle, primary, fallback, threshold=threshold, on_event=on_event,
+                       shapes=shapes)
+
+
 class ModelRuntime:
     """Runs the active bundle of each model; swaps bundles atomically under load."""
 
@@ -165,6 +195,7 @@ class ModelRuntime:
         shadow_persist_every: int = 25,
         shadow_sample_every: int = 1,
         shadow_background: bool = True,
+        shadow_isolation: str = AUTO,
         health: Policy | None = None,
     ) -> None:
         """``shadow_queue``: samples waiting for the candidate before new ones are dropped;
@@ -174,6 +205,11 @@ class ModelRuntime:
         ``shadow_persist_every``: samples between two writes of the shadow statistics;
         ``shadow_background``: run the candidate at the lowest CPU priority the OS allows
         (False only to measure the difference);
+        ``shadow_isolation``: where candidates run — ``"process"``: a child process
+        (``client_sdk.shadow_process``: no GIL shared with the app; Linux, the default backend
+        factory), ``"thread"``: a worker thread of the app's process
+        (``client_sdk.shadow_worker``), ``"auto"``: the process where it can run, else the
+        thread;
         ``health``: when a newly active bundle is rolled back (``client_sdk.health``)."""
         self.data_dir = Path(data_dir)
         self.store = BundleStore(self.data_dir)
@@ -192,35 +228,28 @@ class ModelRuntime:
         if shadow_sample_every < 1:
             raise ConfigError("shadow_sample_every must be >= 1")
         self._sample_every = shadow_sample_every
-        self.shadow = ShadowWorker(self.shadow_store, self.clock,
-                                   queue_size=shadow_queue, persist_every=shadow_persist_every,
-                                   on_decided=self._decided, idle=self._idle,
-                                   background=shadow_background)
+        if shadow_isolation not in (AUTO, PROCESS, THREAD):
+            raise ConfigError(f"shadow_isolation must be one of {AUTO}, {PROCESS}, {THREAD}")
+        process_ok = shadow_process.supported() and backend_factory is open_backend
+        if shadow_isolation == PROCESS and not process_ok:
+            raise ConfigError("shadow_isolation='process' needs Linux, a Python executable and "
+                              "the default backend factory")
+        self._shadow_args: dict[str, Any] = dict(
+            queue_size=shadow_queue, persist_every=shadow_persist_every,
+            on_decided=self._decided, background=shadow_background)
+        self.shadow: ShadowWorker | ShadowProcess = (
+            ShadowProcess(self.shadow_store, self.clock, **self._shadow_args,
+                          on_unavailable=self._shadow_unavailable)
+            if shadow_isolation == PROCESS or (shadow_isolation == AUTO and process_ok)
+            else self._shadow_thread())
         self.health = HealthMonitor(self.data_dir, health)
         self.outbox = Outbox(self.data_dir)
 
     def prepare(self, bundle: Bundle) -> LoadedModel:
         """Load ``bundle`` (slow; off the inference path). Falls back to the CPU ONNX member
         when the primary backend cannot run here, and reports it."""
-        primary_m = bundle.members[0]
-        fallback_m = next((m for m in bundle.members[1:] if m.role == "fallback"), None)
-        fallback = self._open(bundle, fallback_m) if fallback_m is not None else None
-        try:
-            primary = self._open(bundle, primary_m)
-        except BackendUnavailableError as e:
-            if fallback is None:
-                raise
-            emit(self._on_event, Event(
-                EventKind.FALLBACK, bundle.model, bundle.version,
-                f"{primary_m.format} unavailable ({e}); using {fallback.name}",
-            ))
-            primary, fallback = fallback, None
-        shapes = {m.role.removeprefix(SHAPE_ROLE_PREFIX): self._open(bundle, m)
-                  for m in bundle.members if m.role.startswith(SHAPE_ROLE_PREFIX)}
-        return LoadedModel(
-            bundle, primary, fallback, threshold=self._threshold, on_event=self._on_event,
-            shapes=shapes,
-        )
+        return prepare_bundle(bundle, self._open, threshold=self._threshold,
+                              on_event=self._on_event)
 
     def swap(self, loaded: LoadedModel, slot: str = ACTIVE) -> LoadedModel | None:
         """Make ``loaded`` serve ``slot`` of its model; returns what it replaced. A candidate
@@ -316,6 +345,19 @@ class ModelRuntime:
         if self.shadow.wants(model) and self._n_started % self._sample_every == 0:
             self.shadow.offer(model, inputs, p.outputs, us, shape_variant)
         return p
+
+    def _shadow_thread(self) -> ShadowWorker:
+        return ShadowWorker(self.shadow_store, self.clock, **self._shadow_args, idle=self._idle)
+
+    def _shadow_unavailable(self, reason: str) -> None:
+        """The shadow process cannot start here: the candidates go to a worker thread."""
+        worker = self._shadow_thread()
+        self.shadow = worker
+        for (model, slot), loaded in list(self._slots.items()):
+            if slot == CANDIDATE:
+                worker.attach(loaded)
+                emit(self._on_event, Event(EventKind.FALLBACK, model, loaded.bundle.version,
+                                           f"shadow candidate runs on a thread: {reason}"))
 
     def _idle(self) -> bool:
         """True when no active prediction is running (the shadow worker's turn)."""

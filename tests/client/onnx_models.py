@@ -6,9 +6,14 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from client_sdk.install import Bundle, BundleStore, Member
 
 
 def scaled_model(
@@ -50,3 +55,14 @@ def check_whole(outputs: dict[str, np.ndarray], x: np.ndarray) -> float:
     k = float(outputs["tag"][0])
     np.testing.assert_allclose(outputs["y"], x * np.float32(k), rtol=0, atol=0)
     return k
+
+
+def stage_onnx(data_dir: Path, version: str, data: bytes, model: str = "clf") -> Bundle:
+    """``data`` staged in ``data_dir`` as a one-member ONNX bundle of ``model`` (a test's
+    shortcut past the updater)."""
+    src = data_dir / f"src-{version}"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_bytes(data)
+    member = Member("primary", "onnx", "linux", "", "primary.onnx",
+                    hashlib.sha256(data).hexdigest(), len(data))
+    return BundleStore(data_dir).stage(model, version, [(member, src)])

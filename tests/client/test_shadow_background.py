@@ -5,12 +5,10 @@ figures of the metrics' plain formulas."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,10 +17,10 @@ import pytest
 from client_sdk import ModelRuntime
 from client_sdk.backends import Backend, open_backend
 from client_sdk.background import IDLE, BackgroundRunner
-from client_sdk.install import Bundle, BundleStore, Member
+from client_sdk.install import Bundle, Member
 from client_sdk.runtime import CANDIDATE
 from client_sdk.shadow import SNR_IDENTICAL_DB, ShadowStore, compare
-from tests.client.onnx_models import scaled_model
+from tests.client.onnx_models import scaled_model, stage_onnx
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE")
 
@@ -58,13 +56,7 @@ def test_runner_reraises_what_the_call_raised_on_the_callers_thread():
         runner.close()
 
 
-def _stage(data_dir: Path, version: str, data: bytes) -> Bundle:
-    src = data_dir / f"src-{version}"
-    src.parent.mkdir(parents=True, exist_ok=True)
-    src.write_bytes(data)
-    member = Member("primary", "onnx", "linux", "", "primary.onnx",
-                    hashlib.sha256(data).hexdigest(), len(data))
-    return BundleStore(data_dir).stage("clf", version, [(member, src)])
+_stage = stage_onnx
 
 
 @linux_only

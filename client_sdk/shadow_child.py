@@ -1,0 +1,324 @@
+"""The shadow process: runs candidate models and compares them, outside the app's process.
+
+``client_sdk.shadow_process.ShadowProcess`` starts it (a new interpreter calling ``main`` with
+``<socket fd> <data dir> <persist every> <lower priority>``). Samples reach it without a
+system call on the app's side: the app's thread copies each one (input, active outputs, a
+header of int64s) into the next slot of a shared-memory ring and counts it in the shared
+counters page (``WRITTEN``); this process polls that count (every ``POLL_S``, slower after a
+while with nothing) and says in the same page how many samples it finished (``DONE``, which
+frees their slots) and what it is running (``RUNNING``/``LOADING``: what was in flight if it
+dies). Everything else goes over one ``AF_UNIX``/``SOCK_SEQPACKET`` socket, as pickled tuples
+(both ends are this package's own code): a sample's layout (model, shape variant, array names,
+dtypes, shapes, offsets: ``LAYOUT``, sent once per layout), a new ring (``RING``, its file
+descriptor passed with ``SCM_RIGHTS``), candidates to ``ATTACH``/``DETACH``, ``FLUSH`` and
+``STOP``. Each carries the number of samples written before it was sent: those are
+processed first, so a message and the samples around it are handled in the order the app
+made them.
+
+This process owns the candidates' ``ShadowStats`` while it runs: it loads them from the
+``ShadowStore`` when a candidate is attached, aggregates every sample, persists them every
+``persist every`` samples, on a decided verdict (then tells the parent, ``DECIDED``), on
+``DETACH``, ``FLUSH`` and ``STOP`` (answered by ``ACK`` once done) and when the parent goes
+away (end of file on the socket). It lowers its own CPU priority first (``SCHED_IDLE``, else
+nice 19: the whole process is ours), so it runs only on cores the app leaves idle; holding its
+own GIL, its comparisons never make the app's thread wait.
+"""
+
+from __future__ import annotations
+
+import array
+import mmap
+import os
+import pickle
+import select
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from client_sdk.runtime import LoadedModel
+    from client_sdk.shadow import ShadowStats
+
+# Parent → child: (kind, samples written before it, ...).
+ATTACH = "attach"      # (ATTACH, tag, model, bundle, number): load it, resume its stats
+DETACH = "detach"      # (DETACH, tag, seq, model, dropped): persist and forget; ACK seq
+LAYOUT = "layout"      # (LAYOUT, tag, id, model, shape_variant, [Spec]): how samples lie
+RING = "ring"          # (RING, tag, slot size) + its fd: samples from tag on are in this one
+COUNTERS = "counters"  # (COUNTERS, 0) + the counters page's fd: the first message
+FLUSH = "flush"        # (FLUSH, tag, seq, {model: dropped}): persist everything; ACK seq
+STOP = "stop"          # (STOP, tag, seq, {model: dropped}): persist everything, ACK, exit
+# Child → parent.
+READY = "ready"        # (READY, priority): started, priority lowered
+DECIDED = "decided"    # (DECIDED, model, sha256): the verdict is decided and persisted
+ACK = "ack"            # (ACK, seq)
+
+# The counters page, int64 slots.
+WRITTEN = 0    # samples written into the ring (the parent)
+DONE = 1       # samples finished (compared, skipped or failed), their slots free again
+RUNNING = 2    # 1 + the seq of the sample being run, 0 when none
+LOADING = 3    # the number of the ATTACH being loaded, 0 when none
+COUNTERS_BYTES = 4096
+# A ring slot: a header of int64s, then the arrays at their layout's offsets.
+SEQ, LAYOUT_ID, ACTIVE_US, NOW, DROPPED = range(5)
+HEADER_BYTES = 64
+MAX_MESSAGE = 1 << 20
+POLL_S = 0.001
+SLOW_POLL_S = 0.02   # after IDLE_AFTER_S without a sample
+IDLE_AFTER_S = 1.0
+
+# One array of a sample: (is an output, name, dtype.str, shape, offset in the slot, nbytes).
+Spec = tuple[bool, str, str, tuple[int, ...], int, int]
+
+
+def send(sock: socket.socket, *msg: Any) -> None:
+    sock.send(pickle.dumps(msg))
+
+
+# socket.send_fds and socket.recv_fds ignore their ``flags`` (CPython 3.11): sendmsg/recvmsg.
+def send_with_fds(sock: socket.socket, data: bytes, fds: list[int], flags: int) -> None:
+    sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
+                 flags)
+
+
+def recv_with_fds(sock: socket.socket, flags: int) -> tuple[bytes, list[int]]:
+    fds = array.array("i")
+    data, ancillary, _, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_LEN(fds.itemsize), flags)
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
+
+
+def lower_process_priority() -> str:
+    """This whole process (it is ours alone) at ``SCHED_IDLE``, else nice 19."""
+    from client_sdk.background import IDLE, NICE, NORMAL
+
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return IDLE
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.nice(19)
+        return NICE
+    except OSError:
+        return NORMAL
+
+
+def _open_compiled(bundle: Any, member: Any) -> Any:
+    """``open_backend`` that never compiles: the app's process did, and the updater may be
+    removing the bundle right now (compiling would create its directory again)."""
+    from client_sdk.backends import open_backend
+
+    return open_backend(bundle, member, compile_missing=False)
+
+
+@dataclass
+class _Candidate:
+    loaded: LoadedModel
+    stats: ShadowStats
+
+
+class Child:
+    """The loop (see the module docstring)."""
+
+    def __init__(self, sock: socket.socket, data_dir: Path, persist_every: int) -> None:
+        from client_sdk.shadow import ShadowStore
+
+        self.sock = sock
+        self.store = ShadowStore(data_dir)
+        self.persist_every = max(persist_every, 1)
+        self.candidates: dict[str, _Candidate] = {}
+        self.layouts: dict[int, tuple[str, str | None, list[Spec]]] = {}
+        self.counters: memoryview | None = None
+        self.ring: mmap.mmap | None = None
+        self.ring_q: memoryview | None = None
+        self.slot_size = 0
+        self.slots = 1
+        self.next = 0  # the seq of the next sample to process
+
+    def serve(self) -> None:
+        last_sample = time.monotonic()
+        while True:
+            # The count first: every message sent before those samples were written is in
+            # the socket by now.
+            written = int(self.counters[WRITTEN]) if self.counters is not None else 0
+            messages, gone = self._drain()
+            for msg, fds in messages:
+                self.process_until(msg[1])
+                if not self.handle(msg, fds):
+                    return
+            if self.next < written:
+                self.process_until(written)
+                last_sample = time.monotonic()
+            if gone:  # the parent is gone: keep what was measured
+                self.persist_all()
+                return
+            if not messages:
+                idle = time.monotonic() - last_sample > IDLE_AFTER_S
+                select.select([self.sock], [], [], SLOW_POLL_S if idle else POLL_S)
+
+    def _drain(self) -> tuple[list[tuple[tuple[Any, ...], list[int]]], bool]:
+        out: list[tuple[tuple[Any, ...], list[int]]] = []
+        while True:
+            try:
+                data, fds = recv_with_fds(self.sock, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return out, False
+            except OSError:
+                return out, True
+            if not data:
+                return out, True
+            out.append((pickle.loads(data), fds))  # noqa: S301 - our parent, a socketpair
+
+    def handle(self, msg: tuple[Any, ...], fds: list[int]) -> bool:
+        kind = msg[0]
+        if kind == LAYOUT:
+            _, _, layout_id, model, shape_variant, specs = msg
+            self.layouts[layout_id] = (model, shape_variant, specs)
+        elif kind == ATTACH:
+            self.attach(*msg[2:])
+        elif kind == RING:
+            if self.ring_q is not None:
+                self.ring_q.release()
+            if self.ring is not None:
+                self.ring.close()
+            self.ring = mmap.mmap(fds[0], 0)
+            os.close(fds[0])
+            self.slot_size = msg[2]
+            self.slots = max(len(self.ring) // self.slot_size, 1)
+            self.ring_q = memoryview(self.ring).cast("q")
+        elif kind == COUNTERS:
+            self.counters = memoryview(mmap.mmap(fds[0], COUNTERS_BYTES)).cast("q")
+            os.close(fds[0])
+        elif kind in (FLUSH, STOP):
+            for model, n in msg[3].items():
+                self.add_dropped(model, n)
+            self.persist_all()
+            send(self.sock, ACK, msg[2])
+            return bool(kind == FLUSH)
+        elif kind == DETACH:
+            _, _, seq, model, dropped = msg
+            self.add_dropped(model, dropped)
+            c = self.candidates.pop(model, None)
+            if c is not None:
+                self.store.save(c.stats)
+            send(self.sock, ACK, seq)
+        return True
+
+    def _set(self, slot: int, value: int) -> None:
+        if self.counters is not None:
+            self.counters[slot] = value
+
+    def attach(self, model: str, bundle: Any, number: int) -> None:
+        from client_sdk.runtime import prepare_bundle
+        from client_sdk.shadow import PENDING, ShadowStats
+
+        b = bundle
+        stats = self.store.load(b.sha256) or ShadowStats(b.sha256, b.model, b.version)
+        self.candidates.pop(model, None)
+        if stats.verdict != PENDING:
+            return
+        self._set(LOADING, number)
+        try:
+            loaded = prepare_bundle(b, _open_compiled, threshold=3, on_event=None)
+        except Exception as e:
+            if not all(b.member_path(m).is_file() for m in b.members):
+                return  # the updater removed the bundle meanwhile: nothing to judge
+            stats.fail(f"candidate does not load in the shadow process: {e}")
+            self.decided(model, stats)
+            return
+        finally:
+            self._set(LOADING, 0)
+        self.candidates[model] = _Candidate(loaded, stats)
+
+    def add_dropped(self, model: str, n: int) -> None:
+        # Drops of a candidate no longer here (decided, or it did not load) change nothing.
+        c = self.candidates.get(model)
+        if c is not None:
+            c.stats.dropped += n
+
+    def process_until(self, seq: int) -> None:
+        while self.next < seq:
+            try:
+                self.sample(self.next)
+            finally:
+                self.next += 1
+                # The slot is free from here on (the arrays read were views of it).
+                self._set(DONE, self.next)
+
+    def sample(self, seq: int) -> None:
+        from client_sdk.errors import ModelNotLoadedError
+        from client_sdk.shadow import PENDING, compare
+
+        if self.ring is None or self.ring_q is None:
+            return
+        base = (seq % self.slots) * self.slot_size
+        h = base // 8
+        seq_seen, layout_id, active_us, now, dropped = (
+            int(self.ring_q[h + i]) for i in (SEQ, LAYOUT_ID, ACTIVE_US, NOW, DROPPED))
+        layout = self.layouts.get(layout_id)
+        if layout is None:
+            return
+        model, shape_variant, specs = layout
+        if seq_seen != seq:  # not the sample the count says (never expected): count it
+            self.add_dropped(model, 1)
+            return
+        self.add_dropped(model, dropped)
+        c = self.candidates.get(model)
+        if c is None or c.stats.verdict != PENDING:
+            return
+        arrays: tuple[dict[str, np.ndarray[Any, Any]], dict[str, np.ndarray[Any, Any]]] = ({}, {})
+        for is_output, name, dtype, shape, offset, nbytes in specs:
+            dt = np.dtype(dtype)
+            a = np.frombuffer(self.ring, dtype=dt, count=nbytes // max(dt.itemsize, 1),
+                              offset=base + offset)
+            arrays[is_output][name] = a.reshape(shape)
+        inputs, outputs = arrays
+        self._set(RUNNING, seq + 1)
+        t0 = time.perf_counter_ns()
+        try:
+            got = c.loaded.run(inputs, shape_variant).outputs
+        except ModelNotLoadedError:
+            return  # the candidate lacks that input-shape variant: not comparable
+        except Exception as e:
+            c.stats.fail(f"candidate raised {type(e).__name__}: {e}")
+            self.decided(model, c.stats)
+            return
+        finally:
+            self._set(RUNNING, 0)
+        cand_us = (time.perf_counter_ns() - t0) // 1000
+        c.stats.add(compare(outputs, got, active_us, cand_us), now)
+        if c.stats.decide(now) != PENDING:
+            self.decided(model, c.stats)
+        elif c.stats.samples % self.persist_every == 0:
+            self.store.save(c.stats)
+
+    def decided(self, model: str, stats: ShadowStats) -> None:
+        self.store.save(stats)
+        self.candidates.pop(model, None)
+        send(self.sock, DECIDED, model, stats.sha256)
+
+    def persist_all(self) -> None:
+        for c in self.candidates.values():
+            self.store.save(c.stats)
+
+
+def main(argv: list[str]) -> None:
+    fd, data_dir, persist_every, lower = int(argv[0]), Path(argv[1]), int(argv[2]), argv[3]
+    sock = socket.socket(fileno=fd)
+    # Before anything starts a thread (onnxruntime), so every thread of ours inherits it.
+    priority = lower_process_priority() if lower == "1" else "normal"
+    import onnxruntime  # noqa: F401 - loaded before READY, so the first sample runs at once
+
+    send(sock, READY, priority)
+    Child(sock, data_dir, persist_every).serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,571 @@
+"""``ShadowProcess``: the shadow worker's interface, with the candidates run in a child process.
+
+A shadow worker thread shares the app's GIL: every microsecond it holds it (comparing,
+aggregating, waking up, writing the statistics) while the app's thread wants it lands on the
+app's predict latency. Here the candidates run, are compared and their statistics aggregated
+and persisted in one child process of their own (``client_sdk.shadow_child``, at
+``SCHED_IDLE``), which has its own GIL. What stays in the app's process:
+
+- ``offer`` (the app's thread, after its prediction): copy the input and the active outputs
+  into the next slot of a shared-memory ring, with a header, and count it in the shared
+  counters page — no system call, no wake-up (the child polls), never a wait; a layout not
+  seen before (model, shape variant, array names, dtypes, shapes) is sent once over the
+  socket first. The ring has ``queue_size`` slots and the child counts the samples it
+  finished in that page, so a full ring (the child is behind) drops the sample and counts
+  it, like the thread's full queue;
+- one reader thread, blocked in ``recv`` (GIL released) until the child says something —
+  rarely: a decided verdict (``on_decided``, as the thread worker does), or the answer to a
+  ``flush``/``detach``/``close``, which wait for it (the statistics are on disk when they
+  return), or the end of the socket: the child died.
+
+When the child dies, the samples it had not finished are counted as dropped and a new one is
+started (after a short pause when it keeps dying), with the candidates attached again from
+their persisted statistics (at most ``persist_every`` samples are lost, as with an app
+crash). A candidate the child was running or loading when it died twice fails: "the
+candidate crashed the shadow process" — with a thread worker it would have crashed the app.
+When the child cannot start at all (it exits before saying it is ready: no usable Python
+executable, say), ``on_unavailable`` is called once and the runtime goes back to the thread
+worker.
+
+Costs: the child is one more Python process with onnxruntime (tens of MB) and its own copy of
+each candidate model (the runtime keeps the one it loaded, to promote it without a reload).
+Linux only (``SOCK_SEQPACKET``, ``SCHED_IDLE``); samples must be numeric arrays (an input or
+output of dtype object is dropped and counted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import pickle
+import platform
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from client_sdk.background import NORMAL
+from client_sdk.clock import Clock
+from client_sdk.shadow import PENDING, ShadowStats, ShadowStore
+from client_sdk.shadow_child import (
+    ACK,
+    ACTIVE_US,
+    ATTACH,
+    COUNTERS,
+    COUNTERS_BYTES,
+    DECIDED,
+    DETACH,
+    DONE,
+    DROPPED,
+    FLUSH,
+    HEADER_BYTES,
+    LAYOUT,
+    LAYOUT_ID,
+    LOADING,
+    MAX_MESSAGE,
+    NOW,
+    READY,
+    RING,
+    RUNNING,
+    SEQ,
+    STOP,
+    WRITTEN,
+    Spec,
+    send_with_fds,
+)
+from client_sdk.shadow_worker import Decided, Session
+
+if TYPE_CHECKING:
+    from client_sdk.runtime import LoadedModel
+
+# A candidate running (or loading) when the child died this many times has failed.
+MAX_CRASHES = 2
+_SLOT_ALIGN = 4096
+_SEND_DEADLINE_S = 10.0
+
+
+def supported() -> bool:
+    """Whether this platform and interpreter can run the shadow process."""
+    return (sys.platform.startswith("linux") and hasattr(socket, "SOCK_SEQPACKET")
+            and hasattr(os, "memfd_create") and bool(sys.executable)
+            and os.access(sys.executable, os.X_OK))
+
+
+def child_command(fd: int, data_dir: Path, persist_every: int, lower: bool) -> list[str]:
+    """How the child is started (a seam for the tests of a child that cannot start): the
+    app's interpreter, importing this package from where the app's process found it (its
+    ``sys.path``). Not ``-m client_sdk.shadow_child``: the package imports that module."""
+    code = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+            "from client_sdk.shadow_child import main; main(sys.argv[2:])")
+    return [sys.executable, "-c", code, json.dumps([p for p in sys.path if p]), str(fd),
+            str(data_dir), str(persist_every), "1" if lower else "0"]
+
+
+_FENCE = threading.Lock()
+# x86 keeps stores in program order (TSO): the child never sees the count before the bytes.
+_WEAK_ORDERING = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+def _fence() -> None:
+    """A memory barrier on CPUs that reorder stores (ARM): a lock's acquire and release."""
+    with _FENCE:
+        pass
+
+
+def _shared_fd(size: int) -> int:
+    """A file descriptor of ``size`` bytes of anonymous memory to share with the child
+    (``memfd_create``: samples never touch a file system)."""
+    fd = os.memfd_create("modelfleet-shadow", os.MFD_CLOEXEC)
+    os.ftruncate(fd, size)
+    return fd
+
+
+Array = np.ndarray[Any, Any]
+
+
+class _Layout:
+    """How one kind of sample (a model, a shape variant, its arrays' names, dtypes and shapes)
+    lies in the ring, with views of each array in every slot: ``fill`` copies a sample with
+    one ``memcpy`` per array (a numpy assignment when the array is not C-contiguous)."""
+
+    def __init__(self, layout_id: int, shape_variant: str | None, ring: mmap.mmap,
+                 slot_size: int, slots: int, specs: list[Spec]) -> None:
+        self.id = layout_id
+        self.shape_variant = shape_variant
+        self.n_outputs = sum(1 for spec in specs if spec[0])
+        self.n_inputs = len(specs) - self.n_outputs
+        whole = memoryview(ring)
+        self.arrays = [
+            (is_output, name, np.dtype(dtype), shape,
+             [whole[i * slot_size + offset:i * slot_size + offset + nbytes]
+              for i in range(slots)],
+             [np.ndarray(shape, np.dtype(dtype), buffer=ring, offset=i * slot_size + offset)
+              for i in range(slots)])
+            for is_output, name, dtype, shape, offset, nbytes in specs]
+
+    def fill(self, slot: int, inputs: Mapping[str, Array], outputs: Mapping[str, Array]
+             ) -> bool:
+        """Copy the sample into ``slot``; False (nothing published) when it is not of this
+        layout."""
+        if len(inputs) != self.n_inputs or len(outputs) != self.n_outputs:
+            return False
+        for is_output, name, dtype, shape, raw, views in self.arrays:
+            a = (outputs if is_output else inputs).get(name)
+            if a is None or a.shape != shape or (a.dtype is not dtype and a.dtype != dtype):
+                return False
+            try:
+                raw[slot][:] = a.data.cast("B")
+            except (TypeError, ValueError):  # not C-contiguous, or empty
+                views[slot][...] = a
+        return True
+
+
+class _Link:
+    """One child process: its socket, the shared pages, and what was sent to it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket,
+                 counters: mmap.mmap, slots: int) -> None:
+        self.proc, self.sock = proc, sock
+        self._counters_mm = counters
+        self.counters = memoryview(counters).cast("q")
+        self.slots = slots
+        self.ring: mmap.mmap | None = None
+        self.headers: list[memoryview] = []    # each slot's header (int64s)
+        self.slot_size = 0
+        self.written = 0                       # samples written (under the offer lock)
+        self.slot_models = [""] * slots        # the model of the sample in each ring slot
+        self.layouts: list[_Layout] = []
+        self.last: dict[str, _Layout] = {}     # by model: the layout of its last sample
+        self.attached = [""]                   # ATTACH number → model
+        self.acked = 0
+        self.ready = threading.Event()
+        self.priority = NORMAL
+        self.alive = True
+        self.stopping = False
+        self.reader: threading.Thread | None = None
+
+    def done(self) -> int:
+        return int(self.counters[DONE])
+
+    def send_now(self, msg: tuple[Any, ...], fds: list[int] | None = None) -> None:
+        """Send without waiting (the app's thread); ``OSError`` when it cannot."""
+        data = pickle.dumps(msg)
+        if fds:
+            send_with_fds(self.sock, data, fds, socket.MSG_DONTWAIT)
+        else:
+            self.sock.send(data, socket.MSG_DONTWAIT)
+
+    def new_ring(self, slot_size: int) -> None:
+        """A ring of ``slot_size``-byte slots; samples from now on go there (the child
+        finishes the ones in the old ring first). The layouts are made again on it."""
+        fd = _shared_fd(slot_size * self.slots)
+        try:
+            ring = mmap.mmap(fd, slot_size * self.slots)
+            self.send_now((RING, self.written, slot_size), [fd])
+        finally:
+            os.close(fd)
+        self.ring, self.slot_size = ring, slot_size
+        whole = memoryview(ring)
+        self.headers = [whole[i * slot_size:i * slot_size + HEADER_BYTES].cast("q")
+                        for i in range(self.slots)]
+        self.layouts, self.last = [], {}
+
+    def layout(self, model: str, shape_variant: str | None, inputs: Mapping[str, Array],
+               outputs: Mapping[str, Array]) -> _Layout | None:
+        """A new layout for this sample, told to the child (with a bigger ring first when
+        its slots are too small); None when an array is not numeric."""
+        arrays = [(False, k, np.asarray(v)) for k, v in inputs.items()]
+        arrays += [(True, k, np.asarray(v)) for k, v in outputs.items()]
+        if any(a.dtype.hasobject for _, _, a in arrays):
+            return None
+        specs: list[Spec] = []
+        offset = HEADER_BYTES
+        for is_output, name, a in arrays:
+            specs.append((is_output, name, a.dtype.str, a.shape, offset, a.nbytes))
+            offset += -(-a.nbytes // 8) * 8
+        if self.ring is None or offset > self.slot_size:
+            self.new_ring(-(-offset // _SLOT_ALIGN) * _SLOT_ALIGN)
+        assert self.ring is not None
+        layout = _Layout(len(self.layouts) + 1, shape_variant, self.ring, self.slot_size,
+                         self.slots, specs)
+        self.send_now((LAYOUT, self.written, layout.id, model, shape_variant, specs))
+        self.layouts.append(layout)
+        return layout
+
+    def fill(self, slot: int, model: str, shape_variant: str | None,
+             inputs: Mapping[str, Array], outputs: Mapping[str, Array]) -> _Layout | None:
+        """Copy a sample whose layout is not its model's last one: a known one, else a new
+        one (None: not numeric)."""
+        layout = next((lay for lay in self.layouts if lay.shape_variant == shape_variant
+                       and lay.fill(slot, inputs, outputs)), None)
+        if layout is None:
+            layout = self.layout(model, shape_variant, inputs, outputs)
+            if layout is None or not layout.fill(slot, inputs, outputs):
+                return None
+        self.last[model] = layout
+        return layout
+
+
+class ShadowProcess:
+    """``ShadowWorker``'s interface over a child process (see the module docstring)."""
+
+    def __init__(self, store: ShadowStore, clock: Clock, *, queue_size: int,
+                 persist_every: int, on_decided: Decided, background: bool = True,
+                 on_unavailable: Callable[[str], None] | None = None) -> None:
+        self.store = store
+        self._clock = clock
+        self._size = max(queue_size, 1)
+        self._persist_every = max(persist_every, 1)
+        self._background = background
+        self._on_decided = on_decided
+        self._on_unavailable = on_unavailable
+        self._sessions: dict[str, Session] = {}
+        self._crashes: dict[str, int] = {}     # by candidate sha256
+        self._lock = threading.Lock()          # offers, drop counts, the link
+        self._acks = threading.Condition()
+        self._seq = 0
+        self._link: _Link | None = None
+        self._deaths = 0                       # in a row, without a sample finished
+        self._closing = False                  # close() runs: no new child
+        self._priority = NORMAL
+        self.unavailable: str | None = None    # why the child could not start
+
+    # -- sessions --------------------------------------------------------------------------
+
+    def attach(self, loaded: LoadedModel) -> Session | None:
+        """Start (or resume, from the persisted stats) comparing ``loaded`` as its model's
+        candidate; None when that artifact already has a verdict."""
+        b = loaded.bundle
+        self.detach(b.model)  # first: the child persists what it holds of it
+        stats = self.store.load(b.sha256) or ShadowStats(b.sha256, b.model, b.version)
+        if stats.verdict != PENDING:
+            return None
+        session = Session(loaded, stats)
+        self._closing = False
+        link = self._ensure_link()
+        if link is not None:  # before the app can offer a sample of it
+            self._send_attach(link, b.model, session)
+        self._sessions[b.model] = session
+        return session
+
+    def detach(self, model: str) -> None:
+        old = self._sessions.pop(model, None)
+        if old is None:
+            return
+        old.detached = True
+        with self._lock:
+            dropped, old.dropped = old.dropped, 0
+        if not self._request(DETACH, model, dropped):
+            self._persist_here(old, dropped)
+
+    def session(self, model: str) -> Session | None:
+        return self._sessions.get(model)
+
+    @property
+    def priority(self) -> str:
+        """The priority the child runs (or last ran) at, once one started."""
+        return self._priority
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id, while one runs."""
+        link = self._link
+        return link.proc.pid if link is not None and link.alive else None
+
+    @property
+    def busy(self) -> bool:
+        """True while the child is running (or loading) a candidate."""
+        link = self._link
+        return link is not None and bool(link.counters[RUNNING] or link.counters[LOADING])
+
+    def wants(self, model: str) -> bool:
+        s = self._sessions.get(model)
+        return s is not None and s.stats.verdict == PENDING
+
+    # -- the app's side --------------------------------------------------------------------
+
+    def offer(self, model: str, inputs: Mapping[str, Array], outputs: Mapping[str, Array],
+              active_us: int, shape_variant: str | None) -> bool:
+        """Copy one sample into the ring, never blocking and with no system call (but the
+        first time a layout is seen); False when dropped (no child running, the ring full,
+        an array that is not numeric). As few steps as can be: it runs on the app's thread,
+        where each one costs (measured ~1 µs apiece right after a prediction)."""
+        s = self._sessions.get(model)
+        if s is None or s.stats.verdict != PENDING:
+            return False
+        with self._lock:
+            link = self._link
+            if link is None or link.written - link.counters[DONE] >= self._size:
+                s.dropped += 1
+                return False
+            seq = link.written
+            slot = seq % self._size
+            layout = link.last.get(model)
+            if (layout is None or layout.shape_variant != shape_variant
+                    or not layout.fill(slot, inputs, outputs)):
+                try:
+                    layout = link.fill(slot, model, shape_variant, inputs, outputs)
+                except OSError:  # the child is gone or stuck: the reader thread sees to it
+                    layout = None
+                if layout is None:
+                    s.dropped += 1
+                    return False
+            h = link.headers[slot]
+            h[SEQ], h[LAYOUT_ID], h[ACTIVE_US] = seq, layout.id, active_us
+            h[NOW], h[DROPPED] = int(self._clock.time()), s.dropped
+            s.dropped = 0
+            link.slot_models[slot] = model
+            if _WEAK_ORDERING:  # the slot's bytes must be visible before the count
+                _fence()
+            link.written = link.counters[WRITTEN] = seq + 1
+        return True
+
+    # -- the child -------------------------------------------------------------------------
+
+    def _ensure_link(self) -> _Link | None:
+        with self._lock:
+            if self._link is None and self.unavailable is None and not self._closing:
+                self._link = self._spawn()
+            return self._link
+
+    def _spawn(self) -> _Link:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            proc = subprocess.Popen(
+                child_command(theirs.fileno(), self.store.dir.parent, self._persist_every,
+                              self._background),
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                start_new_session=True)  # the terminal's Ctrl-C is the app's to handle
+        fd = _shared_fd(COUNTERS_BYTES)
+        try:
+            counters = mmap.mmap(fd, COUNTERS_BYTES)
+            send_with_fds(ours, pickle.dumps((COUNTERS, 0)), [fd], 0)
+        finally:
+            os.close(fd)
+        link = _Link(proc, ours, counters, self._size)
+        link.reader = threading.Thread(target=self._read, args=(link,), daemon=True,
+                                       name="modelfleet-shadow-link")
+        link.reader.start()
+        return link
+
+    def _send_attach(self, link: _Link, model: str, session: Session) -> None:
+        with self._lock:
+            link.attached.append(model)
+            number = len(link.attached) - 1
+        with contextlib.suppress(OSError):  # a dead child is seen to by the reader
+            self._send(link, (ATTACH, link.written, model, session.loaded.bundle, number))
+
+    def _send(self, link: _Link, msg: tuple[Any, ...]) -> None:
+        """A control message (small): waits for room in the socket, up to a deadline."""
+        data = pickle.dumps(msg)
+        end = time.monotonic() + _SEND_DEADLINE_S
+        while True:
+            try:
+                link.sock.send(data, socket.MSG_DONTWAIT)
+                return
+            except BlockingIOError:
+                if time.monotonic() > end or not link.alive:
+                    raise
+                time.sleep(0.001)
+
+    def _request(self, kind: str, *args: Any) -> bool:
+        """Send ``kind`` and wait for the child's ACK; False when there is no child (or it
+        died before answering)."""
+        link = self._link
+        if link is None or not link.alive:
+            return False
+        with self._acks:
+            self._seq += 1
+            seq = self._seq
+        try:
+            self._send(link, (kind, link.written, seq, *args))
+        except OSError:
+            return False
+        with self._acks:
+            while link.alive and link.acked < seq:
+                self._acks.wait(1.0)
+            return link.acked >= seq
+
+    def _read(self, link: _Link) -> None:
+        """The reader thread: the child's messages, then its death."""
+        while True:
+            try:
+                data = link.sock.recv(MAX_MESSAGE)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            msg = pickle.loads(data)  # noqa: S301 - our own child process, over a socketpair
+            if msg[0] == READY:
+                link.priority = self._priority = msg[1]
+                link.ready.set()
+            elif msg[0] == DECIDED:
+                self._child_decided(msg[1], msg[2])
+            elif msg[0] == ACK:
+                with self._acks:
+                    link.acked = max(link.acked, msg[1])
+                    self._acks.notify_all()
+        self._lost(link)
+
+    def _child_decided(self, model: str, sha256: str) -> None:
+        s = self._sessions.get(model)
+        if s is None or s.loaded.bundle.sha256 != sha256:
+            return
+        s.stats = self.store.load(sha256) or s.stats
+        self._on_decided(model, s)
+
+    def _lost(self, link: _Link) -> None:
+        """The child is gone: count what it had not finished, then start another one (or
+        fail the candidate that keeps killing it, or give up on the process)."""
+        link.alive = False
+        try:
+            code = link.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            link.proc.kill()
+            code = link.proc.wait()
+        with self._acks:
+            self._acks.notify_all()
+        with self._lock:
+            if self._link is link:
+                self._link = None
+            done, running, loading = (link.done(), int(link.counters[RUNNING]),
+                                      int(link.counters[LOADING]))
+            for seq in range(done, link.written):
+                s = self._sessions.get(link.slot_models[seq % self._size])
+                if s is not None:
+                    s.dropped += 1
+            culprit = (link.slot_models[(running - 1) % self._size] if running
+                       else link.attached[loading] if loading else None)
+        link.sock.close()
+        if link.stopping:
+            return
+        if not link.ready.is_set():
+            self._give_up(f"the shadow process exited ({code}) before it started")
+            return
+        self._deaths = self._deaths + 1 if done == 0 else 1
+        s = self._sessions.get(culprit) if culprit else None
+        if s is not None:
+            sha = s.loaded.bundle.sha256
+            self._crashes[sha] = self._crashes.get(sha, 0) + 1
+            if self._crashes[sha] >= MAX_CRASHES:
+                self._fail_here(s, f"the candidate crashed the shadow process "
+                                f"{self._crashes[sha]} times (last exit status {code})")
+        time.sleep(min(0.05 * 2 ** self._deaths, 10.0))
+        link = self._ensure_link()  # type: ignore[assignment]  # None: given up meanwhile
+        if link is not None:
+            for model, session in list(self._sessions.items()):
+                if session.stats.verdict == PENDING:
+                    self._send_attach(link, model, session)
+
+    def _give_up(self, reason: str) -> None:
+        self.unavailable = reason
+        for s in list(self._sessions.values()):
+            with self._lock:
+                dropped, s.dropped = s.dropped, 0
+            self._persist_here(s, dropped)
+        if self._on_unavailable is not None:
+            self._on_unavailable(reason)
+
+    def _persist_here(self, s: Session, dropped: int) -> None:
+        """Write ``s``'s drops from this process (no child holds its statistics)."""
+        if not dropped:
+            return
+        stats = self.store.load(s.loaded.bundle.sha256) or s.stats
+        stats.dropped += dropped
+        self.store.save(stats)
+        s.stats = stats
+
+    def _fail_here(self, s: Session, reason: str) -> None:
+        with self._lock:
+            dropped, s.dropped = s.dropped, 0
+        stats = self.store.load(s.loaded.bundle.sha256) or s.stats
+        stats.dropped += dropped
+        stats.fail(reason)
+        self.store.save(stats)
+        s.stats = stats
+        self._on_decided(stats.model, s)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _take_drops(self) -> dict[str, int]:
+        with self._lock:
+            drops = {m: s.dropped for m, s in self._sessions.items() if s.dropped}
+            for m in drops:
+                self._sessions[m].dropped = 0
+        return drops
+
+    def _after(self, drops: dict[str, int], answered: bool) -> None:
+        for model, s in list(self._sessions.items()):
+            if not answered:
+                self._persist_here(s, drops.get(model, 0))
+            s.stats = self.store.load(s.loaded.bundle.sha256) or s.stats
+
+    def flush(self) -> None:
+        """Wait until the child processed every sample sent, then until it persisted every
+        session (the statistics on disk are current when this returns)."""
+        drops = self._take_drops()
+        self._after(drops, self._request(FLUSH, drops))
+
+    def close(self) -> None:
+        """Drain, persist and stop the child."""
+        self._closing = True
+        link = self._link
+        drops = self._take_drops()
+        if link is not None:
+            link.stopping = True
+        answered = self._request(STOP, drops)
+        if link is not None:
+            if link.reader is not None:
+                link.reader.join()
+            with self._lock:
+                if self._link is link:
+                    self._link = None
+        self._after(drops, answered)
