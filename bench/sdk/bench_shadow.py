@@ -1,18 +1,27 @@
 """Shadow-mode overhead on the app's predict latency (goal: p99 within 5% of no shadow).
 
 One app thread calls ``ModelRuntime.predict`` at a steady rate on an MLP (onnxruntime CPU);
-rounds alternate between *baseline* (no candidate), *shadow at normal priority* (a candidate
-attached, its worker thread left at the app's priority: the SDK before issue 12's fix) and
-*shadow in the background* (the SDK's default: the worker lowers its priority, see
-``client_sdk.shadow_worker``), all in the same run so they see the same machine load. Each
-offered input is run by the worker thread on the candidate and compared. Prints per mode the
-median over rounds of the app's predict p50/p99 and the samples the candidate compared /
-dropped, for each ``--sample-every`` (1 = offer every prediction), then the same for a
-candidate ``--slow-candidate`` times as costly as the active model (every prediction offered:
-the drop policy at work). ``--cpu-hogs N`` adds N busy processes for the run (a loaded device).
+rounds interleave the modes, in a new order each round, all in the same run so they see the
+same machine load:
 
-    python -m bench.sdk.bench_shadow [--rounds 5] [--calls 1000] [--interval-ms 2]
+- *base*: a runtime that never had a candidate; *base′*: another one, the A/A row — the
+  difference between two identical set-ups is the noise floor a real overhead must exceed;
+- *thread*: a candidate attached, run on a worker thread of the app's process
+  (``shadow_isolation="thread"``, ``client_sdk.shadow_worker``; ``SCHED_IDLE`` inference);
+- *process*: the candidate run and compared in the shadow child process
+  (``shadow_isolation="process"``, ``client_sdk.shadow_process``);
+- *normal* (``--modes`` only): the thread worker at the app's priority (before issue 12).
+
+Every offered input is run on the candidate and compared. Each row pools every call of a mode
+over all rounds (rounds × calls latencies) and prints its p50/p99, the p99's change from
+*base* with a 90% interval from resampling the rounds (paired: the same rounds for both), and
+the samples compared / dropped; one table per ``--sample-every`` (1 = offer every prediction),
+then the same for a candidate ``--slow-candidate`` times as costly as the active model.
+``--cpu-hogs N`` adds N busy processes for the run (a loaded device).
+
+    python -m bench.sdk.bench_shadow [--rounds 10] [--calls 1000] [--interval-ms 2]
         [--hidden 512] [--sample-every 1 10] [--slow-candidate 3] [--cpu-hogs 0]
+        [--modes base base2 thread process]
 """
 
 from __future__ import annotations
@@ -22,7 +31,6 @@ import hashlib
 import math
 import multiprocessing
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -31,13 +39,20 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from client_sdk import ModelRuntime
-from client_sdk.background import NORMAL
 from client_sdk.install import Bundle, BundleStore, Member
 from client_sdk.runtime import CANDIDATE, LoadedModel
 from client_sdk.shadow import ShadowStore
 
 IN, OUT = 256, 10
-MODES = ("baseline", "normal", "background")
+# mode → the runtime's shadow settings (None: no candidate ever attached).
+MODES: dict[str, dict[str, object] | None] = {
+    "base": None, "base2": None,
+    "thread": {"shadow_isolation": "thread"},
+    "process": {"shadow_isolation": "process"},
+    "normal": {"shadow_isolation": "thread", "shadow_background": False},
+}
+LABELS = {"base": "base", "base2": "base′ (A/A)", "thread": "thread", "process": "process",
+          "normal": "thread, normal prio"}
 
 
 def mlp(hidden: int, seed: int) -> bytes:
@@ -85,7 +100,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def one_round(rt: ModelRuntime, calls: int, interval: float, xs: list[np.ndarray]
-              ) -> tuple[float, float]:
+              ) -> list[float]:
     lat: list[float] = []
     next_at = time.perf_counter()
     for i in range(calls):
@@ -96,57 +111,71 @@ def one_round(rt: ModelRuntime, calls: int, interval: float, xs: list[np.ndarray
         pause = next_at - time.perf_counter()
         if pause > 0:
             time.sleep(pause)
-    return pct(lat, 50), pct(lat, 99)
+    return lat
 
 
-def runtime(d: Path, hidden: int, cand_hidden: int, sample_every: int, background: bool
-            ) -> tuple[ModelRuntime, LoadedModel, str]:
-    """A runtime in ``d`` with the active MLP swapped in and the candidate loaded (not yet
-    attached); returns it, the candidate and the candidate's sha256."""
+def runtime(d: Path, hidden: int, cand_hidden: int, sample_every: int,
+            settings: dict[str, object]) -> tuple[ModelRuntime, LoadedModel | None, str]:
+    """A runtime in ``d`` with the active MLP swapped in and, when ``settings`` is not None,
+    the candidate loaded (not yet attached); returns it, the candidate and its sha256."""
     d.mkdir()
     active_b = stage(d, "1.0", mlp(hidden, 1))
     cand_b = stage(d, "2.0", mlp(cand_hidden, 2))
     ShadowStore(d).register(cand_b.sha256, "mlp", "2.0", {
         "max_kl_micro": 10**9, "max_latency_p99_us": 10**9, "min_samples": 10**9})
-    rt = ModelRuntime(d, shadow_queue=8, shadow_persist_every=500,
-                      shadow_sample_every=sample_every, shadow_background=background)
+    rt = ModelRuntime(d, shadow_queue=8, shadow_sample_every=sample_every,
+                      **settings)  # type: ignore[arg-type]
     rt.swap(rt.prepare(active_b))
     return rt, rt.prepare(cand_b), cand_b.sha256
 
 
-def run(rounds: int, calls: int, interval_ms: float, hidden: int, sample_every: int = 1,
-        cand_hidden: int | None = None) -> dict[str, dict[str, float | str]]:
+def pooled_p99(rounds: list[list[float]], pick: list[int]) -> float:
+    return pct([x for i in pick for x in rounds[i]], 99)
+
+
+def run(rounds: int, calls: int, interval_ms: float, hidden: int, modes: list[str],
+        sample_every: int = 1, cand_hidden: int | None = None
+        ) -> dict[str, dict[str, float | str]]:
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((1, IN)).astype(np.float32) for _ in range(64)]
     with tempfile.TemporaryDirectory() as tmp:
-        # One runtime per worker priority (it is the worker thread's, set when it starts);
-        # the baseline rounds run on the background one with its candidate cleared.
-        rts = {bg: runtime(Path(tmp) / mode, hidden, cand_hidden or hidden, sample_every, bg)
-               for mode, bg in (("normal", False), ("background", True))}
-        for rt, _, _ in rts.values():
-            for _ in range(200):  # warm-up
+        rts = {m: runtime(Path(tmp) / m, hidden, cand_hidden or hidden, sample_every,
+                          MODES[m] or {}) for m in modes}
+        for m, (rt, cand, _) in rts.items():
+            if cand is not None and MODES[m] is not None:
+                rt.swap(cand, CANDIDATE)  # the warm-up starts the worker or the child
+            for _ in range(200):
                 rt.predict("mlp", {"x": xs[0]})
-        results: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
-        for _ in range(rounds):
-            for mode in MODES:
-                rt, cand, _ = rts[mode != "normal"]
-                if mode == "baseline":
-                    rt.clear("mlp", CANDIDATE)
-                else:
+            rt.clear("mlp", CANDIDATE)
+        lat: dict[str, list[list[float]]] = {m: [] for m in modes}
+        order = list(modes)
+        for r in range(rounds):
+            for m in order[r % len(order):] + order[:r % len(order)]:
+                # Attached for its own rounds only: a thread worker with a candidate polls
+                # its queue, which would weigh on the other modes' rounds.
+                rt, cand, _ = rts[m]
+                if cand is not None and MODES[m] is not None:
                     rt.swap(cand, CANDIDATE)
-                results[mode].append(one_round(rt, calls, interval_ms / 1e3, xs))
-                rt.clear("mlp", CANDIDATE)
-                rt.flush_shadow()
-        out: dict[str, dict[str, float | str]] = {
-            m: {"p50_ms": statistics.median(r[0] for r in rs),
-                "p99_ms": statistics.median(r[1] for r in rs)} for m, rs in results.items()}
-        for mode in MODES[1:]:
-            rt, _, sha = rts[mode != "normal"]
-            stats = ShadowStore(rt.data_dir).load(sha)
-            out[mode]["samples"] = float(stats.samples if stats else 0)
-            out[mode]["dropped"] = float(stats.dropped if stats else 0)
-            out[mode]["priority"] = rt.shadow.priority
+                lat[m].append(one_round(rt, calls, interval_ms / 1e3, xs))
+                rt.clear("mlp", CANDIDATE)  # waits for the candidate to catch up
+        boot = np.random.default_rng(1)
+        picks = [list(boot.integers(0, rounds, rounds)) for _ in range(1000)]
+        base = [pooled_p99(lat["base"], p) for p in picks]
+        out: dict[str, dict[str, float | str]] = {}
+        everything = list(range(rounds))
+        for m in modes:
+            pooled = [x for rr in lat[m] for x in rr]
+            ratios = [pooled_p99(lat[m], p) / b - 1 for p, b in zip(picks, base, strict=True)]
+            out[m] = {"p50_ms": pct(pooled, 50), "p99_ms": pct(pooled, 99),
+                      "delta": pooled_p99(lat[m], everything)
+                      / pooled_p99(lat["base"], everything) - 1,
+                      "lo": pct(ratios, 5), "hi": pct(ratios, 95)}
+        for m, (rt, _, sha) in rts.items():
             rt.close()
+            stats = ShadowStore(rt.data_dir).load(sha) if MODES[m] is not None else None
+            out[m]["samples"] = float(stats.samples if stats else 0)
+            out[m]["dropped"] = float(stats.dropped if stats else 0)
+            out[m]["priority"] = rt.shadow.priority if MODES[m] is not None else ""
     return out
 
 
@@ -161,7 +190,7 @@ def load_average() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--interval-ms", type=float, default=2.0)
     ap.add_argument("--hidden", type=int, default=512)
@@ -169,37 +198,41 @@ def main() -> None:
     ap.add_argument("--slow-candidate", type=float, default=3.0,
                     help="cost of the slow candidate over the active model's (0: no such row)")
     ap.add_argument("--cpu-hogs", type=int, default=0)
+    ap.add_argument("--modes", nargs="+", choices=list(MODES),
+                    default=["base", "base2", "thread", "process"])
     a = ap.parse_args()
+    modes = ["base", *[m for m in a.modes if m != "base"]]
     hogs = [multiprocessing.Process(target=hog, daemon=True) for _ in range(a.cpu_hogs)]
     for h in hogs:
         h.start()
-    print(f"app predict latency, median of {a.rounds} rounds × {a.calls} calls every "
-          f"{a.interval_ms:g} ms (MLP {IN}-{a.hidden}-{a.hidden}-{OUT}); "
+    print(f"app predict latency, {a.rounds} interleaved rounds × {a.calls} calls every "
+          f"{a.interval_ms:g} ms per mode, pooled (MLP {IN}-{a.hidden}-{a.hidden}-{OUT}); "
           f"{a.cpu_hogs} CPU hogs; load average {load_average()} (1/5/15 min), "
           f"{os.cpu_count()} CPUs")
-    print(f"{'sampling':<9} {'candidate':<13} {'worker':<7} {'base p50':>9} {'base p99':>9} "
-          f"{'shadow p50':>11} {'shadow p99':>11} {'p99 Δ':>8} {'compared':>9} {'dropped':>8}")
+    print(f"{'sampling':<9} {'candidate':<10} {'mode':<20} {'prio':<6} {'p50 ms':>7} "
+          f"{'p99 ms':>7} {'p99 Δ':>7} {'90% interval':>16} {'compared':>9} {'dropped':>8}")
     cases = [(n, a.hidden) for n in a.sample_every]
     if a.slow_candidate > 0:
         cases.append((1, hidden_for(a.slow_candidate * mlp_cost(a.hidden))))
     try:
         for n, cand_hidden in cases:
-            r = run(a.rounds, a.calls, a.interval_ms, a.hidden, n, cand_hidden)
-            b = r["baseline"]
+            r = run(a.rounds, a.calls, a.interval_ms, a.hidden, modes, n, cand_hidden)
             size = ("same size" if cand_hidden == a.hidden
                     else f"{mlp_cost(cand_hidden) / mlp_cost(a.hidden):.1f}× cost")
-            for mode in MODES[1:]:
-                s = r[mode]
-                prio = str(s["priority"]) if mode == "background" else NORMAL
-                print(f"{'1/' + str(n):<9} {size:<13} {prio:<7} {b['p50_ms']:>9.3f} "
-                      f"{b['p99_ms']:>9.3f} {s['p50_ms']:>11.3f} {s['p99_ms']:>11.3f} "
-                      f"{100 * (float(s['p99_ms']) / float(b['p99_ms']) - 1):>+7.1f}% "
-                      f"{int(s['samples']):>9} {int(s['dropped']):>8}")
+            for m in modes:
+                s = r[m]
+                delta = "" if m == "base" else f"{100 * float(s['delta']):+.1f}%"
+                ci = ("" if m == "base" else
+                      f"[{100 * float(s['lo']):+.1f}, {100 * float(s['hi']):+.1f}]%")
+                shadow = MODES[m] is not None
+                print(f"{'1/' + str(n):<9} {size:<10} {LABELS[m]:<20} {s['priority']!s:<6} "
+                      f"{s['p50_ms']:>7.3f} {s['p99_ms']:>7.3f} {delta:>7} {ci:>16} "
+                      f"{int(s['samples']) if shadow else '':>9} "
+                      f"{int(s['dropped']) if shadow else '':>8}")
     finally:
         for h in hogs:
             h.terminate()
-    print(f"load average at the end {load_average()}; goal: p99 Δ ≤ +5% (worker 'normal': "
-          "the candidate at the app's priority, the SDK before issue 12)")
+    print(f"load average at the end {load_average()}; goal: p99 Δ ≤ +5%, beyond the A/A row")
 
 
 if __name__ == "__main__":
