@@ -342,7 +342,7 @@ class ModelRuntime:
         why = self.health.ok(model, bid, us)
         if why is not None:
             self._rollback(loaded, why)
-        if self.shadow.wants(model) and self._n_started % self._sample_every == 0:
+        if self._n_started % self._sample_every == 0:  # (offer: no candidate, no work)
             self.shadow.offer(model, inputs, p.outputs, us, shape_variant)
         return p
 

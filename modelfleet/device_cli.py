@@ -271,7 +271,9 @@ def predict(
             inputs = {k: npz[k] for k in npz.files}
     except (OSError, ValueError) as e:
         _fail(EXIT_OTHER, f"cannot read --input {input_file}: {e}")
-    runtime = ModelRuntime(data_dir)
+    # One prediction, then exit: no app latency to protect, and a shadow process would cost
+    # this command its start-up (an interpreter and onnxruntime) for the one sample.
+    runtime = ModelRuntime(data_dir, shadow_isolation="thread")
     try:
         bundle = runtime.store.active(model)
         if bundle is not None and not runtime.store.verify(bundle):
