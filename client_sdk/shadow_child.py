@@ -316,8 +316,11 @@ def main(argv: list[str]) -> None:
     priority = lower_process_priority() if lower == "1" else "normal"
     import onnxruntime  # noqa: F401 - loaded before READY, so the first sample runs at once
 
-    send(sock, READY, priority)
-    Child(sock, data_dir, persist_every).serve()
+    try:
+        send(sock, READY, priority)
+        Child(sock, data_dir, persist_every).serve()
+    except BrokenPipeError:
+        pass  # the app's process went away first: nothing left to answer
 
 
 if __name__ == "__main__":
