@@ -138,20 +138,24 @@ def test_a_candidate_that_keeps_killing_the_child_fails(tmp_path):
     def failed() -> bool:
         return rt.loaded("clf", CANDIDATE) is None
 
-    def running() -> bool:
+    def killed_while_running() -> bool:
+        """Stop the child (its counters hold still), kill it if it is running the candidate
+        (as if the candidate crashed it), else let it go on."""
         rt.predict("clf", {"x": XS[0]})
-        return rt.shadow.busy
-
-    for _ in range(50):  # a kill that lands just after a run counts as no crash: kill again
-        if failed():
-            break
-        _until(lambda: failed() or running(), "the child running the candidate")
         pid = rt.shadow.pid
-        if pid is None or failed():
-            continue
-        os.kill(pid, signal.SIGKILL)  # as if the candidate crashed it
-        _until(lambda: failed() or rt.shadow.pid not in (None, pid), "a new shadow process")
-    assert failed()
+        if pid is None:
+            return False
+        os.kill(pid, signal.SIGSTOP)
+        if rt.shadow.busy and rt.shadow.pid == pid:
+            os.kill(pid, signal.SIGKILL)
+            _until(lambda: failed() or rt.shadow.pid != pid, "the child's death seen")
+            return True
+        os.kill(pid, signal.SIGCONT)
+        return False
+
+    for _ in range(shadow_process.MAX_CRASHES):
+        _until(lambda: failed() or killed_while_running(), "the child running the candidate")
+    _until(failed, "the candidate failed")
     stats = ShadowStore(tmp_path).load(sha)
     assert stats is not None and stats.verdict == FAILED
     assert f"crashed the shadow process {shadow_process.MAX_CRASHES} times" in (stats.reason or "")
