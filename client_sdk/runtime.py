@@ -352,12 +352,14 @@ class ModelRuntime:
     def _shadow_unavailable(self, reason: str) -> None:
         """The shadow process cannot start here: the candidates go to a worker thread."""
         worker = self._shadow_thread()
-        self.shadow = worker
         for (model, slot), loaded in list(self._slots.items()):
             if slot == CANDIDATE:
                 worker.attach(loaded)
                 emit(self._on_event, Event(EventKind.FALLBACK, model, loaded.bundle.version,
                                            f"shadow candidate runs on a thread: {reason}"))
+        # Last: whoever sees the thread worker in charge also sees its candidates attached
+        # and the FALLBACK events sent.
+        self.shadow = worker
 
     def _idle(self) -> bool:
         """True when no active prediction is running (the shadow worker's turn)."""
