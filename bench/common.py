@@ -43,7 +43,6 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / tick
 
 
-
 def postgres_cpu_seconds(dsn: str) -> float:
     """On-CPU time of the local PostgreSQL backends connected to the database of `dsn` (a
     libpq URL), from /proc/<pid>/schedstat (nanoseconds): the database's share of the work

@@ -95,19 +95,12 @@ def recv_with_fds(sock: socket.socket, flags: int) -> tuple[bytes, list[int]]:
 
 
 def lower_process_priority() -> str:
-    """This whole process (it is ours alone) at ``SCHED_IDLE``, else nice 19."""
-    from client_sdk.background import IDLE, NICE, NORMAL
+    """This whole process (it is ours alone) at ``SCHED_IDLE``, else nice 19: the thread
+    call, made on the main thread before any other thread starts (Linux threads inherit
+    their creator's policy and nice value)."""
+    from client_sdk.background import lower_thread_priority
 
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        return IDLE
-    except (AttributeError, OSError):
-        pass
-    try:
-        os.nice(19)
-        return NICE
-    except OSError:
-        return NORMAL
+    return lower_thread_priority()
 
 
 def _open_compiled(bundle: Any, member: Any) -> Any:

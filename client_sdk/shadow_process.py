@@ -301,8 +301,7 @@ class ShadowProcess:
         if old is None:
             return
         old.detached = True
-        with self._lock:
-            dropped, old.dropped = old.dropped, 0
+        dropped = self._take_dropped(old)
         if not self._request(DETACH, model, dropped):
             self._persist_here(old, dropped)
 
@@ -508,30 +507,31 @@ class ShadowProcess:
     def _give_up(self, reason: str) -> None:
         self.unavailable = reason
         for s in list(self._sessions.values()):
-            with self._lock:
-                dropped, s.dropped = s.dropped, 0
-            self._persist_here(s, dropped)
+            self._persist_here(s, self._take_dropped(s))
         if self._on_unavailable is not None:
             self._on_unavailable(reason)
 
-    def _persist_here(self, s: Session, dropped: int) -> None:
-        """Write ``s``'s drops from this process (no child holds its statistics)."""
-        if not dropped:
+    def _take_dropped(self, s: Session) -> int:
+        """``s``'s drops not yet handed on, now handed to the caller."""
+        with self._lock:
+            dropped, s.dropped = s.dropped, 0
+        return dropped
+
+    def _persist_here(self, s: Session, dropped: int, *, fail: str | None = None) -> None:
+        """Write ``s``'s drops (and a failed verdict) from this process (no child holds its
+        statistics)."""
+        if not dropped and fail is None:
             return
         stats = self.store.load(s.loaded.bundle.sha256) or s.stats
         stats.dropped += dropped
+        if fail is not None:
+            stats.fail(fail)
         self.store.save(stats)
         s.stats = stats
 
     def _fail_here(self, s: Session, reason: str) -> None:
-        with self._lock:
-            dropped, s.dropped = s.dropped, 0
-        stats = self.store.load(s.loaded.bundle.sha256) or s.stats
-        stats.dropped += dropped
-        stats.fail(reason)
-        self.store.save(stats)
-        s.stats = stats
-        self._on_decided(stats.model, s)
+        self._persist_here(s, self._take_dropped(s), fail=reason)
+        self._on_decided(s.stats.model, s)
 
     # -- lifecycle -------------------------------------------------------------------------
 
