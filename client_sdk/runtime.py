@@ -16,7 +16,8 @@ bundle's CPU ONNX fallback member; after ``breaker_threshold`` consecutive failu
 model switches to the fallback for good and a FALLBACK event is reported.
 
 Shadow mode: a bundle in the "candidate" slot never answers ``predict`` (unless asked for by
-``slot=``); each active prediction is offered to it (bounded, drops counted) — by default in
+``slot=``); active predictions are offered to it (bounded, drops counted; within the
+``shadow_budget`` of the app's own predict time, see ``predict``) — by default in
 the shadow process (``client_sdk.shadow_process``: a child with its own GIL), else on the
 ``ShadowWorker`` thread (``shadow_isolation``) —, which compares the outputs and latencies
 and decides its verdict (``client_sdk.shadow``). A failed candidate is cleared from the slot
@@ -66,6 +67,8 @@ LOCK_NAME = ".updater.lock"
 BackendFactory = Callable[[Bundle, Member], Backend]
 # Where shadow candidates run (``ModelRuntime(shadow_isolation=...)``).
 AUTO, PROCESS, THREAD = "auto", "process", "thread"
+# Offering shadow samples adds at most this share to the app's predict time (on its thread).
+DEFAULT_SHADOW_BUDGET = 0.02
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,7 @@ class ModelRuntime:
         shadow_queue: int = 8,
         shadow_persist_every: int = 25,
         shadow_sample_every: int = 1,
+        shadow_budget: float | None = DEFAULT_SHADOW_BUDGET,
         shadow_background: bool = True,
         shadow_isolation: str = AUTO,
         health: Policy | None = None,
@@ -202,6 +206,11 @@ class ModelRuntime:
         ``shadow_sample_every``: offer one active prediction in N to the candidate (a
         candidate running beside the app shares its CPU: sample when the app's tail latency
         matters more than a fast verdict — see docs/benchmarks.md);
+        ``shadow_budget``: the share of the app's predict time that offering samples may add
+        on the app's thread (default 0.02: 2%): after each offer, the next ones wait until the
+        predictions since then ran ``cost / budget`` (the offer's measured cost: copying the
+        sample, ≈ 20 µs on a small VM core), so a fast model is sampled less often than a slow
+        one; None: every ``shadow_sample_every``-th prediction, whatever it costs;
         ``shadow_persist_every``: samples between two writes of the shadow statistics;
         ``shadow_background``: run the candidate at the lowest CPU priority the OS allows
         (False only to measure the difference);
@@ -228,6 +237,11 @@ class ModelRuntime:
         if shadow_sample_every < 1:
             raise ConfigError("shadow_sample_every must be >= 1")
         self._sample_every = shadow_sample_every
+        if shadow_budget is not None and not 0 < shadow_budget <= 1:
+            raise ConfigError("shadow_budget must be in (0, 1], or None for no budget")
+        self._budget = shadow_budget or 0.0
+        # ns of predictions still to run before the next offer (the last offer's cost/budget).
+        self._shadow_debt_ns = 0.0
         if shadow_isolation not in (AUTO, PROCESS, THREAD):
             raise ConfigError(f"shadow_isolation must be one of {AUTO}, {PROCESS}, {THREAD}")
         process_ok = shadow_process.supported() and backend_factory is open_backend
@@ -337,13 +351,26 @@ class ModelRuntime:
             if why is not None:
                 self._rollback(loaded, why)
             raise
-        us = (time.perf_counter_ns() - t0) // 1000
+        ns = time.perf_counter_ns() - t0
+        us = ns // 1000
         self._n_finished = next(self._finished)
         why = self.health.ok(model, bid, us)
         if why is not None:
             self._rollback(loaded, why)
-        if self._n_started % self._sample_every == 0:  # (offer: no candidate, no work)
-            self.shadow.offer(model, inputs, p.outputs, us, shape_variant)
+        debt = self._shadow_debt_ns
+        if debt > 0.0:  # the last offer is being paid off by the predictions since
+            debt = self._shadow_debt_ns = debt - ns
+        if debt <= 0.0 and self._n_started % self._sample_every == 0:  # (no candidate: no work)
+            shadow = self.shadow
+            if self._budget:
+                t1, setups = time.perf_counter_ns(), shadow.setups
+                if shadow.offer(model, inputs, p.outputs, us, shape_variant):
+                    # A setup (a new ring, a layout sent to the child) happens once a session:
+                    # not the price of a sample, so not charged.
+                    cost = time.perf_counter_ns() - t1 if shadow.setups == setups else 0
+                    self._shadow_debt_ns = cost / self._budget
+            else:
+                shadow.offer(model, inputs, p.outputs, us, shape_variant)
         return p
 
     def _shadow_thread(self) -> ShadowWorker:

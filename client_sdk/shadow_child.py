@@ -4,10 +4,16 @@
 ``<socket fd> <data dir> <persist every> <lower priority>``). Samples reach it without a
 system call on the app's side: the app's thread copies each one (input, active outputs, a
 header of int64s) into the next slot of a shared-memory ring and counts it in the shared
-counters page (``WRITTEN``); this process polls that count (every ``POLL_S``, slower after a
-while with nothing) and says in the same page how many samples it finished (``DONE``, which
-frees their slots) and what it is running (``RUNNING``/``LOADING``: what was in flight if it
-dies). Everything else goes over one ``AF_UNIX``/``SOCK_SEQPACKET`` socket, as pickled tuples
+counters page (``WRITTEN``). This process says in the same page how many samples it finished
+(``DONE``, which frees their slots), what it is running (``RUNNING``/``LOADING``: what was in
+flight if it dies), and when it sleeps (``SLEEPING``). It never polls — a process waking every
+millisecond on a small device evicts the app's caches and costs its predictions more than the
+samples do (docs/benchmarks.md) — but sleeps on its socket, for as long as half a ring of
+samples takes to arrive at the rate they came lately (``client_sdk.pace``), and runs them in
+one batch; when the rate jumps and the ring is three quarters full, the app's thread wakes it
+early through an ``eventfd`` (a system call, on those offers only; a wake-up lost to the race
+between the two sides, which do not fence a store before a load, waits for the pace).
+Everything else goes over one ``AF_UNIX``/``SOCK_SEQPACKET`` socket, as pickled tuples
 (both ends are this package's own code): a sample's layout (model, shape variant, array names,
 dtypes, shapes, offsets: ``LAYOUT``, sent once per layout), a new ring (``RING``, its file
 descriptor passed with ``SCM_RIGHTS``), candidates to ``ATTACH``/``DETACH``, ``FLUSH`` and
@@ -40,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from client_sdk.pace import Pace
+
 if TYPE_CHECKING:
     from client_sdk.runtime import LoadedModel
     from client_sdk.shadow import ShadowStats
@@ -49,7 +57,7 @@ ATTACH = "attach"      # (ATTACH, tag, model, bundle, number): load it, resume i
 DETACH = "detach"      # (DETACH, tag, seq, model, dropped): persist and forget; ACK seq
 LAYOUT = "layout"      # (LAYOUT, tag, id, model, shape_variant, [Spec]): how samples lie
 RING = "ring"          # (RING, tag, slot size) + its fd: samples from tag on are in this one
-COUNTERS = "counters"  # (COUNTERS, 0) + the counters page's fd: the first message
+COUNTERS = "counters"  # (COUNTERS, 0) + the counters page's fd and the wake-up eventfd: first
 FLUSH = "flush"        # (FLUSH, tag, seq, {model: dropped}): persist everything; ACK seq
 STOP = "stop"          # (STOP, tag, seq, {model: dropped}): persist everything, ACK, exit
 # Child → parent.
@@ -62,14 +70,13 @@ WRITTEN = 0    # samples written into the ring (the parent)
 DONE = 1       # samples finished (compared, skipped or failed), their slots free again
 RUNNING = 2    # 1 + the seq of the sample being run, 0 when none
 LOADING = 3    # the number of the ATTACH being loaded, 0 when none
+SLEEPING = 4   # 1 while this process waits for a wake-up (the app then writes the eventfd)
 COUNTERS_BYTES = 4096
 # A ring slot: a header of int64s, then the arrays at their layout's offsets.
 SEQ, LAYOUT_ID, ACTIVE_US, NOW, DROPPED = range(5)
 HEADER_BYTES = 64
 MAX_MESSAGE = 1 << 20
-POLL_S = 0.001
-SLOW_POLL_S = 0.02   # after IDLE_AFTER_S without a sample
-IDLE_AFTER_S = 1.0
+MAX_FDS = 4  # file descriptors one message can carry (COUNTERS has two)
 
 # One array of a sample: (is an output, name, dtype.str, shape, offset in the slot, nbytes).
 Spec = tuple[bool, str, str, tuple[int, ...], int, int]
@@ -87,7 +94,8 @@ def send_with_fds(sock: socket.socket, data: bytes, fds: list[int], flags: int) 
 
 def recv_with_fds(sock: socket.socket, flags: int) -> tuple[bytes, list[int]]:
     fds = array.array("i")
-    data, ancillary, _, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_LEN(fds.itemsize), flags)
+    data, ancillary, _, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(MAX_FDS * fds.itemsize),
+                                         flags)
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
@@ -129,14 +137,15 @@ class Child:
         self.candidates: dict[str, _Candidate] = {}
         self.layouts: dict[int, tuple[str, str | None, list[Spec]]] = {}
         self.counters: memoryview | None = None
+        self.wake: int | None = None  # the eventfd the app writes to wake this process
         self.ring: mmap.mmap | None = None
         self.ring_q: memoryview | None = None
         self.slot_size = 0
         self.slots = 1
         self.next = 0  # the seq of the next sample to process
+        self.pace = Pace()
 
     def serve(self) -> None:
-        last_sample = time.monotonic()
         while True:
             # The count first: every message sent before those samples were written is in
             # the socket by now.
@@ -148,13 +157,28 @@ class Child:
                     return
             if self.next < written:
                 self.process_until(written)
-                last_sample = time.monotonic()
             if gone:  # the parent is gone: keep what was measured
                 self.persist_all()
                 return
-            if not messages:
-                idle = time.monotonic() - last_sample > IDLE_AFTER_S
-                select.select([self.sock], [], [], SLOW_POLL_S if idle else POLL_S)
+            if not messages and self.next >= written:
+                self.sleep()
+
+    def sleep(self) -> None:
+        """Until a message, a wake-up from the app, or the ``Pace``'s time: ``SLEEPING`` is
+        set first, then the count is read again, so samples published before the app could
+        see the flag are run now."""
+        timeout = self.pace.timeout(self.next, max(self.slots // 2, 1))
+        if self.counters is None or self.wake is None:
+            select.select([self.sock], [], [], timeout)
+            return
+        self._set(SLEEPING, 1)
+        try:
+            if int(self.counters[WRITTEN]) <= self.next:
+                ready, _, _ = select.select([self.sock.fileno(), self.wake], [], [], timeout)
+                if self.wake in ready:
+                    os.eventfd_read(self.wake)
+        finally:
+            self._set(SLEEPING, 0)
 
     def _drain(self) -> tuple[list[tuple[tuple[Any, ...], list[int]]], bool]:
         out: list[tuple[tuple[Any, ...], list[int]]] = []
@@ -189,6 +213,8 @@ class Child:
         elif kind == COUNTERS:
             self.counters = memoryview(mmap.mmap(fds[0], COUNTERS_BYTES)).cast("q")
             os.close(fds[0])
+            if len(fds) > 1:
+                self.wake = fds[1]
         elif kind in (FLUSH, STOP):
             for model, n in msg[3].items():
                 self.add_dropped(model, n)
@@ -229,6 +255,7 @@ class Child:
         finally:
             self._set(LOADING, 0)
         self.candidates[model] = _Candidate(loaded, stats)
+        self.pace = Pace()  # its samples may come at once: do not sleep on an old rate
 
     def add_dropped(self, model: str, n: int) -> None:
         # Drops of a candidate no longer here (decided, or it did not load) change nothing.

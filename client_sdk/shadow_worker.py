@@ -7,8 +7,10 @@
 active outputs and latency) here: an append to a bounded queue — when the queue is full the
 sample is dropped and counted, so the app never waits for the candidate. The app's thread
 never signals the worker (a wake-up would make the two contend for the GIL right inside the
-app's call): the worker polls the queue every ``poll_s`` while a candidate is attached (it
-sleeps on an event while none is) and, before each sample, waits until
+app's call) but when the queue is ¾ full: while a candidate is attached the worker sleeps
+between batches for as long as half a queue takes to fill at the rate samples came lately
+(``client_sdk.pace``: polling every millisecond costs the app's predictions more than the
+samples do), and on an event while none is; before each sample it waits until
 no active prediction is running (``idle()``), so the candidate runs in the app's idle time; a
 sample that finds no idle moment within ``max_wait_s`` is dropped and counted too. One worker
 thread runs the candidate, compares (``client_sdk.shadow.compare``), aggregates into the
@@ -36,6 +38,7 @@ import numpy as np
 from client_sdk.background import BackgroundRunner
 from client_sdk.clock import Clock
 from client_sdk.errors import ModelNotLoadedError
+from client_sdk.pace import Pace
 from client_sdk.shadow import PENDING, ShadowStats, ShadowStore, compare
 
 if TYPE_CHECKING:
@@ -62,6 +65,8 @@ _Item = tuple[Session, dict[str, np.ndarray[Any, Any]], dict[str, np.ndarray[Any
 class ShadowWorker:
     """One thread, one bounded queue, the sessions by model (see the module docstring)."""
 
+    setups = 0  # offers that set something up (``ShadowProcess``'s layouts; none here)
+
     def __init__(self, store: ShadowStore, clock: Clock, *, queue_size: int,
                  persist_every: int, on_decided: Decided,
                  idle: Callable[[], bool] = lambda: True, poll_s: float = 0.001,
@@ -72,11 +77,14 @@ class ShadowWorker:
         self._clock = clock
         self._q: collections.deque[_Item] = collections.deque()
         self._size = max(queue_size, 1)
+        self._wake_at = max(self._size - self._size // 4, 1)  # ¾ of the queue
         self._offered = 0     # items appended (app threads; under the GIL, append is atomic)
         self._done = 0        # items finished by the worker
+        self._arrived = 0     # samples offered, taken or dropped (the worker's pace)
         self._offer_lock = threading.Lock()
         self._stop = threading.Event()
-        self._wake = threading.Event()  # a session was attached (or close)
+        self._wake = threading.Event()  # a session was attached (or flush, or close)
+        self._pace = Pace()
         self._idle = idle
         self._poll_s = poll_s
         self._max_wait_s = max_wait_s
@@ -99,6 +107,7 @@ class ShadowWorker:
             return None
         session = Session(loaded, stats)
         self._sessions[b.model] = session
+        self._pace = Pace()  # its samples may come at once: do not sleep on an old rate
         self._ensure_thread()
         self._wake.set()
         return session
@@ -131,6 +140,7 @@ class ShadowWorker:
         s = self._sessions.get(model)
         if s is None or s.stats.verdict != PENDING:
             return False
+        self._arrived += 1  # (the pace's count: not exact across app threads, need not be)
         if len(self._q) >= self._size:
             return self._drop(s)
         # Copies: the app may reuse its buffers once predict returns.
@@ -140,6 +150,8 @@ class ShadowWorker:
         with self._offer_lock:
             self._offered += 1
             self._q.append(item)
+        if len(self._q) >= self._wake_at:  # the rate jumped: wake the worker before the pace
+            self._wake.set()
         return True
 
     @staticmethod
@@ -166,7 +178,8 @@ class ShadowWorker:
                     self._wake.wait()
                     self._wake.clear()
                 else:
-                    time.sleep(self._poll_s)
+                    self._wake.wait(self._pace.timeout(self._arrived, max(self._size // 2, 1)))
+                    self._wake.clear()
                 continue
             try:
                 if self._wait_idle():
@@ -231,6 +244,7 @@ class ShadowWorker:
 
     def flush(self) -> None:
         """Wait until every queued sample is processed, then persist every session."""
+        self._wake.set()  # now, not after the pace's sleep
         while (self._thread is not None and self._thread.is_alive()
                and self._done < self._offered):
             time.sleep(self._poll_s)

@@ -10,9 +10,14 @@ same machine load:
   (``shadow_isolation="thread"``, ``client_sdk.shadow_worker``; ``SCHED_IDLE`` inference);
 - *process*: the candidate run and compared in the shadow child process
   (``shadow_isolation="process"``, ``client_sdk.shadow_process``);
+- *thread, all* / *process, all*: the same with no ``shadow_budget``: every prediction is
+  offered, whatever the offer costs (what the SDK did before the budget);
 - *normal* (``--modes`` only): the thread worker at the app's priority (before issue 12).
 
-Every offered input is run on the candidate and compared. Each row pools every call of a mode
+The *thread* and *process* rows use the SDK's defaults: offers within the default
+``shadow_budget`` (2% of the app's predict time); the *offered* column says what share of
+the predictions that let through. Every offered input is run on the candidate and compared
+(or counted as dropped when the ring is full). Each row pools every call of a mode
 over all rounds (rounds × calls latencies) and prints its p50/p99, the p99's change from
 *base* with a 90% interval from resampling the rounds (paired: the same rounds for both), and
 the samples compared / dropped; one table per ``--sample-every`` (1 = offer every prediction),
@@ -20,8 +25,8 @@ then the same for a candidate ``--slow-candidate`` times as costly as the active
 ``--cpu-hogs N`` adds N busy processes for the run (a loaded device).
 
     python -m bench.sdk.bench_shadow [--rounds 10] [--calls 1000] [--interval-ms 2]
-        [--hidden 512] [--sample-every 1 10] [--slow-candidate 3] [--cpu-hogs 0]
-        [--modes base base2 thread process]
+        [--hidden 512] [--sample-every 1] [--slow-candidate 3] [--cpu-hogs 0]
+        [--modes base base2 thread process process-all]
 """
 
 from __future__ import annotations
@@ -49,9 +54,12 @@ MODES: dict[str, dict[str, object] | None] = {
     "base": None, "base2": None,
     "thread": {"shadow_isolation": "thread"},
     "process": {"shadow_isolation": "process"},
+    "thread-all": {"shadow_isolation": "thread", "shadow_budget": None},
+    "process-all": {"shadow_isolation": "process", "shadow_budget": None},
     "normal": {"shadow_isolation": "thread", "shadow_background": False},
 }
 LABELS = {"base": "base", "base2": "base′ (A/A)", "thread": "thread", "process": "process",
+          "thread-all": "thread, all", "process-all": "process, all",
           "normal": "thread, normal prio"}
 
 
@@ -129,6 +137,12 @@ def runtime(d: Path, hidden: int, cand_hidden: int, sample_every: int,
     return rt, rt.prepare(cand_b), cand_b.sha256
 
 
+def seen(rt: ModelRuntime, sha: str) -> tuple[int, int]:
+    """Samples compared and dropped so far, as persisted."""
+    stats = ShadowStore(rt.data_dir).load(sha)
+    return (stats.samples, stats.dropped) if stats else (0, 0)
+
+
 def pooled_p99(rounds: list[list[float]], pick: list[int]) -> float:
     return pct([x for i in pick for x in rounds[i]], 99)
 
@@ -146,18 +160,17 @@ def run(rounds: int, calls: int, interval_ms: float, hidden: int, modes: list[st
                 rt.swap(cand, CANDIDATE)  # the warm-up starts the worker or the child
             for _ in range(200):
                 rt.predict("mlp", {"x": xs[0]})
-            rt.clear("mlp", CANDIDATE)
+            rt.flush_shadow()
+        # Candidates stay attached throughout, as on a device: an idle worker or child sleeps
+        # (paced, client_sdk.pace) through the other modes' rounds.
+        warm = {m: seen(rt, sha) for m, (rt, _, sha) in rts.items() if MODES[m] is not None}
         lat: dict[str, list[list[float]]] = {m: [] for m in modes}
-        order = list(modes)
-        for r in range(rounds):
-            for m in order[r % len(order):] + order[:r % len(order)]:
-                # Attached for its own rounds only: a thread worker with a candidate polls
-                # its queue, which would weigh on the other modes' rounds.
-                rt, cand, _ = rts[m]
-                if cand is not None and MODES[m] is not None:
-                    rt.swap(cand, CANDIDATE)
-                lat[m].append(one_round(rt, calls, interval_ms / 1e3, xs))
-                rt.clear("mlp", CANDIDATE)  # waits for the candidate to catch up
+        shuffle = np.random.default_rng(2)
+        for _ in range(rounds):
+            # A new order each round: a mode's round also pays for what the previous mode
+            # left running (a worker winding down), and each mode follows each other alike.
+            for m in shuffle.permutation(modes):
+                lat[str(m)].append(one_round(rts[str(m)][0], calls, interval_ms / 1e3, xs))
         boot = np.random.default_rng(1)
         picks = [list(boot.integers(0, rounds, rounds)) for _ in range(1000)]
         base = [pooled_p99(lat["base"], p) for p in picks]
@@ -171,11 +184,13 @@ def run(rounds: int, calls: int, interval_ms: float, hidden: int, modes: list[st
                       / pooled_p99(lat["base"], everything) - 1,
                       "lo": pct(ratios, 5), "hi": pct(ratios, 95)}
         for m, (rt, _, sha) in rts.items():
-            rt.close()
-            stats = ShadowStore(rt.data_dir).load(sha) if MODES[m] is not None else None
-            out[m]["samples"] = float(stats.samples if stats else 0)
-            out[m]["dropped"] = float(stats.dropped if stats else 0)
+            rt.close()  # persists the candidate's statistics
             out[m]["priority"] = rt.shadow.priority if MODES[m] is not None else ""
+            if MODES[m] is not None:  # the warm-up's samples left out
+                (samples, dropped), (warm_samples, warm_dropped) = seen(rt, sha), warm[m]
+                out[m]["samples"] = float(samples - warm_samples)
+                out[m]["dropped"] = float(dropped - warm_dropped)
+                out[m]["offered"] = (out[m]["samples"] + out[m]["dropped"]) / (rounds * calls)
     return out
 
 
@@ -194,12 +209,12 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--interval-ms", type=float, default=2.0)
     ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--sample-every", type=int, nargs="+", default=[1, 10])
+    ap.add_argument("--sample-every", type=int, nargs="+", default=[1])
     ap.add_argument("--slow-candidate", type=float, default=3.0,
                     help="cost of the slow candidate over the active model's (0: no such row)")
     ap.add_argument("--cpu-hogs", type=int, default=0)
     ap.add_argument("--modes", nargs="+", choices=list(MODES),
-                    default=["base", "base2", "thread", "process"])
+                    default=["base", "base2", "thread", "process", "process-all"])
     a = ap.parse_args()
     modes = ["base", *[m for m in a.modes if m != "base"]]
     hogs = [multiprocessing.Process(target=hog, daemon=True) for _ in range(a.cpu_hogs)]
@@ -210,7 +225,8 @@ def main() -> None:
           f"{a.cpu_hogs} CPU hogs; load average {load_average()} (1/5/15 min), "
           f"{os.cpu_count()} CPUs")
     print(f"{'sampling':<9} {'candidate':<10} {'mode':<20} {'prio':<6} {'p50 ms':>7} "
-          f"{'p99 ms':>7} {'p99 Δ':>7} {'90% interval':>16} {'compared':>9} {'dropped':>8}")
+          f"{'p99 ms':>7} {'p99 Δ':>7} {'90% interval':>16} {'offered':>8} {'compared':>9} "
+          f"{'dropped':>8}")
     cases = [(n, a.hidden) for n in a.sample_every]
     if a.slow_candidate > 0:
         cases.append((1, hidden_for(a.slow_candidate * mlp_cost(a.hidden))))
@@ -225,8 +241,10 @@ def main() -> None:
                 ci = ("" if m == "base" else
                       f"[{100 * float(s['lo']):+.1f}, {100 * float(s['hi']):+.1f}]%")
                 shadow = MODES[m] is not None
+                offered = f"{100 * float(s['offered']):.0f}%" if shadow else ""
                 print(f"{'1/' + str(n):<9} {size:<10} {LABELS[m]:<20} {s['priority']!s:<6} "
                       f"{s['p50_ms']:>7.3f} {s['p99_ms']:>7.3f} {delta:>7} {ci:>16} "
+                      f"{offered:>8} "
                       f"{int(s['samples']) if shadow else '':>9} "
                       f"{int(s['dropped']) if shadow else '':>8}")
     finally:

@@ -115,7 +115,7 @@ def test_device_installs_patches_and_rolls_back_against_the_real_server(server, 
     assert r.status_code == 201, r.text
 
     transport = AppTransport(client)
-    runtime = ModelRuntime(tmp_path / "device")
+    runtime = ModelRuntime(tmp_path / "device", shadow_budget=None)
     up = Updater(UpdaterConfig(
         base_url="http://testserver", channel="prod",
         pinned_root=client.get("/v1/root/1.json").content,
@@ -179,7 +179,7 @@ def test_shadow_failure_reported_by_the_sdk_halts_the_rollout_on_the_real_server
     result = up.check_once()
     assert [(c.version, c.verdict) for c in result.candidates] == [("2.0", "pending")]
 
-    app = ModelRuntime(data)
+    app = ModelRuntime(data, shadow_budget=None)
     rng = np.random.default_rng(3)
     for _ in range(5):
         x = rng.standard_normal((1, 4)).astype(np.float32)

@@ -60,7 +60,7 @@ def test_diverging_candidate_never_serves_fails_and_is_never_fetched_again(
         make_updater, sim, tmp_path):
     v1, bad = scaled_model(1.0), scaled_model(3.0)
     _, a2 = publish_shadow(sim, v1, bad)
-    runtime = ModelRuntime(tmp_path / "device")
+    runtime = ModelRuntime(tmp_path / "device", shadow_budget=None)
     up = make_updater(runtime=runtime)
     first = up.check_once()
     assert [(c.version, c.verdict) for c in first.candidates] == [("2.0", PENDING)]
@@ -82,7 +82,7 @@ def test_diverging_candidate_never_serves_fails_and_is_never_fetched_again(
     assert pointer.candidate is None
     assert len(list((up.store.model_dir("clf") / "bundles").iterdir())) == 1
     # Even a fresh runtime on this data dir never loads it again.
-    fresh = ModelRuntime(tmp_path / "device")
+    fresh = ModelRuntime(tmp_path / "device", shadow_budget=None)
     fresh.predict("clf", {"x": inputs(1)[0]})
     assert fresh.loaded("clf", CANDIDATE) is None
 
@@ -91,7 +91,7 @@ def test_passing_candidate_is_promoted_by_swap_without_download(make_updater, si
     v1 = scaled_model(1.0)
     same = scaled_model(1.0, padding=8)  # other bytes, same outputs
     a1, a2 = publish_shadow(sim, v1, same)
-    runtime = ModelRuntime(tmp_path / "device")
+    runtime = ModelRuntime(tmp_path / "device", shadow_budget=None)
     up = make_updater(runtime=runtime)
     up.check_once()
     predict_all(runtime, inputs(10))
@@ -114,13 +114,13 @@ def test_shadow_statistics_survive_an_app_restart(make_updater, sim, tmp_path):
     v1, bad = scaled_model(1.0), scaled_model(3.0)
     publish_shadow(sim, v1, bad)
     make_updater().check_once()  # the agent installs; the app runs separately
-    app = ModelRuntime(tmp_path / "device")
+    app = ModelRuntime(tmp_path / "device", shadow_budget=None)
     predict_all(app, inputs(6))
     app.close()
     stats = ShadowStore(tmp_path / "device").load(sha(bad))
     assert stats is not None and (stats.samples, stats.verdict) == (6, PENDING)
 
-    restarted = ModelRuntime(tmp_path / "device")
+    restarted = ModelRuntime(tmp_path / "device", shadow_budget=None)
     predict_all(restarted, inputs(4))
     stats = ShadowStore(tmp_path / "device").load(sha(bad))
     assert stats is not None and (stats.samples, stats.verdict) == (10, FAILED)
@@ -132,7 +132,7 @@ def test_full_queue_drops_samples_and_counts_them(make_updater, sim, tmp_path):
     slow = scaled_model(1.0, padding=2_000_000, use_padding=True)  # ~ms per run
     publish_shadow(sim, v1, slow, ShadowThresholds(1000, 10_000, min_samples=1000))
     make_updater().check_once()
-    app = ModelRuntime(tmp_path / "device", shadow_queue=1)
+    app = ModelRuntime(tmp_path / "device", shadow_queue=1, shadow_budget=None)
     xs = inputs(60)
     app.predict("clf", {"x": xs[0]})
     for x in xs[1:]:
@@ -147,7 +147,7 @@ def test_sampling_offers_one_prediction_in_n(make_updater, sim, tmp_path):
     publish_shadow(sim, scaled_model(1.0), scaled_model(1.0, padding=8),
                    ShadowThresholds(1000, 10_000, min_samples=1000))
     make_updater().check_once()
-    app = ModelRuntime(tmp_path / "device", shadow_sample_every=3)
+    app = ModelRuntime(tmp_path / "device", shadow_sample_every=3, shadow_budget=None)
     predict_all(app, inputs(9))
     app.close()
     stats = ShadowStore(tmp_path / "device").load(sha(scaled_model(1.0, padding=8)))

@@ -78,7 +78,7 @@ def test_candidate_inference_runs_at_idle_priority_and_the_app_keeps_its_own(tmp
     active, cand = _stage(d, "1.0", scaled_model(2.0)), _stage(d, "2.0", scaled_model(3.0))
     ShadowStore(d).register(cand.sha256, "clf", "2.0", {
         "max_kl_micro": 10**9, "max_latency_p99_us": 10**9, "min_samples": 10**6})
-    rt = ModelRuntime(d, backend_factory=factory)
+    rt = ModelRuntime(d, backend_factory=factory, shadow_budget=None)
     app_policy = _policy()
     try:
         rt.swap(rt.prepare(active))

@@ -36,6 +36,7 @@ def _runtime(d: Path, candidate: bytes, min_samples: int, **kwargs) -> tuple[Mod
     active, cand = _stage(d, "1.0", scaled_model(1.0)), _stage(d, "2.0", candidate)
     ShadowStore(d).register(cand.sha256, "clf", "2.0", {
         "max_kl_micro": 1000, "max_latency_p99_us": 10**9, "min_samples": min_samples})
+    kwargs.setdefault("shadow_budget", None)  # every prediction a sample: counts are exact
     rt = ModelRuntime(d, **kwargs)
     rt.swap(rt.prepare(active))
     rt.swap(rt.prepare(cand), CANDIDATE)

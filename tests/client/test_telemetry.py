@@ -97,7 +97,7 @@ def test_no_input_or_output_value_leaves_the_device(make_updater, sim, clock, tm
     sim.publish("clf", [sim.release("2.0", [a2], mode="shadow"), sim.release("1.0", [a1])])
     data = tmp_path / "device"
     make_updater().check_once()
-    app = ModelRuntime(data)
+    app = ModelRuntime(data, shadow_budget=None)
     secret = np.array([[1234.5678, -8765.4321, 31337.25, 0.000271828]], dtype=np.float32)
     out = None
     for _ in range(12):
@@ -133,7 +133,7 @@ def test_health_reports_count_predictions_since_the_last_report(make_updater, si
     rep.enroll(sim.telemetry.token)
     counts = []
     for n in (5, 3):
-        app = ModelRuntime(data)
+        app = ModelRuntime(data, shadow_budget=None)
         for _ in range(n):
             app.predict("clf", {"x": x})
         app.close()

@@ -66,7 +66,7 @@ class Device:
     def cycle(self, rng: np.random.Generator, predictions: int = 7) -> None:
         """One poll, as an app process would run it: update, serve the app's predictions
         (the candidate shadows them), persist the statistics, send the telemetry."""
-        runtime = ModelRuntime(self.data_dir)
+        runtime = ModelRuntime(self.data_dir, shadow_budget=None)  # each prediction a sample
         try:
             Updater(UpdaterConfig(base_url=self.url, channel="prod", pinned_root=self.root,
                                   device=self.profile, data_dir=self.data_dir,
