@@ -10,10 +10,10 @@ and persisted in one child process of their own (``client_sdk.shadow_child``, at
   into the next slot of a shared-memory ring, with a header, and count it in the shared
   counters page — never a wait, and a system call only to wake the sleeping child when ¾ of
   the ring waits (an ``eventfd`` write: the child never polls but sleeps paced to the
-  samples' rate, see ``client_sdk.shadow_child``); a layout not seen before (model, shape variant, array names, dtypes, shapes) is sent once over the
-  socket first. The ring has ``queue_size`` slots and the child counts the samples it
-  finished in that page, so a full ring (the child is behind) drops the sample and counts
-  it, like the thread's full queue;
+  samples' rate, see ``client_sdk.shadow_child``); a layout not seen before (model, shape
+  variant, array names, dtypes, shapes) is sent once over the socket first. The ring has
+  ``queue_size`` slots and the child counts the samples it finished in that page, so a full
+  ring (the child is behind) drops the sample and counts it, like the thread's full queue;
 - one reader thread, blocked in ``recv`` (GIL released) until the child says something —
   rarely: a decided verdict (``on_decided``, as the thread worker does), or the answer to a
   ``flush``/``detach``/``close``, which wait for it (the statistics are on disk when they
