@@ -144,6 +144,8 @@ class Child:
         self.slots = 1
         self.next = 0  # the seq of the next sample to process
         self.pace = Pace()
+        self.seen_models: set[str] = set()  # models a candidate was attached for here
+        self.early: dict[str, int] = {}     # drops of models before their first ATTACH
 
     def serve(self) -> None:
         while True:
@@ -241,6 +243,11 @@ class Child:
         b = bundle
         stats = self.store.load(b.sha256) or ShadowStats(b.sha256, b.model, b.version)
         self.candidates.pop(model, None)
+        self.seen_models.add(model)
+        # Samples the app offered after this process started but before it sent the
+        # ATTACH (a child started again after a crash re-attaches the candidates after it
+        # runs): not compared, so dropped.
+        stats.dropped += self.early.pop(model, 0)
         if stats.verdict != PENDING:
             return
         self._set(LOADING, number)
@@ -262,6 +269,8 @@ class Child:
         c = self.candidates.get(model)
         if c is not None:
             c.stats.dropped += n
+        elif model not in self.seen_models:  # its ATTACH is on the way (a new child)
+            self.early[model] = self.early.get(model, 0) + n
 
     def process_until(self, seq: int) -> None:
         while self.next < seq:
@@ -291,7 +300,10 @@ class Child:
             return
         self.add_dropped(model, dropped)
         c = self.candidates.get(model)
-        if c is None or c.stats.verdict != PENDING:
+        if c is None:
+            self.add_dropped(model, 1)  # not compared: counted (when it still matters)
+            return
+        if c.stats.verdict != PENDING:
             return
         arrays: tuple[dict[str, np.ndarray[Any, Any]], dict[str, np.ndarray[Any, Any]]] = ({}, {})
         for is_output, name, dtype, shape, offset, nbytes in specs:

@@ -167,6 +167,7 @@ class _Layout:
             if a is None or a.shape != shape or (a.dtype is not dtype and a.dtype != dtype):
                 return False
             try:
+                # An ndarray is a buffer; typeshed's mmap wants bytes-like by its protocol.
                 ring[at + offset:at + offset + nbytes] = a  # type: ignore[call-overload]
             except (TypeError, ValueError, BufferError):  # not C-contiguous (or not numpy)
                 views[slot][...] = a

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -130,6 +131,34 @@ def test_a_child_killed_between_samples_is_replaced_and_nothing_fails(tmp_path):
     # The three samples after the restart are compared; none before it was lost (persisted
     # on flush), a sample offered while no child ran is counted as dropped.
     assert stats.samples + stats.dropped == 6 and stats.samples >= 3
+
+
+def test_samples_offered_before_a_new_child_has_its_candidates_are_counted(
+        tmp_path, monkeypatch):
+    """A child started again after a crash gets its candidates re-attached just after it
+    runs: the app's samples in between were lost without a trace (the suite caught it)."""
+    rt, sha = _runtime(tmp_path, scaled_model(1.0, padding=8), 10**6)
+    rt.predict("clf", {"x": XS[0]})
+    rt.flush_shadow()
+    first = rt.shadow.pid
+    gate, sent, real = threading.Event(), threading.Event(), ShadowProcess._send_attach
+
+    def held_attach(self, link, model, session):
+        gate.wait(10)  # hold the re-attach until the app has offered
+        real(self, link, model, session)
+        sent.set()
+
+    monkeypatch.setattr(ShadowProcess, "_send_attach", held_attach)
+    os.kill(first, signal.SIGKILL)
+    _until(lambda: rt.shadow.pid not in (None, first), "a new shadow process")
+    for x in XS[1:4]:
+        rt.predict("clf", {"x": x})
+    gate.set()
+    assert sent.wait(10)
+    rt.close()
+    stats = ShadowStore(tmp_path).load(sha)
+    assert stats is not None and stats.samples == 1
+    assert stats.dropped == 3  # offered, not compared: counted
 
 
 def test_a_candidate_that_keeps_killing_the_child_fails(tmp_path):
