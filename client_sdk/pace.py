@@ -3,14 +3,15 @@
 A worker that wakes every millisecond to look for samples costs the app more than the samples
 do on a small device: each wake-up runs the interpreter on a core and evicts the caches the
 app's next prediction needs (docs/benchmarks.md, "Shadow mode"). Instead it sleeps for as long
-as ``batch`` samples take to arrive at the rate they arrived lately (a moving average over the
-last few sleeps), between ``MIN_SLEEP_S`` and ``MAX_SLEEP_S``, and then runs them all: a few
-wake-ups a second when the app samples little, one per half a queue when it samples a lot;
-after a sleep in which nothing came, twice as long (when the app stops, the worker is quiet
-within a second, after about eight wake-ups).
-Before the first sample (a new ``Pace`` per attached candidate) it sleeps ``MIN_SLEEP_S``,
-then twice as long each time nothing came, so a candidate's first samples are not dropped
-while an idle one costs a few wake-ups a second.
+as half a queue of samples takes to arrive at the rate they arrived lately (a moving average
+over the last few sleeps), between ``MIN_SLEEP_S`` and ``MAX_SLEEP_S``, and then runs them
+all: a few wake-ups a second when the app samples little, one per half a queue when it
+samples a lot; after a sleep in which nothing came, twice as long (when the app stops, the
+worker is quiet within a second, after about eight wake-ups). Before the first sample (a new
+``Pace`` per attached candidate) it sleeps ``MIN_SLEEP_S``, then twice as long each time
+nothing came, so a candidate's first samples are not dropped while an idle one costs a few
+wake-ups a second. When samples come faster than the pace expected, the app wakes the worker
+once ``wake_at`` of them wait.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ MIN_SLEEP_S = 0.002
 MAX_SLEEP_S = 0.5
 
 
+def wake_at(queue_size: int) -> int:
+    """Samples waiting that make the app wake a sleeping worker early (¾ of its queue): they
+    came faster than the pace expected."""
+    return max(queue_size - queue_size // 4, 1)
+
+
 class Pace:
     def __init__(self) -> None:
         self.rate = 0.0  # samples per second, lately
@@ -29,8 +36,10 @@ class Pace:
         self._seen = 0
         self._backoff = MIN_SLEEP_S / 2
 
-    def timeout(self, seen: int, batch: int) -> float:
-        """Seconds to sleep now, given ``seen`` samples so far (a running count)."""
+    def timeout(self, seen: int, queue_size: int) -> float:
+        """Seconds to sleep now, given ``seen`` samples so far (a running count), for half of
+        ``queue_size`` to arrive."""
+        batch = max(queue_size // 2, 1)
         now = time.monotonic()
         if seen == self._seen:  # nothing came: twice as long (a few wake-ups, then quiet)
             self.rate /= 2

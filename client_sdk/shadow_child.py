@@ -169,7 +169,7 @@ class Child:
         """Until a message, a wake-up from the app, or the ``Pace``'s time: ``SLEEPING`` is
         set first, then the count is read again, so samples published before the app could
         see the flag are run now."""
-        timeout = self.pace.timeout(self.next, max(self.slots // 2, 1))
+        timeout = self.pace.timeout(self.next, self.slots)
         if self.counters is None or self.wake is None:
             select.select([self.sock], [], [], timeout)
             return

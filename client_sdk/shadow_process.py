@@ -55,6 +55,7 @@ import numpy as np
 
 from client_sdk.background import NORMAL
 from client_sdk.clock import Clock
+from client_sdk.pace import wake_at
 from client_sdk.shadow import PENDING, ShadowStats, ShadowStore
 from client_sdk.shadow_child import (
     ACK,
@@ -277,7 +278,7 @@ class ShadowProcess:
         self._size = max(queue_size, 1)
         # The child sleeps between batches, paced to wake with half a ring waiting; with this
         # many waiting the app wakes it (the rate jumped): a system call on those offers only.
-        self._wake_at = max(self._size - self._size // 4, 1)
+        self._wake_at = wake_at(self._size)
         self.setups = 0  # layouts made by offers (sent to the child, a ring perhaps): not charged
         self._persist_every = max(persist_every, 1)
         self._background = background
@@ -340,10 +341,6 @@ class ShadowProcess:
         """True while the child is running (or loading) a candidate."""
         link = self._link
         return link is not None and bool(link.counters[RUNNING] or link.counters[LOADING])
-
-    def wants(self, model: str) -> bool:
-        s = self._sessions.get(model)
-        return s is not None and s.stats.verdict == PENDING
 
     # -- the app's side --------------------------------------------------------------------
 

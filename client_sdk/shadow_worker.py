@@ -38,7 +38,7 @@ import numpy as np
 from client_sdk.background import BackgroundRunner
 from client_sdk.clock import Clock
 from client_sdk.errors import ModelNotLoadedError
-from client_sdk.pace import Pace
+from client_sdk.pace import Pace, wake_at
 from client_sdk.shadow import PENDING, ShadowStats, ShadowStore, compare
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class ShadowWorker:
         self._clock = clock
         self._q: collections.deque[_Item] = collections.deque()
         self._size = max(queue_size, 1)
-        self._wake_at = max(self._size - self._size // 4, 1)  # ¾ of the queue
+        self._wake_at = wake_at(self._size)
         self._offered = 0     # items appended (app threads; under the GIL, append is atomic)
         self._done = 0        # items finished by the worker
         self._arrived = 0     # samples offered, taken or dropped (the worker's pace)
@@ -126,11 +126,6 @@ class ShadowWorker:
         """The priority candidates run at (``client_sdk.background``; once one ran)."""
         return self._runner.priority
 
-    def wants(self, model: str) -> bool:
-        """True when ``model`` has a candidate still being measured (one dict read)."""
-        s = self._sessions.get(model)
-        return s is not None and s.stats.verdict == PENDING
-
     # -- the app's side --------------------------------------------------------------------
 
     def offer(self, model: str, inputs: Mapping[str, np.ndarray[Any, Any]],
@@ -174,12 +169,10 @@ class ShadowWorker:
             try:
                 item = self._q.popleft()
             except IndexError:
-                if not self._sessions:  # nothing to compare: sleep until an attach, no polling
-                    self._wake.wait()
-                    self._wake.clear()
-                else:
-                    self._wake.wait(self._pace.timeout(self._arrived, max(self._size // 2, 1)))
-                    self._wake.clear()
+                # Nothing to compare: sleep until an attach; else until the pace's time.
+                self._wake.wait(self._pace.timeout(self._arrived, self._size)
+                                if self._sessions else None)
+                self._wake.clear()
                 continue
             try:
                 if self._wait_idle():

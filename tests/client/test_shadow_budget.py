@@ -116,25 +116,25 @@ def test_the_pace_sleeps_for_half_a_queue_at_the_recent_rate(monkeypatch):
     monkeypatch.setattr("client_sdk.pace.time.monotonic", clock)
     pace, seen = Pace(), 0
     # Nothing came yet: back off from the shortest sleep, doubling, up to the longest.
-    waits = [pace.timeout(0, 4) for _ in range(12)]
+    waits = [pace.timeout(0, 8) for _ in range(12)]
     assert waits[0] == MIN_SLEEP_S and waits[1] == 2 * MIN_SLEEP_S
     assert waits[-1] == MAX_SLEEP_S and waits == sorted(waits)
-    # 500 samples a second: 4 arrive in 8 ms.
+    # 500 samples a second: half a queue of 8 arrives in 8 ms.
     for _ in range(20):
         clock.now += 0.01
         seen += 5
-        wait = pace.timeout(seen, 4)
+        wait = pace.timeout(seen, 8)
     assert wait == pytest.approx(4 / 500, rel=0.01)
     # The app stops sampling: the sleeps grow to the longest (no polling while idle).
     for _ in range(40):
         clock.now += wait
-        wait = pace.timeout(seen, 4)
+        wait = pace.timeout(seen, 8)
     assert wait == MAX_SLEEP_S
     # Very fast samples: never less than the shortest sleep.
     for _ in range(20):
         clock.now += 0.001
         seen += 100
-        wait = pace.timeout(seen, 4)
+        wait = pace.timeout(seen, 8)
     assert wait == MIN_SLEEP_S
 
 
