@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from server.compile.compilers.base import Compiler, default_compilers
+from server.compile.compilers.base import Compiler
+from server.compile.compilers.registry import default_compilers
 from server.compile.errors import CompileError, ConversionError, TransientCompileError
 from server.compile.gates import numeric
 from server.compile.gates.operators import check_mlpackage, check_onnx, deny_list

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from server.compile.errors import InvalidSourceError
-from server.compile.source import quiet
+from server.compile.quiet import quiet
 from server.compile.types import InputSpec
 
 # onnxslim passes we run: shape inference + constant folding + dead node elimination. Fusions

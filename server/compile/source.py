@@ -11,10 +11,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from server.compile.errors import CalibrationError, InvalidSourceError
+from server.compile.quiet import quiet
 from server.compile.types import InputSpec, SourceFormat
 
 # Largest sample count read from a calibration / reference .npz (memory and time cap).
@@ -91,19 +88,6 @@ def load_samples(path: Path, specs: tuple[InputSpec, ...], variant: str = ""
         raise CalibrationError(f"{path.name}: every input needs the same, non-zero sample count")
     n = counts.pop()
     return [{k: v[i] for k, v in batches.items()} for i in range(n)]
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """Silences the exporters' progress chatter; the job log records our own summary."""
-    sink = io.StringIO()
-    level = logging.getLogger("torch").level
-    logging.getLogger("torch").setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            yield
-    finally:
-        logging.getLogger("torch").setLevel(level)
 
 
 def _torch_inputs(specs: tuple[InputSpec, ...]) -> tuple[Any, ...]:

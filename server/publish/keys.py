@@ -11,22 +11,21 @@ and every signed root version as DATA_DIR/roots/<version>.json (the exact envelo
 server imports them into its database and serves them at /v1/root/<version>.json).
 
 Every key file is JSON {"role", "keytype", "keyid", "seed_hex"}, created with mode 0600 and
-refused when group or others can read it. Files are written to a temporary name and renamed,
-so a crash leaves either the old state or the new one.
+refused when group or others can read it (server/publish/keyfile.py reads and writes them).
+Files are written to a temporary name and renamed, so a crash leaves either the old state or
+the new one.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import manifests
 from manifests import Root, SigningKey
 from server.publish.errors import KeyStoreError, RotationError
+from server.publish.keyfile import key_file_bytes, load_release_key, load_root_keys, write_atomic
 from server.publish.roots import (
     ROOT_LIFETIME_SECONDS,
     build_root,
@@ -34,59 +33,8 @@ from server.publish.roots import (
     sign_root,
 )
 
-KEY_FILE_MAX_BYTES = 4096
 ROOT_FILE_MAX_BYTES = 1 << 20
 RELEASE_KEY_FILE = "release.key"
-
-
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    """Write `data` to `path` via a temp file + os.replace, created with `mode` from the start."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _key_bytes(role: str, key: SigningKey) -> bytes:
-    doc = {"role": role, "keytype": "ed25519", "keyid": key.keyid, "seed_hex": key.seed.hex()}
-    return json.dumps(doc, indent=1).encode() + b"\n"
-
-
-def read_key_file(path: Path) -> tuple[str, SigningKey]:
-    """(role, key) from a key file; KeyStoreError if missing, too open, or malformed."""
-    try:
-        st = path.stat()
-    except FileNotFoundError as e:
-        raise KeyStoreError(
-            f"key file {path} does not exist; run `modelfleet keys init --data-dir DIR` or set "
-            f"MODELFLEET_KEYS_DIR to the directory holding the keys"
-        ) from e
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise KeyStoreError(
-            f"key file {path} is accessible by group or others (mode "
-            f"{stat.S_IMODE(st.st_mode):o}); run `chmod 600 {path}`"
-        )
-    if st.st_size > KEY_FILE_MAX_BYTES:
-        raise KeyStoreError(f"key file {path} is {st.st_size} bytes, not a ModelFleet key file")
-    try:
-        doc = json.loads(path.read_bytes())
-        role, keytype, seed_hex = doc["role"], doc["keytype"], doc["seed_hex"]
-        if keytype != "ed25519" or role not in ("root", "release"):
-            raise ValueError(f"unsupported role/keytype {role}/{keytype}")
-        key = SigningKey.from_seed(bytes.fromhex(seed_hex))
-    except (ValueError, KeyError, TypeError) as e:
-        raise KeyStoreError(f"key file {path} is malformed ({e}); restore it from backup") from e
-    if doc.get("keyid") not in (None, key.keyid):
-        raise KeyStoreError(f"key file {path}: keyid does not match its seed; file is corrupt")
-    return role, key
 
 
 @dataclass(frozen=True)
@@ -110,24 +58,6 @@ class KeyPaths:
 
     def root_path(self, version: int) -> Path:
         return self.roots_dir / f"{version}.json"
-
-
-def load_release_key(path: Path) -> SigningKey:
-    """The online release key; KeyStoreError if it is missing, too open, or not a release key."""
-    role, key = read_key_file(path)
-    if role != "release":
-        raise KeyStoreError(f"{path} holds a {role} key, not the release key")
-    return key
-
-
-def load_root_keys(directory: Path) -> list[SigningKey]:
-    """Every root key file (root-*.key) found in `directory`."""
-    keys = []
-    for path in sorted(directory.glob("root-*.key")):
-        role, key = read_key_file(path)
-        if role == "root":
-            keys.append(key)
-    return keys
 
 
 def root_versions(paths: KeyPaths) -> list[int]:
@@ -201,11 +131,11 @@ def init_keys(
     manifests.load_trusted_root(data, now)  # prove it verifies before anything is written
     written = []
     for key in roots:
-        _write_atomic(paths.root_key_path(key), _key_bytes("root", key), 0o600)
+        write_atomic(paths.root_key_path(key), key_file_bytes("root", key), 0o600)
         written.append(paths.root_key_path(key))
-    _write_atomic(paths.release_key_path, _key_bytes("release", release), 0o600)
+    write_atomic(paths.release_key_path, key_file_bytes("release", release), 0o600)
     # The root file goes last: its presence is what marks the init as complete.
-    _write_atomic(paths.root_path(1), data, 0o644)
+    write_atomic(paths.root_path(1), data, 0o644)
     return KeysResult(root, data, paths.root_path(1), release.keyid, written)
 
 
@@ -243,15 +173,15 @@ def rotate_root(
         ) from e
     written = []
     for key in new_roots:
-        _write_atomic(paths.root_key_path(key), _key_bytes("root", key), 0o600)
+        write_atomic(paths.root_key_path(key), key_file_bytes("root", key), 0o600)
         written.append(paths.root_key_path(key))
     next_release = paths.keys_dir / "release-next.key"
     if rotate_release:
-        _write_atomic(next_release, _key_bytes("release", release), 0o600)
+        write_atomic(next_release, key_file_bytes("release", release), 0o600)
         retired = paths.keys_dir / "retired" / f"release-{current_release.keyid[:16]}.key"
         retired.parent.mkdir(mode=0o700, exist_ok=True)
-        _write_atomic(retired, _key_bytes("release", current_release), 0o600)
-    _write_atomic(paths.root_path(root.version), data, 0o644)
+        write_atomic(retired, key_file_bytes("release", current_release), 0o600)
+    write_atomic(paths.root_path(root.version), data, 0o644)
     if rotate_release:
         os.replace(next_release, paths.release_key_path)
     return KeysResult(root, data, paths.root_path(root.version), release.keyid, written)

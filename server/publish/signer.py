@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from manifests import Envelope, Signature, SigningKey, pae
+from server.publish.keyfile import load_release_key
 
 
 @runtime_checkable
@@ -51,8 +52,6 @@ class LocalKeySigner:
         self.path = path
 
     def _key(self) -> SigningKey:
-        from server.publish.keys import load_release_key
-
         return load_release_key(self.path)
 
     def keyid(self) -> str:

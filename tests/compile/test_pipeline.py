@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from server.compile import BuildSpec, CompiledArtifact, CompileRequest, Pipeline, SourceFormat
-from server.compile.compilers.base import default_compilers
 from server.compile.compilers.onnx import OnnxCompiler
+from server.compile.compilers.registry import default_compilers
 
 
 def by_platform(outcomes):  # type: ignore[no-untyped-def]

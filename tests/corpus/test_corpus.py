@@ -83,7 +83,7 @@ def test_minilm_exported_program_upload_is_ready_on_onnx_coreml_and_qnn(tmp_path
 
 
 def _compiles(model: CorpusModel, platform: str, tmp_path: Path) -> bool:
-    from server.compile.compilers.base import default_compilers
+    from server.compile.compilers.registry import default_compilers
     from server.compile.source import export_onnx
 
     onnx_path = export_onnx(model.path, model.fmt, model.inputs, tmp_path / "src.onnx")

@@ -10,14 +10,8 @@ import pytest
 
 import manifests
 from server.publish.errors import KeyStoreError, RotationError
-from server.publish.keys import (
-    KeyPaths,
-    init_keys,
-    load_release_key,
-    load_root_chain,
-    load_root_keys,
-    rotate_root,
-)
+from server.publish.keyfile import load_release_key, load_root_keys
+from server.publish.keys import KeyPaths, init_keys, load_root_chain, rotate_root
 
 NOW = 1_800_000_000
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import manifests
 from server.publish import rollouts as ro
-from server.publish.keys import load_release_key
+from server.publish.keyfile import key_file_bytes, load_release_key, write_atomic
 from server.publish.signer import KeySigner, LocalKeySigner, Signer
 from tests.publish.test_publisher import ACTOR, current
 
@@ -41,7 +41,5 @@ def test_local_key_signer_reads_the_key_file_at_each_use(key_paths) -> None:
     signer = LocalKeySigner(key_paths.release_key_path)
     before = signer.keyid()
     rotated = manifests.SigningKey.generate()
-    from server.publish.keys import _key_bytes, _write_atomic
-
-    _write_atomic(key_paths.release_key_path, _key_bytes("release", rotated), 0o600)
+    write_atomic(key_paths.release_key_path, key_file_bytes("release", rotated), 0o600)
     assert signer.keyid() == rotated.keyid != before

@@ -1,13 +1,13 @@
-"""The `Compiler` protocol every platform implements, and the registry of platforms.
+"""The `Compiler` protocol every platform implements, and the helpers compilers share.
 
 A compiler turns one `CompileRequest` into one or more `CompiledArtifact`s (several when a
 platform builds per hardware target, e.g. QNN per SoC) and can run its own artifacts for the
-numeric gate when this machine can (`run`). It does no packing, storage or gating.
+numeric gate when this machine can (`run`). It does no packing, storage or gating. The
+platform registry is `registry.py`: this module imports no compiler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,21 +31,6 @@ class Compiler(Protocol):
     def run(self, artifact: CompiledArtifact, feeds: Feeds) -> Outputs:
         """Outputs of the artifact per sample; only called when `artifact.runnable_here`."""
         ...
-
-
-def default_compilers() -> dict[str, Callable[[], Compiler]]:
-    """Factories by platform name; imported lazily so unused toolchains are never loaded."""
-    from server.compile.compilers.coreml import CoreMLCompiler
-    from server.compile.compilers.onnx import OnnxCompiler
-    from server.compile.compilers.qnn import QnnCompiler
-    from server.compile.compilers.qnn_hub import QnnHubCompiler
-
-    return {
-        "onnx": OnnxCompiler,
-        "coreml": CoreMLCompiler,
-        "qnn": QnnCompiler,
-        "qnn-hub": QnnHubCompiler.from_environment,
-    }
 
 
 def settings_for(request: CompileRequest, platform: str) -> dict[str, object]:

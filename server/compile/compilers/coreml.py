@@ -22,7 +22,8 @@ import numpy as np
 
 from server.compile.compilers.base import Feeds, Outputs, int_setting, settings_for
 from server.compile.errors import CompilerUnavailableError, ConversionError, InvalidSourceError
-from server.compile.source import load_exported_program, quiet
+from server.compile.quiet import quiet
+from server.compile.source import load_exported_program
 from server.compile.types import (
     CompiledArtifact,
     CompileRequest,

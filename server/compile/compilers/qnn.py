@@ -87,7 +87,8 @@ class QnnCompiler:
     platform = "qnn"
 
     def compile(self, request: CompileRequest, workdir: Path) -> list[CompiledArtifact]:
-        from server.compile.source import load_samples, quiet
+        from server.compile.quiet import quiet
+        from server.compile.source import load_samples
 
         opts = settings_for(request, "qnn")
         wanted = str(opts.get("precision", "auto"))
