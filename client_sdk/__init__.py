@@ -6,6 +6,7 @@ Public surface (everything else is internal)::
                                   compile → stage → swap (``check_once()``, ``run(stop)``)
     UpdaterConfig, Limits         explicit configuration (no env vars, no global state)
     ModelRuntime                  what the app calls to predict; atomic swaps, circuit breaker
+    ShadowConfig                  how the runtime runs shadow candidates (queue, budget, …)
     Transport, Response           the one network seam (fetch, post); UrllibTransport is the
                                   default
     Reporter                      device identity, enrolment and signed telemetry uploads
@@ -37,7 +38,9 @@ from client_sdk.errors import (
 )
 from client_sdk.events import Event, EventKind
 from client_sdk.http_transport import UrllibTransport
-from client_sdk.runtime import ModelRuntime, Prediction
+from client_sdk.loaded import Prediction
+from client_sdk.runtime import ModelRuntime
+from client_sdk.shadow import ShadowConfig
 from client_sdk.telemetry import Reporter
 from client_sdk.transport import Response, Transport
 from client_sdk.updater import ModelResult, Outcome, Updater, UpdateResult, Via
@@ -70,6 +73,7 @@ __all__ = [
     "Reporter",
     "Response",
     "RuntimeSDKError",
+    "ShadowConfig",
     "SystemClock",
     "TelemetryError",
     "Transport",

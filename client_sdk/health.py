@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from client_sdk.fsutil import atomic_write_json, check_name
-from client_sdk.shadow import ShadowStore, percentile_us
+from client_sdk.shadow_stats import ShadowStore, percentile_us
 
 
 @dataclass

@@ -9,19 +9,17 @@ bundle (``prepare``) is slow and happens off the inference path; ``swap`` is a p
 Shape variants: a bundle installed with ``all_shape_variants`` holds the model compiled for
 each input-shape variant (``shape:<variant>`` members, e.g. 360p/720p/1080p); ``prepare`` loads
 them all, and ``predict(..., shape_variant="720p")`` picks the loaded backend by a dict lookup,
-so switching resolution never reloads a model.
-
-Circuit breaker: when the primary backend (e.g. QNN) raises, the call is retried on the
-bundle's CPU ONNX fallback member; after ``breaker_threshold`` consecutive failures the loaded
-model switches to the fallback for good and a FALLBACK event is reported.
+so switching resolution never reloads a model. Loading, running, the circuit breaker (after
+``breaker_threshold`` consecutive failures the CPU ONNX fallback for good): ``LoadedModel``,
+``client_sdk.loaded``.
 
 Shadow mode: a bundle in the "candidate" slot never answers ``predict`` (unless asked for by
 ``slot=``); active predictions are offered to it (bounded, drops counted; within the
-``shadow_budget`` of the app's own predict time, see ``predict``) — by default in
-the shadow process (``client_sdk.shadow_process``: a child with its own GIL), else on the
-``ShadowWorker`` thread (``shadow_isolation``) —, which compares the outputs and latencies
-and decides its verdict (``client_sdk.shadow``). A failed candidate is cleared from the slot
-at once.
+``ShadowConfig.budget`` of the app's own predict time, see ``predict``) to the ``Shadow``
+(``client_sdk.shadow``) — by default the shadow process (``client_sdk.shadow_process``: a
+child with its own GIL), else the ``ShadowWorker`` thread (``ShadowConfig.isolation``) —,
+which compares the outputs and latencies and decides its verdict. A failed candidate is
+cleared from the slot at once.
 
 Local rollback: ``client_sdk.health`` watches a newly active bundle; when it fails at run time
 the previous bundle is loaded and swapped in at once and made active on disk (no download), and
@@ -35,152 +33,30 @@ import fcntl
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from client_sdk import shadow_process
-from client_sdk.backends import Arrays, Backend, open_backend
+from client_sdk.backends import open_backend
 from client_sdk.clock import Clock, SystemClock
-from client_sdk.errors import (
-    BackendError,
-    BackendUnavailableError,
-    ClientSDKError,
-    ConfigError,
-    ModelNotLoadedError,
-)
+from client_sdk.errors import BackendError, ClientSDKError, ConfigError, ModelNotLoadedError
 from client_sdk.events import Event, EventCallback, EventKind, emit
 from client_sdk.health import HealthMonitor, Policy
-from client_sdk.install import SHAPE_ROLE_PREFIX, Bundle, BundleStore, Member
-from client_sdk.shadow import FAILED, ShadowStore
+from client_sdk.install import Bundle, BundleStore
+from client_sdk.loaded import BackendFactory, LoadedModel, Prediction, prepare_bundle
+from client_sdk.shadow import AUTO, PROCESS, Session, Shadow, ShadowConfig, ShadowKeywords
 from client_sdk.shadow_process import ShadowProcess
-from client_sdk.shadow_worker import Session, ShadowWorker
+from client_sdk.shadow_stats import FAILED, ShadowStore
+from client_sdk.shadow_worker import ShadowWorker
 from client_sdk.telemetry import Outbox, update_report
 
 ACTIVE = "active"
 CANDIDATE = "candidate"
 # The lock the updater holds while it installs (runtime rollbacks take it to write the pointer).
 LOCK_NAME = ".updater.lock"
-BackendFactory = Callable[[Bundle, Member], Backend]
-# Where shadow candidates run (``ModelRuntime(shadow_isolation=...)``).
-AUTO, PROCESS, THREAD = "auto", "process", "thread"
-# Offering shadow samples adds at most this share to the app's predict time (on its thread).
-DEFAULT_SHADOW_BUDGET = 0.02
-
-
-@dataclass(frozen=True)
-class Prediction:
-    model: str
-    version: str
-    sha256: str
-    backend: str
-    outputs: Arrays
-    shape_variant: str = ""
-
-
-class LoadedModel:
-    """A bundle with its backend(s) loaded and ready to run."""
-
-    def __init__(
-        self,
-        bundle: Bundle,
-        primary: Backend,
-        fallback: Backend | None,
-        *,
-        threshold: int,
-        on_event: EventCallback | None,
-        shapes: Mapping[str, Backend] | None = None,
-    ) -> None:
-        self.bundle = bundle
-        self._backend = primary
-        self._fallback = fallback
-        self.primary_shape = bundle.members[0].target.get("shape_variant", "")
-        # The other input-shape variants, loaded once (read-only after construction).
-        self._shapes: dict[str, Backend] = dict(shapes or {})
-        self._threshold = threshold
-        self._failures = 0
-        self._lock = threading.Lock()  # taken only on the failure path
-        self._on_event = on_event
-
-    @property
-    def backend_name(self) -> str:
-        return self._backend.name
-
-    @property
-    def shape_variants(self) -> tuple[str, ...]:
-        """The input-shape variants this loaded model can run, the primary's first."""
-        return tuple(s for s in (self.primary_shape, *self._shapes) if s)
-
-    def run(self, inputs: Mapping[str, np.ndarray[Any, Any]],
-            shape_variant: str | None = None) -> Prediction:
-        if shape_variant and shape_variant != self.primary_shape:
-            other = self._shapes.get(shape_variant)
-            if other is None:
-                raise ModelNotLoadedError(
-                    f"{self.bundle.model} {self.bundle.version} has no shape variant "
-                    f"{shape_variant!r}; loaded: {list(self.shape_variants)} (install with "
-                    "UpdaterConfig(all_shape_variants=[model]))")
-            b = self.bundle
-            return Prediction(b.model, b.version, b.sha256, other.name, other.run(inputs),
-                              shape_variant)
-        backend = self._backend
-        try:
-            outputs = backend.run(inputs)
-        except BackendError as e:
-            fallback = self._record_failure(backend, e)
-            if fallback is None:
-                raise
-            backend, outputs = fallback, fallback.run(inputs)
-        else:
-            if self._failures:
-                self._failures = 0
-        b = self.bundle
-        return Prediction(b.model, b.version, b.sha256, backend.name, outputs,
-                          self.primary_shape)
-
-    def _record_failure(self, backend: Backend, error: BackendError) -> Backend | None:
-        with self._lock:
-            if backend is not self._backend:  # another thread already switched
-                return self._backend
-            self._failures += 1
-            if self._fallback is None:
-                return None
-            if self._failures >= self._threshold:
-                self._backend, self._fallback = self._fallback, None
-                emit(self._on_event, Event(
-                    EventKind.FALLBACK, self.bundle.model, self.bundle.version,
-                    f"{backend.name} failed {self._failures} times in a row ({error}); "
-                    f"switched to {self._backend.name}",
-                ))
-                return self._backend
-            return self._fallback
-
-
-def prepare_bundle(bundle: Bundle, open_member: BackendFactory, *, threshold: int,
-                   on_event: EventCallback | None) -> LoadedModel:
-    """Load ``bundle``'s backends (``ModelRuntime.prepare``; also the shadow process's way to
-    load a candidate): the primary member, else the bundle's CPU ONNX fallback when the
-    primary cannot run here (reported), and every input-shape variant."""
-    primary_m = bundle.members[0]
-    fallback_m = next((m for m in bundle.members[1:] if m.role == "fallback"), None)
-    fallback = open_member(bundle, fallback_m) if fallback_m is not None else None
-    try:
-        primary = open_member(bundle, primary_m)
-    except BackendUnavailableError as e:
-        if fallback is None:
-            raise
-        emit(on_event, Event(
-            EventKind.FALLBACK, bundle.model, bundle.version,
-            f"{primary_m.format} unavailable ({e}); using {fallback.name}",
-        ))
-        primary, fallback = fallback, None
-    shapes = {m.role.removeprefix(SHAPE_ROLE_PREFIX): open_member(bundle, m)
-              for m in bundle.members if m.role.startswith(SHAPE_ROLE_PREFIX)}
-    return LoadedModel(bundle, primary, fallback, threshold=threshold, on_event=on_event,
-                       shapes=shapes)
 
 
 class ModelRuntime:
@@ -194,32 +70,18 @@ class ModelRuntime:
         breaker_threshold: int = 3,
         backend_factory: BackendFactory = open_backend,
         clock: Clock | None = None,
-        shadow_queue: int = 8,
-        shadow_persist_every: int = 25,
-        shadow_sample_every: int = 1,
-        shadow_budget: float | None = DEFAULT_SHADOW_BUDGET,
-        shadow_background: bool = True,
-        shadow_isolation: str = AUTO,
+        shadow_config: ShadowConfig | None = None,
         health: Policy | None = None,
+        **shadow_keywords: Unpack[ShadowKeywords],
     ) -> None:
-        """``shadow_queue``: samples waiting for the candidate before new ones are dropped;
-        ``shadow_sample_every``: offer one active prediction in N to the candidate (a
-        candidate running beside the app shares its CPU: sample when the app's tail latency
-        matters more than a fast verdict — see docs/benchmarks.md);
-        ``shadow_budget``: the share of the app's predict time that offering samples may add
-        on the app's thread (default 0.02: 2%): after each offer, the next ones wait until the
-        predictions since then ran ``cost / budget`` (the offer's measured cost: copying the
-        sample, ≈ 20 µs on a small VM core), so a fast model is sampled less often than a slow
-        one; None: every ``shadow_sample_every``-th prediction, whatever it costs;
-        ``shadow_persist_every``: samples between two writes of the shadow statistics;
-        ``shadow_background``: run the candidate at the lowest CPU priority the OS allows
-        (False only to measure the difference);
-        ``shadow_isolation``: where candidates run — ``"process"``: a child process
-        (``client_sdk.shadow_process``: no GIL shared with the app; Linux, the default backend
-        factory), ``"thread"``: a worker thread of the app's process
-        (``client_sdk.shadow_worker``), ``"auto"``: the process where it can run, else the
-        thread;
+        """``shadow_config``: how shadow candidates run (``client_sdk.shadow.ShadowConfig``:
+        queue, sampling, budget, persistence, priority, isolation); the older keywords
+        ``shadow_queue``, ``shadow_persist_every``, ``shadow_sample_every``,
+        ``shadow_budget``, ``shadow_background`` and ``shadow_isolation`` still work and set
+        the ``ShadowConfig`` field of the same name (``queue_size`` for ``shadow_queue``);
         ``health``: when a newly active bundle is rolled back (``client_sdk.health``)."""
+        config = ShadowConfig.from_keywords(shadow_config, shadow_keywords)
+        self.shadow_config = config
         self.data_dir = Path(data_dir)
         self.store = BundleStore(self.data_dir)
         self._on_event = on_event
@@ -234,27 +96,21 @@ class ModelRuntime:
         # worker runs the candidate only while none is in flight.
         self._started, self._finished = itertools.count(), itertools.count()
         self._n_started = self._n_finished = 0
-        if shadow_sample_every < 1:
-            raise ConfigError("shadow_sample_every must be >= 1")
-        self._sample_every = shadow_sample_every
-        if shadow_budget is not None and not 0 < shadow_budget <= 1:
-            raise ConfigError("shadow_budget must be in (0, 1], or None for no budget")
-        self._budget = shadow_budget or 0.0
+        self._sample_every = config.sample_every
+        self._budget = config.budget or 0.0
         # ns of predictions still to run before the next offer (the last offer's cost/budget).
         self._shadow_debt_ns = 0.0
-        if shadow_isolation not in (AUTO, PROCESS, THREAD):
-            raise ConfigError(f"shadow_isolation must be one of {AUTO}, {PROCESS}, {THREAD}")
         process_ok = shadow_process.supported() and backend_factory is open_backend
-        if shadow_isolation == PROCESS and not process_ok:
-            raise ConfigError("shadow_isolation='process' needs Linux, a Python executable and "
-                              "the default backend factory")
+        if config.isolation == PROCESS and not process_ok:
+            raise ConfigError("shadow isolation 'process' needs Linux, a Python executable "
+                              "and the default backend factory")
         self._shadow_args: dict[str, Any] = dict(
-            queue_size=shadow_queue, persist_every=shadow_persist_every,
-            on_decided=self._decided, background=shadow_background)
-        self.shadow: ShadowWorker | ShadowProcess = (
+            queue_size=config.queue_size, persist_every=config.persist_every,
+            on_decided=self._decided, background=config.background)
+        self.shadow: Shadow = (
             ShadowProcess(self.shadow_store, self.clock, **self._shadow_args,
                           on_unavailable=self._shadow_unavailable)
-            if shadow_isolation == PROCESS or (shadow_isolation == AUTO and process_ok)
+            if config.isolation == PROCESS or (config.isolation == AUTO and process_ok)
             else self._shadow_thread())
         self.health = HealthMonitor(self.data_dir, health)
         self.outbox = Outbox(self.data_dir)

@@ -1,321 +1,228 @@
-"""Shadow mode statistics: how a candidate model compares with the active one on live inputs.
+"""Shadow mode on the device: the one shape both shadow workers share.
 
-Per sample (one input the app predicted on, offered to the candidate off the app's thread):
+- ``Shadow``: what ``ModelRuntime`` asks of the place candidates run — ``ShadowWorker`` (a
+  thread of the app's process, ``client_sdk.shadow_worker``) or ``ShadowProcess`` (a child
+  process, ``client_sdk.shadow_process`` and ``client_sdk.shadow_child``);
+- ``Session``: one candidate under comparison, its loaded model and its statistics;
+- ``Evaluator``: the one sequence every sample goes through, wherever it runs: run the
+  candidate → compare with the active outputs → add to the statistics → decide the verdict →
+  persist. The thread worker and the child differ only in how the candidate is run (a
+  low-priority thread; a marked run in the child), whether a comparison waits for the app to be
+  idle, and what a decided verdict tells whom: those are the evaluator's arguments;
+- ``ShadowConfig``: the runtime's shadow settings (queue, sampling, budget, persistence,
+  priority, isolation), ``ModelRuntime(shadow_config=...)``; the older ``shadow_*`` keywords of
+  ``ModelRuntime`` map onto it (``from_keywords``).
 
-- KL divergence KL(active ‖ candidate) of the output distributions, per floating output whose
-  last axis has ≥ 2 entries: the outputs themselves when they already are probabilities
-  (non-negative, rows summing to 1), else the softmax of them (logits); the sample's value is
-  the largest over outputs, mean over batch rows;
-- cosine similarity and SNR (dB, active as signal, the difference as noise) of every floating
-  output, the sample's value the smallest over outputs;
-- the latency of both models (µs).
-
-``ShadowStats`` aggregates them per candidate artifact (its sha256) and decides the verdict
-(``TELEMETRY_SPEC``): after ``min_samples`` samples (and ``min_duration_s`` seconds since the
-first one, when the thresholds give it) *passed* iff mean KL ≤ ``max_kl_micro`` and the
-candidate's p99 latency ≤ ``max_latency_p99_us``, *failed* otherwise. ``ShadowStore`` persists
-them atomically as ``<data_dir>/shadow/<sha256>.json`` so they survive app restarts; a failed
-artifact stays recorded there and is never loaded or fetched again. Only these aggregates are
-stored — never an input or an output.
+The statistics, the metrics and their files are ``client_sdk.shadow_stats``.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
 import numpy as np
 
-from client_sdk.errors import InstallError
-from client_sdk.fsutil import atomic_write_bytes
+from client_sdk.clock import Clock
+from client_sdk.errors import ConfigError, ModelNotLoadedError
+from client_sdk.loaded import LoadedModel
+from client_sdk.shadow_stats import PENDING, ShadowStats, compare
 
-PENDING, PASSED, FAILED = "pending", "passed", "failed"
-VERDICTS = (PENDING, PASSED, FAILED)
-# Latencies kept per model for the percentiles (the most recent ones).
-MAX_LATENCIES = 2048
-# SNR of identical outputs (no noise at all): a finite stand-in for +inf.
-SNR_IDENTICAL_DB = 200.0
-_SHA = re.compile(r"[0-9a-f]{64}")
-_EPS = 1e-12
+Array = np.ndarray[Any, Any]
+Arrays = Mapping[str, Array]
+# Runs the candidate (the function given) and returns its outputs and wall time in µs.
+Runner = Callable[[Callable[[], Arrays]], tuple[Arrays, int]]
 
-Arrays = Mapping[str, np.ndarray[Any, Any]]
-
-
-@dataclass(frozen=True)
-class Sample:
-    """The comparison of one input: ``kl`` None when no output is a distribution."""
-
-    kl: float | None
-    cosine: float | None
-    snr_db: float | None
-    active_us: int
-    candidate_us: int
-
-
-def _rows_as_distributions(rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """``rows`` (float64, 2-D) as probability distributions: as-is when they already are
-    (non-negative, each summing to 1 within 1e-3), else their softmax (they are logits)."""
-    # The bound np.allclose(sums, 1.0, atol=1e-3) applies (atol + rtol·1), without its cost.
-    if rows.min() >= 0 and float(np.abs(rows.sum(axis=1) - 1.0).max()) <= 1e-3 + 1e-5:
-        return rows
-    e = np.exp(rows - rows.max(axis=1, keepdims=True))
-    out: np.ndarray[Any, Any] = e / e.sum(axis=1, keepdims=True)
-    return out
-
-
-def _kl_rows(p_rows: np.ndarray[Any, Any], q_rows: np.ndarray[Any, Any]) -> float:
-    p = np.clip(_rows_as_distributions(p_rows), _EPS, 1.0)
-    q = np.clip(_rows_as_distributions(q_rows), _EPS, 1.0)
-    return max(float(np.sum(p * np.log(p / q))) / int(p.shape[0]), 0.0)
-
-
-def _cosine(aa: float, cc: float, ac: float) -> float:
-    """From the dot products a·a, c·c and a·c."""
-    if aa == 0.0 or cc == 0.0:
-        return 1.0 if aa == cc else 0.0
-    return ac / (math.sqrt(aa) * math.sqrt(cc))
-
-
-def _snr_db(signal: float, noise: float) -> float:
-    if noise == 0.0:
-        return SNR_IDENTICAL_DB
-    if signal == 0.0:
-        return -SNR_IDENTICAL_DB
-    return max(min(10.0 * math.log10(signal / noise), SNR_IDENTICAL_DB), -SNR_IDENTICAL_DB)
-
-
-def _f64(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    return np.asarray(a, dtype=np.float64).ravel()
-
-
-def kl_divergence(active: np.ndarray[Any, Any], candidate: np.ndarray[Any, Any]) -> float:
-    """Mean over rows (last axis) of KL(p ‖ q), p from the active model, q from the
-    candidate."""
-    n = active.shape[-1]
-    return _kl_rows(_f64(active).reshape(-1, n), _f64(candidate).reshape(-1, n))
-
-
-def cosine(active: np.ndarray[Any, Any], candidate: np.ndarray[Any, Any]) -> float:
-    a, c = _f64(active), _f64(candidate)
-    return _cosine(float(a @ a), float(c @ c), float(a @ c))
-
-
-def snr_db(active: np.ndarray[Any, Any], candidate: np.ndarray[Any, Any]) -> float:
-    a = _f64(active)
-    d = a - _f64(candidate)
-    return _snr_db(float(a @ a), float(d @ d))
-
-
-def compare(active: Arrays, candidate: Arrays, active_us: int, candidate_us: int) -> Sample:
-    """One sample from the two models' outputs for the same input. An output the candidate
-    lacks or shapes differently counts as total divergence (cosine 0, KL of 1e6 micro).
-
-    It runs on the shadow worker while holding the GIL, so each output is converted to
-    float64 once and every metric is taken from those two vectors (a handful of numpy calls
-    per output): the app's thread waits for the GIL as briefly as possible."""
-    kls: list[float] = []
-    cosines: list[float] = []
-    snrs: list[float] = []
-    for name, a in active.items():
-        if not np.issubdtype(a.dtype, np.floating):
-            continue
-        c = candidate.get(name)
-        if c is None or c.shape != a.shape:
-            kls.append(1.0)
-            cosines.append(0.0)
-            snrs.append(-SNR_IDENTICAL_DB)
-            continue
-        av, cv = _f64(a), _f64(c)
-        if a.ndim >= 1 and a.shape[-1] >= 2:
-            n = a.shape[-1]
-            kls.append(_kl_rows(av.reshape(-1, n), cv.reshape(-1, n)))
-        aa, d = float(av @ av), av - cv
-        cosines.append(_cosine(aa, float(cv @ cv), float(av @ cv)))
-        snrs.append(_snr_db(aa, float(d @ d)))
-    return Sample(max(kls) if kls else None, min(cosines) if cosines else None,
-                  min(snrs) if snrs else None, active_us, candidate_us)
-
-
-def percentile_us(values: list[int], q: float) -> int:
-    return int(np.percentile(np.asarray(values, dtype=np.int64), q)) if values else 0
+# Where candidates run (``ShadowConfig.isolation``).
+AUTO, PROCESS, THREAD = "auto", "process", "thread"
+ISOLATIONS = (AUTO, PROCESS, THREAD)
+# Offering shadow samples adds at most this share to the app's predict time (on its thread).
+DEFAULT_BUDGET = 0.02
 
 
 @dataclass
-class ShadowStats:
-    """The running comparison of one candidate artifact (JSON-serialisable aggregates only)."""
+class Session:
+    """One candidate under comparison: its loaded model and its stats."""
 
-    sha256: str
-    model: str
-    version: str
-    thresholds: dict[str, int] | None = None  # max_kl_micro, max_latency_p99_us, min_samples,
-    # and min_duration_s when the release gives it
-    samples: int = 0
-    dropped: int = 0
-    kl_samples: int = 0
-    kl_sum: float = 0.0
-    kl_max: float = 0.0
-    cosine_min: float | None = None
-    snr_min_db: float | None = None
-    active_us: list[int] = field(default_factory=list)
-    candidate_us: list[int] = field(default_factory=list)
-    first_at: int | None = None
-    verdict: str = PENDING
-    reason: str | None = None
+    loaded: LoadedModel
+    stats: ShadowStats
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    dropped: int = 0  # drops since the last merge into stats (under ``lock``)
+    detached: bool = False
 
-    # -- aggregation ---------------------------------------------------------------------
 
-    def add(self, s: Sample, now: int) -> None:
-        self.samples += 1
-        if self.first_at is None:
-            self.first_at = now
-        if s.kl is not None:
-            self.kl_samples += 1
-            self.kl_sum += s.kl
-            self.kl_max = max(self.kl_max, s.kl)
-        if s.cosine is not None:
-            self.cosine_min = s.cosine if self.cosine_min is None else min(self.cosine_min,
-                                                                           s.cosine)
-        if s.snr_db is not None:
-            self.snr_min_db = s.snr_db if self.snr_min_db is None else min(self.snr_min_db,
-                                                                           s.snr_db)
-        for seq, v in ((self.active_us, s.active_us), (self.candidate_us, s.candidate_us)):
-            seq.append(v)
-            if len(seq) > MAX_LATENCIES:
-                del seq[: len(seq) - MAX_LATENCIES]
+Decided = Callable[[str, Session], None]
+
+
+class Shadow(Protocol):
+    """Where candidates run, are compared and judged (``ModelRuntime.shadow``)."""
 
     @property
-    def kl_mean_micro(self) -> int:
-        return round(self.kl_sum / self.kl_samples * 1e6) if self.kl_samples else 0
+    def setups(self) -> int:
+        """Offers so far that set something up (a layout sent to the child, a new ring): the
+        runtime does not charge those to the shadow budget."""
+        ...
 
     @property
-    def kl_max_micro(self) -> int:
-        return round(self.kl_max * 1e6)
+    def priority(self) -> str:
+        """The CPU priority candidates run at (``client_sdk.background``), once one ran."""
+        ...
 
-    def decide(self, now: int) -> str:
-        """Set and return the verdict once the window is complete (pending before; a
-        decided verdict never changes)."""
-        t = self.thresholds
-        if self.verdict != PENDING or t is None or self.samples < t["min_samples"]:
-            return self.verdict
-        min_duration = t.get("min_duration_s", 0)
-        if min_duration and (self.first_at is None or now - self.first_at < min_duration):
-            return self.verdict
-        p99 = percentile_us(self.candidate_us, 99)
-        problems = []
-        if self.kl_mean_micro > t["max_kl_micro"]:
-            problems.append(f"mean KL {self.kl_mean_micro} µ over the limit "
-                            f"{t['max_kl_micro']} µ")
-        if p99 > t["max_latency_p99_us"]:
-            problems.append(f"candidate p99 {p99} µs over the limit {t['max_latency_p99_us']} µs")
-        self.verdict = FAILED if problems else PASSED
-        self.reason = "; ".join(problems) or None
-        return self.verdict
+    def attach(self, loaded: LoadedModel) -> Session | None:
+        """Start (or resume, from the persisted stats) comparing ``loaded`` as its model's
+        candidate; None when that artifact already has a verdict."""
+        ...
 
-    def fail(self, reason: str) -> None:
-        """Record a failure decided elsewhere (the candidate crashed, or the model was rolled
-        back at run time after its promotion)."""
-        self.verdict, self.reason = FAILED, reason[:500]
+    def detach(self, model: str) -> None:
+        """Stop comparing the model's candidate; its stats are persisted."""
+        ...
 
-    # -- the report (TELEMETRY_SPEC kind "shadow" fields) --------------------------------
+    def session(self, model: str) -> Session | None:
+        """The model's candidate under comparison, if any."""
+        ...
 
-    def summary(self) -> dict[str, Any]:
-        return {
-            "samples": self.samples, "dropped": self.dropped,
-            "kl_mean_micro": self.kl_mean_micro, "kl_max_micro": self.kl_max_micro,
-            "cosine_min_micro": None if self.cosine_min is None
-            else round(self.cosine_min * 1e6),
-            "snr_min_centi_db": None if self.snr_min_db is None
-            else round(self.snr_min_db * 100),
-            "active_p50_us": percentile_us(self.active_us, 50),
-            "active_p99_us": percentile_us(self.active_us, 99),
-            "candidate_p50_us": percentile_us(self.candidate_us, 50),
-            "candidate_p99_us": percentile_us(self.candidate_us, 99),
-            "verdict": self.verdict, "reason": self.reason,
-        }
+    def offer(self, model: str, inputs: Arrays, outputs: Arrays, active_us: int,
+              shape_variant: str | None) -> bool:
+        """One sample for the model's candidate, never blocking the app; False when dropped
+        (counted) or when there is no candidate."""
+        ...
 
-    # -- persistence ---------------------------------------------------------------------
+    def flush(self) -> None:
+        """Wait until every sample offered is processed; the stats on disk are then current."""
+        ...
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k in self.__dataclass_fields__:
-            v = getattr(self, k)
-            out[k] = list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
-        return out
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> ShadowStats:
-        s = ShadowStats(str(d["sha256"]), str(d["model"]), str(d["version"]))
-        for k in s.__dataclass_fields__:
-            if k in d and k not in ("sha256", "model", "version"):
-                setattr(s, k, d[k])
-        if s.verdict not in VERDICTS:
-            raise ValueError(f"unknown verdict {s.verdict!r}")
-        return s
+    def close(self) -> None:
+        """Drain, persist and stop."""
+        ...
 
 
-class ShadowStore:
-    """``<data_dir>/shadow/<sha256>.json``: one ``ShadowStats`` per candidate artifact."""
+def _always() -> bool:
+    return True
 
-    def __init__(self, data_dir: Path) -> None:
-        self.dir = Path(data_dir) / "shadow"
 
-    def _path(self, sha256: str) -> Path:
-        if not _SHA.fullmatch(sha256):
-            raise InstallError(f"not a sha256: {sha256!r}")
-        return self.dir / f"{sha256}.json"
+class Evaluator:
+    """Run → compare → add → decide → persist, for one sample of one session.
 
-    def load(self, sha256: str) -> ShadowStats | None:
-        path = self._path(sha256)
+    ``run``: how the candidate runs (its outputs and µs); ``settle``: called between the run
+    and the comparison, False drops the sample (the thread worker: the app started a
+    prediction and did not finish in time); ``persist``: writes a session's stats every
+    ``persist_every`` samples; ``decided``: a verdict was decided (passed, failed, or the
+    candidate raised) and must be persisted and told. Samples of a candidate that lacks the
+    input-shape variant are skipped, not counted."""
+
+    def __init__(self, *, run: Runner, persist_every: int, persist: Callable[[Session], None],
+                 decided: Callable[[Session], None], settle: Callable[[], bool] = _always,
+                 clock: Clock | None = None) -> None:
+        self._run = run
+        self._persist_every = max(persist_every, 1)
+        self._persist = persist
+        self._decided = decided
+        self._settle = settle
+        self._clock = clock
+
+    def sample(self, s: Session, inputs: Arrays, outputs: Arrays, active_us: int,
+               shape_variant: str | None, at: int | None = None) -> None:
+        """``outputs``/``active_us``: the active model's for ``inputs``; ``at``: the time the
+        sample counts at (None: now, by the evaluator's clock, after the comparison)."""
+        if s.detached or s.stats.verdict != PENDING:
+            return
         try:
-            return ShadowStats.from_dict(json.loads(path.read_bytes()))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # a torn or foreign file: start the comparison again
+            got, cand_us = self._run(lambda: s.loaded.run(inputs, shape_variant).outputs)
+        except ModelNotLoadedError:
+            return  # the candidate lacks that input-shape variant: not comparable
+        except Exception as e:
+            with s.lock:
+                s.stats.fail(f"candidate raised {type(e).__name__}: {e}")
+            self._decided(s)
+            return
+        if not self._settle():
+            with s.lock:
+                s.dropped += 1
+            return
+        sample = compare(outputs, got, active_us, cand_us)
+        if at is None:
+            assert self._clock is not None, "an Evaluator without a clock needs `at`"
+            at = int(self._clock.time())
+        with s.lock:
+            s.stats.add(sample, at)
+            verdict = s.stats.decide(at)
+            due = s.stats.samples % self._persist_every == 0
+        if verdict != PENDING:
+            self._decided(s)
+        elif due:
+            self._persist(s)
 
-    def save(self, stats: ShadowStats) -> None:
-        # Compact JSON: with ``indent`` the json module falls back to its pure-Python encoder
-        # (~3 ms for the 4,096 latencies, all of it holding the GIL on the shadow worker while
-        # the app waits for it); without, its C encoder takes ~0.3 ms.
-        data = json.dumps(stats.to_dict(), sort_keys=True, separators=(",", ":"))
-        atomic_write_bytes(self._path(stats.sha256), data.encode())
 
-    def register(self, sha256: str, model: str, version: str,
-                 thresholds: dict[str, int] | None) -> ShadowStats:
-        """The stats of a candidate the updater just installed (kept if already there), with
-        the release's thresholds recorded for the runtime."""
-        stats = self.load(sha256) or ShadowStats(sha256, model, version)
-        if thresholds is not None and stats.thresholds != thresholds:
-            stats.thresholds = dict(thresholds)
-            self.save(stats)
-        elif not self._path(sha256).exists():
-            self.save(stats)
-        return stats
+class ShadowKeywords(TypedDict, total=False):
+    """``ModelRuntime``'s older shadow keywords, each one ``ShadowConfig`` field."""
 
-    def verdict(self, sha256: str) -> str | None:
-        stats = self.load(sha256)
-        return None if stats is None else stats.verdict
+    shadow_queue: int
+    shadow_persist_every: int
+    shadow_sample_every: int
+    shadow_budget: float | None
+    shadow_background: bool
+    shadow_isolation: str
 
-    def failed(self, sha256: str) -> ShadowStats | None:
-        stats = self.load(sha256)
-        return stats if stats is not None and stats.verdict == FAILED else None
 
-    def mark_failed(self, sha256: str, model: str, version: str, reason: str) -> None:
-        stats = self.load(sha256) or ShadowStats(sha256, model, version)
-        stats.fail(reason)
-        self.save(stats)
+# keyword → ShadowConfig field
+KEYWORDS = {
+    "shadow_queue": "queue_size", "shadow_persist_every": "persist_every",
+    "shadow_sample_every": "sample_every", "shadow_budget": "budget",
+    "shadow_background": "background", "shadow_isolation": "isolation",
+}
 
-    def all(self) -> list[ShadowStats]:
-        if not self.dir.exists():
-            return []
-        out = []
-        for p in sorted(self.dir.glob("*.json")):
-            s = self.load(p.stem) if _SHA.fullmatch(p.stem) else None
-            if s is not None:
-                out.append(s)
-        return out
+
+@dataclass(frozen=True)
+class ShadowConfig:
+    """How ``ModelRuntime`` runs shadow candidates.
+
+    ``queue_size``: samples waiting for the candidate before new ones are dropped;
+    ``sample_every``: offer one active prediction in N to the candidate (a candidate running
+    beside the app shares its CPU: sample when the app's tail latency matters more than a
+    fast verdict — see docs/benchmarks.md);
+    ``budget``: the share of the app's predict time that offering samples may add on the
+    app's thread (default 0.02: 2%): after each offer, the next ones wait until the
+    predictions since then ran ``cost / budget`` (the offer's measured cost: copying the
+    sample, ≈ 20 µs on a small VM core), so a fast model is sampled less often than a slow
+    one; None: every ``sample_every``-th prediction, whatever it costs;
+    ``persist_every``: samples between two writes of the shadow statistics;
+    ``background``: run the candidate at the lowest CPU priority the OS allows (False only to
+    measure the difference);
+    ``isolation``: where candidates run — ``"process"``: a child process
+    (``client_sdk.shadow_process``: no GIL shared with the app; Linux, the default backend
+    factory), ``"thread"``: a worker thread of the app's process (``client_sdk.shadow_worker``),
+    ``"auto"``: the process where it can run, else the thread."""
+
+    queue_size: int = 8
+    persist_every: int = 25
+    sample_every: int = 1
+    budget: float | None = DEFAULT_BUDGET
+    background: bool = True
+    isolation: str = AUTO
+
+    def __post_init__(self) -> None:
+        if self.sample_every < 1:
+            raise ConfigError("ShadowConfig.sample_every (shadow_sample_every) must be >= 1")
+        if self.budget is not None and not 0 < self.budget <= 1:
+            raise ConfigError("ShadowConfig.budget (shadow_budget) must be in (0, 1], or None "
+                              "for no budget")
+        if self.isolation not in ISOLATIONS:
+            raise ConfigError(f"ShadowConfig.isolation (shadow_isolation) must be one of "
+                              f"{', '.join(ISOLATIONS)}, not {self.isolation!r}")
+
+    @classmethod
+    def from_keywords(cls, config: ShadowConfig | None, keywords: Mapping[str, Any]
+                      ) -> ShadowConfig:
+        """``config``, or the one the older ``shadow_*`` keywords describe (defaults for the
+        rest); both at once is refused, and so is a keyword that is not one of them."""
+        unknown = sorted(set(keywords) - set(KEYWORDS))
+        if unknown:
+            raise TypeError(f"ModelRuntime() got unexpected keyword arguments {unknown}")
+        if not keywords:
+            return config or cls()
+        if config is not None:
+            raise ConfigError(f"give ModelRuntime either shadow_config=ShadowConfig(...) or "
+                              f"the shadow_* keywords, not both (got {sorted(keywords)})")
+        return cls(**{KEYWORDS[k]: v for k, v in keywords.items()})

@@ -22,8 +22,10 @@ processed first, so a message and the samples around it are handled in the order
 made them.
 
 This process owns the candidates' ``ShadowStats`` while it runs: it loads them from the
-``ShadowStore`` when a candidate is attached, aggregates every sample, persists them every
-``persist every`` samples, on a decided verdict (then tells the parent, ``DECIDED``), on
+``ShadowStore`` when a candidate is attached, hands every sample to the ``Evaluator``
+(``client_sdk.shadow``: the sequence the thread worker runs too), which aggregates it and
+persists the stats every ``persist every`` samples and on a decided verdict (this process then
+tells the parent, ``DECIDED``); it persists them too on
 ``DETACH``, ``FLUSH`` and ``STOP`` (answered by ``ACK`` once done) and when the parent goes
 away (end of file on the socket). It lowers its own CPU priority first (``SCHED_IDLE``, else
 nice 19: the whole process is ours), so it runs only on cores the app leaves idle; holding its
@@ -40,17 +42,19 @@ import select
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from client_sdk.backends import Backend, open_backend
+from client_sdk.background import lower_thread_priority
+from client_sdk.install import Bundle, Member
+from client_sdk.loaded import prepare_bundle
 from client_sdk.pace import Pace
-
-if TYPE_CHECKING:
-    from client_sdk.runtime import LoadedModel
-    from client_sdk.shadow import ShadowStats
+from client_sdk.shadow import Arrays, Evaluator, Session
+from client_sdk.shadow_stats import PENDING, ShadowStats, ShadowStore
 
 # Parent → child: (kind, samples written before it, ...).
 ATTACH = "attach"      # (ATTACH, tag, model, bundle, number): load it, resume its stats
@@ -106,35 +110,26 @@ def lower_process_priority() -> str:
     """This whole process (it is ours alone) at ``SCHED_IDLE``, else nice 19: the thread
     call, made on the main thread before any other thread starts (Linux threads inherit
     their creator's policy and nice value)."""
-    from client_sdk.background import lower_thread_priority
-
     return lower_thread_priority()
 
 
-def _open_compiled(bundle: Any, member: Any) -> Any:
+def _open_compiled(bundle: Bundle, member: Member) -> Backend:
     """``open_backend`` that never compiles: the app's process did, and the updater may be
     removing the bundle right now (compiling would create its directory again)."""
-    from client_sdk.backends import open_backend
-
     return open_backend(bundle, member, compile_missing=False)
-
-
-@dataclass
-class _Candidate:
-    loaded: LoadedModel
-    stats: ShadowStats
 
 
 class Child:
     """The loop (see the module docstring)."""
 
     def __init__(self, sock: socket.socket, data_dir: Path, persist_every: int) -> None:
-        from client_sdk.shadow import ShadowStore
-
         self.sock = sock
         self.store = ShadowStore(data_dir)
-        self.persist_every = max(persist_every, 1)
-        self.candidates: dict[str, _Candidate] = {}
+        self.evaluator = Evaluator(run=self.run, persist_every=persist_every,
+                                   persist=lambda s: self.store.save(s.stats),
+                                   decided=lambda s: self.decided(s.loaded.bundle.model,
+                                                                  s.stats))
+        self.candidates: dict[str, Session] = {}
         self.layouts: dict[int, tuple[str, str | None, list[Spec]]] = {}
         self.counters: memoryview | None = None
         self.wake: int | None = None  # the eventfd the app writes to wake this process
@@ -236,10 +231,7 @@ class Child:
         if self.counters is not None:
             self.counters[slot] = value
 
-    def attach(self, model: str, bundle: Any, number: int) -> None:
-        from client_sdk.runtime import prepare_bundle
-        from client_sdk.shadow import PENDING, ShadowStats
-
+    def attach(self, model: str, bundle: Bundle, number: int) -> None:
         b = bundle
         stats = self.store.load(b.sha256) or ShadowStats(b.sha256, b.model, b.version)
         self.candidates.pop(model, None)
@@ -261,7 +253,7 @@ class Child:
             return
         finally:
             self._set(LOADING, 0)
-        self.candidates[model] = _Candidate(loaded, stats)
+        self.candidates[model] = Session(loaded, stats)
         self.pace = Pace()  # its samples may come at once: do not sleep on an old rate
 
     def add_dropped(self, model: str, n: int) -> None:
@@ -282,9 +274,6 @@ class Child:
                 self._set(DONE, self.next)
 
     def sample(self, seq: int) -> None:
-        from client_sdk.errors import ModelNotLoadedError
-        from client_sdk.shadow import PENDING, compare
-
         if self.ring is None or self.ring_q is None:
             return
         base = (seq % self.slots) * self.slot_size
@@ -312,24 +301,18 @@ class Child:
                               offset=base + offset)
             arrays[is_output][name] = a.reshape(shape)
         inputs, outputs = arrays
-        self._set(RUNNING, seq + 1)
+        self.evaluator.sample(c, inputs, outputs, active_us, shape_variant, now)
+
+    def run(self, candidate: Callable[[], Arrays]) -> tuple[Arrays, int]:
+        """The evaluator's way to run the candidate: marked ``RUNNING`` (the sample in flight,
+        ``self.next`` while ``process_until`` runs it) for the parent to blame if we die."""
+        self._set(RUNNING, self.next + 1)
         t0 = time.perf_counter_ns()
         try:
-            got = c.loaded.run(inputs, shape_variant).outputs
-        except ModelNotLoadedError:
-            return  # the candidate lacks that input-shape variant: not comparable
-        except Exception as e:
-            c.stats.fail(f"candidate raised {type(e).__name__}: {e}")
-            self.decided(model, c.stats)
-            return
+            got = candidate()
         finally:
             self._set(RUNNING, 0)
-        cand_us = (time.perf_counter_ns() - t0) // 1000
-        c.stats.add(compare(outputs, got, active_us, cand_us), now)
-        if c.stats.decide(now) != PENDING:
-            self.decided(model, c.stats)
-        elif c.stats.samples % self.persist_every == 0:
-            self.store.save(c.stats)
+        return got, (time.perf_counter_ns() - t0) // 1000
 
     def decided(self, model: str, stats: ShadowStats) -> None:
         self.store.save(stats)

@@ -49,14 +49,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from client_sdk.background import NORMAL
 from client_sdk.clock import Clock
+from client_sdk.loaded import LoadedModel
 from client_sdk.pace import wake_at
-from client_sdk.shadow import PENDING, ShadowStats, ShadowStore
+from client_sdk.shadow import Decided, Session
 from client_sdk.shadow_child import (
     ACK,
     ACTIVE_US,
@@ -84,10 +85,7 @@ from client_sdk.shadow_child import (
     Spec,
     send_with_fds,
 )
-from client_sdk.shadow_worker import Decided, Session
-
-if TYPE_CHECKING:
-    from client_sdk.runtime import LoadedModel
+from client_sdk.shadow_stats import PENDING, ShadowStats, ShadowStore
 
 # A candidate running (or loading) when the child died this many times has failed.
 MAX_CRASHES = 2
@@ -268,7 +266,8 @@ class _Link:
 
 
 class ShadowProcess:
-    """``ShadowWorker``'s interface over a child process (see the module docstring)."""
+    """The ``client_sdk.shadow.Shadow`` interface over a child process (see the module
+    docstring)."""
 
     def __init__(self, store: ShadowStore, clock: Clock, *, queue_size: int,
                  persist_every: int, on_decided: Decided, background: bool = True,

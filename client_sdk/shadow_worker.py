@@ -13,10 +13,11 @@ between batches for as long as half a queue takes to fill at the rate samples ca
 samples do), and on an event while none is; before each sample it waits until
 no active prediction is running (``idle()``), so the candidate runs in the app's idle time; a
 sample that finds no idle moment within ``max_wait_s`` is dropped and counted too. One worker
-thread runs the candidate, compares (``client_sdk.shadow.compare``), aggregates into the
-candidate's ``ShadowStats``, persists them every ``persist_every`` samples and whenever the
-verdict is decided, and reports a decided verdict to ``on_decided``. ``flush`` waits until the
-queue is drained and persists everything (the CLI calls it before exiting).
+thread hands each sample to the ``Evaluator`` (``client_sdk.shadow``, the sequence the shadow
+child runs too): run the candidate, compare, aggregate into the candidate's ``ShadowStats``,
+persist them every ``persist_every`` samples and whenever the verdict is decided; a decided
+verdict goes to ``on_decided``. ``flush`` waits until the queue is drained and persists
+everything (the CLI calls it before exiting).
 
 The candidate must not compete with the app for the CPU either: the worker hands each
 inference to a ``BackgroundRunner`` thread at the lowest priority (``client_sdk.background``)
@@ -30,40 +31,24 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from client_sdk.background import BackgroundRunner
 from client_sdk.clock import Clock
-from client_sdk.errors import ModelNotLoadedError
+from client_sdk.loaded import LoadedModel
 from client_sdk.pace import Pace, wake_at
-from client_sdk.shadow import PENDING, ShadowStats, ShadowStore, compare
-
-if TYPE_CHECKING:
-    from client_sdk.runtime import LoadedModel
-
-Decided = Callable[[str, "Session"], None]
-
-
-@dataclass
-class Session:
-    """One candidate under comparison: its loaded model and its stats."""
-
-    loaded: LoadedModel
-    stats: ShadowStats
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    dropped: int = 0  # drops since the last merge into stats (app thread, under ``lock``)
-    detached: bool = False
-
+from client_sdk.shadow import Decided, Evaluator, Session
+from client_sdk.shadow_stats import PENDING, ShadowStats, ShadowStore
 
 _Item = tuple[Session, dict[str, np.ndarray[Any, Any]], dict[str, np.ndarray[Any, Any]], int,
               str | None]
 
 
 class ShadowWorker:
-    """One thread, one bounded queue, the sessions by model (see the module docstring)."""
+    """One thread, one bounded queue, the sessions by model (see the module docstring); a
+    ``client_sdk.shadow.Shadow``."""
 
     setups = 0  # offers that set something up (``ShadowProcess``'s layouts; none here)
 
@@ -74,7 +59,6 @@ class ShadowWorker:
         """``background``: candidates run on a thread at the lowest priority (False only to
         measure what that buys, bench/sdk/bench_shadow.py)."""
         self.store = store
-        self._clock = clock
         self._q: collections.deque[_Item] = collections.deque()
         self._size = max(queue_size, 1)
         self._wake_at = wake_at(self._size)
@@ -88,12 +72,14 @@ class ShadowWorker:
         self._idle = idle
         self._poll_s = poll_s
         self._max_wait_s = max_wait_s
-        self._persist_every = max(persist_every, 1)
         self._on_decided = on_decided
         self._sessions: dict[str, Session] = {}
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._runner = BackgroundRunner(lower_priority=background)
+        self._evaluator = Evaluator(run=self._runner.call, persist_every=persist_every,
+                                    persist=self._persist_when_idle, decided=self._decided,
+                                    settle=self._wait_idle, clock=clock)
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -194,33 +180,13 @@ class ShadowWorker:
     def _process(self, s: Session, inputs: dict[str, np.ndarray[Any, Any]],
                  outputs: dict[str, np.ndarray[Any, Any]], active_us: int,
                  shape_variant: str | None) -> None:
-        if s.detached or s.stats.verdict != PENDING:
-            return
-        try:
-            got, cand_us = self._runner.call(lambda: s.loaded.run(inputs, shape_variant).outputs)
-        except ModelNotLoadedError:
-            return  # the candidate lacks that input-shape variant: not comparable
-        except Exception as e:
-            with s.lock:
-                s.stats.fail(f"candidate raised {type(e).__name__}: {e}")
-            self._decided(s)
-            return
-        # The run released the GIL, the comparison holds it (numpy on small arrays): if the
-        # app started a prediction meanwhile, let it finish first so it never waits for us.
-        if not self._wait_idle():
-            self._drop(s)
-            return
-        sample = compare(outputs, got, active_us, cand_us)
-        now = int(self._clock.time())
-        with s.lock:
-            s.stats.add(sample, now)
-            verdict = s.stats.decide(now)
-            due = s.stats.samples % self._persist_every == 0
-        if verdict != PENDING:
-            self._decided(s)
-        elif due:
-            self._wait_idle()  # (encoding the JSON holds the GIL too; persist even if busy)
-            self._persist(s)
+        # The run releases the GIL, the comparison holds it (numpy on small arrays): the
+        # evaluator waits (``settle``) until a prediction the app started meanwhile finished.
+        self._evaluator.sample(s, inputs, outputs, active_us, shape_variant)
+
+    def _persist_when_idle(self, s: Session) -> None:
+        self._wait_idle()  # (encoding the JSON holds the GIL too; persist even if busy)
+        self._persist(s)
 
     def _decided(self, s: Session) -> None:
         self._persist(s)

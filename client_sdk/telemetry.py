@@ -30,7 +30,7 @@ from client_sdk.errors import FetchError, TelemetryError
 from client_sdk.fsutil import atomic_write_bytes, atomic_write_json
 from client_sdk.health import HealthMonitor
 from client_sdk.identity import DeviceIdentity
-from client_sdk.shadow import ShadowStore
+from client_sdk.shadow_stats import ShadowStore
 from client_sdk.transport import Response, Transport
 from manifests import DeviceProfile
 

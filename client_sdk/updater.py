@@ -54,7 +54,7 @@ from client_sdk.selection import (
     drops_candidate,
     select,
 )
-from client_sdk.shadow import FAILED, PENDING, ShadowStore
+from client_sdk.shadow_stats import FAILED, PENDING, ShadowStore
 from client_sdk.telemetry import Outbox, update_report
 from client_sdk.transport import Transport
 from client_sdk.trust import ChannelState, TrustedMetadata, TrustStore

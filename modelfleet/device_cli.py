@@ -264,7 +264,7 @@ def predict(
     _keep_stdout_for_json()
     import numpy as np
 
-    from client_sdk import ClientSDKError, ModelRuntime
+    from client_sdk import ClientSDKError, ModelRuntime, ShadowConfig
 
     try:
         with np.load(input_file, allow_pickle=False) as npz:
@@ -273,7 +273,7 @@ def predict(
         _fail(EXIT_OTHER, f"cannot read --input {input_file}: {e}")
     # One prediction, then exit: no app latency to protect, and a shadow process would cost
     # this command its start-up (an interpreter and onnxruntime) for the one sample.
-    runtime = ModelRuntime(data_dir, shadow_isolation="thread")
+    runtime = ModelRuntime(data_dir, shadow_config=ShadowConfig(isolation="thread"))
     try:
         bundle = runtime.store.active(model)
         if bundle is not None and not runtime.store.verify(bundle):

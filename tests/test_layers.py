@@ -6,13 +6,22 @@ TYPE_CHECKING ones, read with `ast`): docs/architecture.md draws them.
   request's session), `boto3` or `qai_hub`: queries live in server/services and below.
 - `server.jobs` and `server.compile` import nothing from `server.api`.
 - `server` takes from the SDK only its public package and the patch format.
-- No import cycle between server packages; no importlib wiring.
+- No import cycle between server packages, and none between any two modules of manifests,
+  client_sdk, server and modelfleet: every import counts, function-local and TYPE_CHECKING
+  ones too. A function-local import only delays the circle to the first call; a
+  TYPE_CHECKING one is a dependency all the same (the one module's signatures name the
+  other's types, and mypy follows it), so two modules that need each other's names share a
+  piece that belongs in a third module of its own. An edge goes to the module named (`from
+  a.b import c` is a.b.c when c is a module, else a.b), not to the packages above it: that a
+  submodule's import runs its package's __init__ first is how packages work, not a circle.
+- No importlib wiring.
 - Settings are the only reader of the environment.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,15 +39,15 @@ class Import:
     line: int
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def imports_of(path: Path) -> Iterator[Import]:
-    name = module_name(path)
+def imports_of(path: Path, root: Path = ROOT) -> Iterator[Import]:
+    name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -168,6 +177,109 @@ def test_no_import_cycle_between_server_packages() -> None:
 def test_the_cycle_check_sees_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+MODULE_PACKAGES = ("manifests", "client_sdk", "server", "modelfleet")
+
+
+def module_graph(paths: list[Path], root: Path = ROOT) -> dict[str, dict[str, Import]]:
+    """Module → {module it imports: the first import statement that does}."""
+    modules = {module_name(p, root): p for p in paths}
+
+    def resolve(target: str) -> str | None:  # the longest prefix that is one of the modules
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    graph: dict[str, dict[str, Import]] = {m: {} for m in modules}
+    for name, path in modules.items():
+        for i in imports_of(path, root):
+            dst = resolve(i.target)
+            if dst is not None and dst != name:
+                graph[name].setdefault(dst, i)
+    return graph
+
+
+def module_cycles(graph: dict[str, dict[str, Import]]) -> list[list[str]]:
+    """Each group of modules that reach one another (Tarjan, iterative), sorted: its
+    members, a circle through them (`show_cycle` prints it) follows from `cycle_in`."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            nxt = next(edges, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.add(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(group)
+    return sorted(sorted(g) for g in groups)
+
+
+def cycle_in(graph: dict[str, dict[str, Import]], group: list[str]) -> list[str]:
+    cycle = find_cycle({m: {d for d in graph[m] if d in group} for m in group})
+    assert cycle is not None, group
+    return cycle
+
+
+def show_cycle(graph: dict[str, dict[str, Import]], group: list[str]) -> str:
+    cycle = cycle_in(graph, group)
+    steps = [graph[a][b] for a, b in itertools.pairwise(cycle)]
+    return f"{len(group)} modules import one another: {', '.join(group)}\n  e.g. " \
+        + " → ".join(cycle) + "\n" + "\n".join(
+            f"    {i.module}:{i.line} imports {i.target}" for i in steps)
+
+
+def test_no_module_imports_a_module_that_imports_it_back() -> None:
+    graph = module_graph([p for pk in MODULE_PACKAGES for p in sources(pk)])
+    cycles = module_cycles(graph)
+    assert not cycles, "import cycles (move the shared piece into a module of its own):\n" \
+        + "\n".join(show_cycle(graph, c) for c in cycles)
+
+
+def test_the_module_cycle_check_sees_function_local_and_type_checking_imports(
+        tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from pkg.b import g\n    return g\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from . import c\ng = 1\n")
+    (pkg / "c.py").write_text("import pkg.a\n")
+    (pkg / "d.py").write_text("from pkg import a\n")  # imports into the circle, not part of it
+    graph = module_graph(sorted(pkg.glob("*.py")), tmp_path)
+    assert module_cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert cycle_in(graph, ["pkg.a", "pkg.b", "pkg.c"]) == ["pkg.a", "pkg.b", "pkg.c", "pkg.a"]
+    assert "pkg.a:2 imports pkg.b.g" in show_cycle(graph, ["pkg.a", "pkg.b", "pkg.c"])
+    (pkg / "c.py").write_text("")
+    assert module_cycles(module_graph(sorted(pkg.glob("*.py")), tmp_path)) == []
 
 
 def dynamic_imports(path: Path) -> Iterator[int]:

@@ -45,8 +45,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from client_sdk import ModelRuntime
 from client_sdk.install import Bundle, BundleStore, Member
-from client_sdk.runtime import CANDIDATE, LoadedModel
-from client_sdk.shadow import ShadowStore
+from client_sdk.loaded import LoadedModel
+from client_sdk.runtime import CANDIDATE
+from client_sdk.shadow_stats import ShadowStore
 
 IN, OUT = 256, 10
 # mode → the runtime's shadow settings (None: no candidate ever attached).

@@ -29,7 +29,7 @@ import numpy as np
 
 from client_sdk import ModelRuntime
 from client_sdk.install import SHAPE_ROLE_PREFIX, BundleStore, Member
-from client_sdk.runtime import LoadedModel
+from client_sdk.loaded import LoadedModel
 from server.compile import InputSpec
 from server.compile.shapes import specialize_file
 from tests.compile.compile_models import dynamic_upsampler_onnx

@@ -11,7 +11,7 @@ import pytest
 
 from client_sdk import BackendError, ModelRuntime, Outcome
 from client_sdk.health import Policy
-from client_sdk.shadow import FAILED, ShadowStore
+from client_sdk.shadow_stats import FAILED, ShadowStore
 from client_sdk.telemetry import Outbox
 from tests.client.onnx_models import scaled_model
 

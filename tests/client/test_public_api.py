@@ -20,7 +20,7 @@ EXPECTED = {
     "MetadataExpiredError",
     "IntegrityError", "PatchFailedError", "InstallError", "RuntimeSDKError",
     "ModelNotLoadedError", "BackendUnavailableError", "BackendError", "__version__",
-    "Reporter", "TelemetryError", "Via",
+    "Reporter", "TelemetryError", "Via", "ShadowConfig",
 }
 
 

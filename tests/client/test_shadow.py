@@ -10,7 +10,7 @@ import numpy as np
 
 from client_sdk import ModelRuntime, Outcome
 from client_sdk.runtime import CANDIDATE
-from client_sdk.shadow import FAILED, PASSED, PENDING, ShadowStore, compare, kl_divergence
+from client_sdk.shadow_stats import FAILED, PASSED, PENDING, ShadowStore, compare, kl_divergence
 from manifests import ShadowThresholds
 from tests.client.onnx_models import check_whole, scaled_model
 

@@ -19,7 +19,7 @@ from client_sdk.backends import Backend, open_backend
 from client_sdk.background import IDLE, BackgroundRunner
 from client_sdk.install import Bundle, Member
 from client_sdk.runtime import CANDIDATE
-from client_sdk.shadow import SNR_IDENTICAL_DB, ShadowStore, compare
+from client_sdk.shadow_stats import SNR_IDENTICAL_DB, ShadowStore, compare
 from tests.client.onnx_models import scaled_model, stage_onnx
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE")

@@ -20,7 +20,7 @@ from client_sdk.errors import ConfigError
 from client_sdk.install import Bundle, Member
 from client_sdk.pace import MAX_SLEEP_S, MIN_SLEEP_S, Pace
 from client_sdk.runtime import CANDIDATE
-from client_sdk.shadow import ShadowStore
+from client_sdk.shadow_stats import ShadowStore
 from tests.client.onnx_models import scaled_model, stage_onnx
 
 X = np.ones((1, 4), np.float32)

@@ -19,8 +19,8 @@ import pytest
 from client_sdk import Event, EventKind, ModelRuntime, shadow_process
 from client_sdk.background import IDLE
 from client_sdk.runtime import CANDIDATE
-from client_sdk.shadow import FAILED, PENDING, ShadowStats, ShadowStore
 from client_sdk.shadow_process import ShadowProcess
+from client_sdk.shadow_stats import FAILED, PENDING, ShadowStats, ShadowStore
 from client_sdk.shadow_worker import ShadowWorker
 from tests.client.onnx_models import check_whole, scaled_model, stage_onnx
 

@@ -13,7 +13,7 @@ from onnx import numpy_helper
 
 from client_sdk import ModelRuntime, shadow_process
 from client_sdk.runtime import CANDIDATE
-from client_sdk.shadow import FAILED, PASSED, ShadowStore
+from client_sdk.shadow_stats import FAILED, PASSED, ShadowStore
 from tests.client.onnx_models import stage_onnx
 from tests.corpus.fetch import ppocr_model
 
