@@ -28,6 +28,9 @@ When the child cannot start at all (it exits before saying it is ready: no usabl
 executable, say), ``on_unavailable`` is called once and the runtime goes back to the thread
 worker.
 
+The ring, its layouts and the link to one child (process, socket, counters page) are
+``client_sdk.shadow_link``; the child's side and the message kinds ``client_sdk.shadow_child``.
+
 Costs: the child is one more Python process with onnxruntime (tens of MB) and its own copy of
 each candidate model (the runtime keeps the one it loaded, to promote it without a reload).
 Linux only (``SOCK_SEQPACKET``, ``memfd``, ``eventfd``, ``SCHED_IDLE``); samples must be
@@ -41,7 +44,6 @@ import json
 import mmap
 import os
 import pickle
-import platform
 import socket
 import subprocess
 import sys
@@ -51,13 +53,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from client_sdk.background import NORMAL
 from client_sdk.clock import Clock
 from client_sdk.loaded import LoadedModel
 from client_sdk.pace import wake_at
-from client_sdk.shadow import Decided, Session
+from client_sdk.shadow import Array, Decided, Session
 from client_sdk.shadow_child import (
     ACK,
     ACTIVE_US,
@@ -66,30 +66,25 @@ from client_sdk.shadow_child import (
     COUNTERS_BYTES,
     DECIDED,
     DETACH,
-    DONE,
     DROPPED,
     FLUSH,
-    HEADER_BYTES,
-    LAYOUT,
     LAYOUT_ID,
     LOADING,
     MAX_MESSAGE,
     NOW,
     READY,
-    RING,
     RUNNING,
     SEQ,
     SLEEPING,
     STOP,
     WRITTEN,
-    Spec,
     send_with_fds,
 )
+from client_sdk.shadow_link import WEAK_ORDERING, Link, fence, shared_fd
 from client_sdk.shadow_stats import PENDING, ShadowStats, ShadowStore
 
 # A candidate running (or loading) when the child died this many times has failed.
 MAX_CRASHES = 2
-_SLOT_ALIGN = 4096
 _SEND_DEADLINE_S = 10.0
 
 
@@ -109,160 +104,6 @@ def child_command(fd: int, data_dir: Path, persist_every: int, lower: bool) -> l
             "from client_sdk.shadow_child import main; main(sys.argv[2:])")
     return [sys.executable, "-c", code, json.dumps([p for p in sys.path if p]), str(fd),
             str(data_dir), str(persist_every), "1" if lower else "0"]
-
-
-_FENCE = threading.Lock()
-# x86 keeps stores in program order (TSO): the child never sees the count before the bytes.
-_WEAK_ORDERING = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86")
-
-
-def _fence() -> None:
-    """A memory barrier on CPUs that reorder stores (ARM): a lock's acquire and release."""
-    with _FENCE:
-        pass
-
-
-def _shared_fd(size: int) -> int:
-    """A file descriptor of ``size`` bytes of anonymous memory to share with the child
-    (``memfd_create``: samples never touch a file system)."""
-    fd = os.memfd_create("modelfleet-shadow", os.MFD_CLOEXEC)
-    os.ftruncate(fd, size)
-    return fd
-
-
-Array = np.ndarray[Any, Any]
-
-
-class _Layout:
-    """How one kind of sample (a model, a shape variant, its arrays' names, dtypes and shapes)
-    lies in the ring: ``fill`` copies a sample with one ``memcpy`` per array (a numpy
-    assignment when the array is not C-contiguous)."""
-
-    def __init__(self, layout_id: int, shape_variant: str | None, ring: mmap.mmap,
-                 slot_size: int, slots: int, specs: list[Spec]) -> None:
-        self.id = layout_id
-        self.shape_variant = shape_variant
-        self.n_outputs = sum(1 for spec in specs if spec[0])
-        self.n_inputs = len(specs) - self.n_outputs
-        self.ring = ring
-        self.slot_size = slot_size
-        self.arrays = [
-            (is_output, name, np.dtype(dtype), shape, offset, nbytes,
-             [np.ndarray(shape, np.dtype(dtype), buffer=ring, offset=i * slot_size + offset)
-              for i in range(slots)])
-            for is_output, name, dtype, shape, offset, nbytes in specs]
-
-    def fill(self, slot: int, inputs: Mapping[str, Array], outputs: Mapping[str, Array]
-             ) -> bool:
-        """Copy the sample into ``slot``; False (nothing published) when it is not of this
-        layout. Each step here is paid on the app's thread right after its prediction, when
-        the interpreter's caches are cold (≈ 1 µs apiece on a 2-core VM): an ``mmap`` slice
-        assignment is one C call and one ``memcpy``, half the cost of a memoryview copy."""
-        if len(inputs) != self.n_inputs or len(outputs) != self.n_outputs:
-            return False
-        ring, at = self.ring, slot * self.slot_size
-        for is_output, name, dtype, shape, offset, nbytes, views in self.arrays:
-            a = (outputs if is_output else inputs).get(name)
-            if a is None or a.shape != shape or (a.dtype is not dtype and a.dtype != dtype):
-                return False
-            try:
-                # An ndarray is a buffer; typeshed's mmap wants bytes-like by its protocol.
-                ring[at + offset:at + offset + nbytes] = a  # type: ignore[call-overload]
-            except (TypeError, ValueError, BufferError):  # not C-contiguous (or not numpy)
-                views[slot][...] = a
-        return True
-
-
-class _Link:
-    """One child process: its socket, the shared pages, and what was sent to it."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket,
-                 counters: mmap.mmap, wake: int, slots: int) -> None:
-        self.proc, self.sock = proc, sock
-        self.wake: int | None = wake  # the child's eventfd (closed under the offer lock)
-        self._counters_mm = counters
-        self.counters = memoryview(counters).cast("q")
-        self.slots = slots
-        self.ring: mmap.mmap | None = None
-        self.headers: list[memoryview] = []    # each slot's header (int64s)
-        self.slot_size = 0
-        self.written = 0                       # samples written (under the offer lock)
-        # The child's DONE count as last read: that cache line (the child writes it) is read
-        # again only when the ring looks full, or ¾ full (time to wake the child).
-        self.done_seen = 0
-        self.slot_models = [""] * slots        # the model of the sample in each ring slot
-        self.layouts: list[_Layout] = []
-        self.made = 0                          # layouts made so far (all rings)
-        self.last: dict[str, _Layout] = {}     # by model: the layout of its last sample
-        self.attached = [""]                   # ATTACH number → model
-        self.acked = 0
-        self.ready = threading.Event()
-        self.priority = NORMAL
-        self.alive = True
-        self.stopping = False
-        self.reader: threading.Thread | None = None
-
-    def done(self) -> int:
-        return int(self.counters[DONE])
-
-    def send_now(self, msg: tuple[Any, ...], fds: list[int] | None = None) -> None:
-        """Send without waiting (the app's thread); ``OSError`` when it cannot."""
-        data = pickle.dumps(msg)
-        if fds:
-            send_with_fds(self.sock, data, fds, socket.MSG_DONTWAIT)
-        else:
-            self.sock.send(data, socket.MSG_DONTWAIT)
-
-    def new_ring(self, slot_size: int) -> None:
-        """A ring of ``slot_size``-byte slots; samples from now on go there (the child
-        finishes the ones in the old ring first). The layouts are made again on it."""
-        fd = _shared_fd(slot_size * self.slots)
-        try:
-            ring = mmap.mmap(fd, slot_size * self.slots)
-            self.send_now((RING, self.written, slot_size), [fd])
-        finally:
-            os.close(fd)
-        self.ring, self.slot_size = ring, slot_size
-        whole = memoryview(ring)
-        self.headers = [whole[i * slot_size:i * slot_size + HEADER_BYTES].cast("q")
-                        for i in range(self.slots)]
-        self.layouts, self.last = [], {}
-
-    def layout(self, model: str, shape_variant: str | None, inputs: Mapping[str, Array],
-               outputs: Mapping[str, Array]) -> _Layout | None:
-        """A new layout for this sample, told to the child (with a bigger ring first when
-        its slots are too small); None when an array is not numeric."""
-        arrays = [(False, k, np.asarray(v)) for k, v in inputs.items()]
-        arrays += [(True, k, np.asarray(v)) for k, v in outputs.items()]
-        if any(a.dtype.hasobject for _, _, a in arrays):
-            return None
-        specs: list[Spec] = []
-        offset = HEADER_BYTES
-        for is_output, name, a in arrays:
-            specs.append((is_output, name, a.dtype.str, a.shape, offset, a.nbytes))
-            offset += -(-a.nbytes // 8) * 8
-        if self.ring is None or offset > self.slot_size:
-            self.new_ring(-(-offset // _SLOT_ALIGN) * _SLOT_ALIGN)
-        assert self.ring is not None
-        layout = _Layout(len(self.layouts) + 1, shape_variant, self.ring, self.slot_size,
-                         self.slots, specs)
-        self.send_now((LAYOUT, self.written, layout.id, model, shape_variant, specs))
-        self.layouts.append(layout)
-        self.made += 1
-        return layout
-
-    def fill(self, slot: int, model: str, shape_variant: str | None,
-             inputs: Mapping[str, Array], outputs: Mapping[str, Array]) -> _Layout | None:
-        """Copy a sample whose layout is not its model's last one: a known one, else a new
-        one (None: not numeric)."""
-        layout = next((lay for lay in self.layouts if lay.shape_variant == shape_variant
-                       and lay.fill(slot, inputs, outputs)), None)
-        if layout is None:
-            layout = self.layout(model, shape_variant, inputs, outputs)
-            if layout is None or not layout.fill(slot, inputs, outputs):
-                return None
-        self.last[model] = layout
-        return layout
 
 
 class ShadowProcess:
@@ -288,7 +129,7 @@ class ShadowProcess:
         self._lock = threading.Lock()          # offers, drop counts, the link
         self._acks = threading.Condition()
         self._seq = 0
-        self._link: _Link | None = None
+        self._link: Link | None = None
         self._deaths = 0                       # in a row, without a sample finished
         self._closing = False                  # close() runs: no new child
         self._priority = NORMAL
@@ -382,8 +223,8 @@ class ShadowProcess:
             h[NOW], h[DROPPED] = int(self._now()), s.dropped
             s.dropped = 0
             link.slot_models[slot] = model
-            if _WEAK_ORDERING:  # the slot's bytes must be visible before the count
-                _fence()
+            if WEAK_ORDERING:  # the slot's bytes must be visible before the count
+                fence()
             link.written = link.counters[WRITTEN] = seq + 1
             if seq + 1 - link.done_seen >= self._wake_at:  # maybe ¾ full: look again
                 link.done_seen = link.done()
@@ -397,13 +238,13 @@ class ShadowProcess:
 
     # -- the child -------------------------------------------------------------------------
 
-    def _ensure_link(self) -> _Link | None:
+    def _ensure_link(self) -> Link | None:
         with self._lock:
             if self._link is None and self.unavailable is None and not self._closing:
                 self._link = self._spawn()
             return self._link
 
-    def _spawn(self) -> _Link:
+    def _spawn(self) -> Link:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             proc = subprocess.Popen(
@@ -411,7 +252,7 @@ class ShadowProcess:
                               self._background),
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                 start_new_session=True)  # the terminal's Ctrl-C is the app's to handle
-        fd = _shared_fd(COUNTERS_BYTES)
+        fd = shared_fd(COUNTERS_BYTES)
         wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         try:
             counters = mmap.mmap(fd, COUNTERS_BYTES)
@@ -421,20 +262,20 @@ class ShadowProcess:
             raise
         finally:
             os.close(fd)
-        link = _Link(proc, ours, counters, wake, self._size)
+        link = Link(proc, ours, counters, wake, self._size)
         link.reader = threading.Thread(target=self._read, args=(link,), daemon=True,
                                        name="modelfleet-shadow-link")
         link.reader.start()
         return link
 
-    def _send_attach(self, link: _Link, model: str, session: Session) -> None:
+    def _send_attach(self, link: Link, model: str, session: Session) -> None:
         with self._lock:
             link.attached.append(model)
             number = len(link.attached) - 1
         with contextlib.suppress(OSError):  # a dead child is seen to by the reader
             self._send(link, (ATTACH, link.written, model, session.loaded.bundle, number))
 
-    def _send(self, link: _Link, msg: tuple[Any, ...]) -> None:
+    def _send(self, link: Link, msg: tuple[Any, ...]) -> None:
         """A control message (small): waits for room in the socket, up to a deadline."""
         data = pickle.dumps(msg)
         end = time.monotonic() + _SEND_DEADLINE_S
@@ -465,7 +306,7 @@ class ShadowProcess:
                 self._acks.wait(1.0)
             return link.acked >= seq
 
-    def _read(self, link: _Link) -> None:
+    def _read(self, link: Link) -> None:
         """The reader thread: the child's messages, then its death."""
         while True:
             try:
@@ -493,7 +334,7 @@ class ShadowProcess:
         s.stats = self.store.load(sha256) or s.stats
         self._on_decided(model, s)
 
-    def _lost(self, link: _Link) -> None:
+    def _lost(self, link: Link) -> None:
         """The child is gone: count what it had not finished, then start another one (or
         fail the candidate that keeps killing it, or give up on the process)."""
         link.alive = False
