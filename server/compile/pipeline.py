@@ -110,7 +110,8 @@ class Pipeline:
                 if specialized is not None:
                     shape_gate = {"passed": True, "fixed": specialized.fixed,
                                   "nodes_before": specialized.nodes_before,
-                                  "nodes_after": specialized.nodes_after}
+                                  "nodes_after": specialized.nodes_after,
+                                  "ifs_folded": specialized.ifs_folded}
                     log(f"[{variant}] {specialized.note()}")
             else:
                 onnx_path = export_onnx(spec.source_path, spec.source_format, inputs,
@@ -135,7 +136,10 @@ class Pipeline:
             # The gates above judged the specialized graph; say so on every outcome.
             for o in outcomes:
                 o.gates["shapes"] = shape_gate
-                o.notes.insert(0, "dynamic ONNX specialized to the declared shapes")
+                o.notes.insert(0, "dynamic ONNX specialized to the declared shapes"
+                               if shape_gate["fixed"] else
+                               "static ONNX folded at the declared shapes (If nodes with a "
+                               "constant condition)")
         return outcomes
 
     def _reference(self, spec: BuildSpec, inputs: tuple[InputSpec, ...], variant: str

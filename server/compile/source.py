@@ -29,7 +29,7 @@ MAX_SAMPLES = 256
 ONNX_OPSET = 18  # newest opset onnx2torch and coremltools' ONNX path handle well
 
 _DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32,
-           "uint8": np.uint8, "bool": np.bool_}
+           "int16": np.int16, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_}
 
 
 def numpy_dtype(spec: InputSpec) -> Any:
@@ -90,7 +90,9 @@ def load_samples(path: Path, specs: tuple[InputSpec, ...], variant: str = ""
     if len(counts) != 1 or 0 in counts:
         raise CalibrationError(f"{path.name}: every input needs the same, non-zero sample count")
     n = counts.pop()
-    return [{k: v[i] for k, v in batches.items()} for i in range(n)]
+    # np.asarray: indexing a (N,) batch of a scalar input gives a numpy scalar, which
+    # onnxruntime refuses; a 0-d array is what a rank-0 input takes.
+    return [{k: np.asarray(v[i]) for k, v in batches.items()} for i in range(n)]
 
 
 @contextlib.contextmanager
