@@ -210,3 +210,32 @@ def test_agent_without_an_enrolment_token_still_updates(served, tmp_path):
     assert out["active"][0]["version"] == "1.0"
     assert out["telemetry"]["status"] == "not_enrolled" and out["telemetry"]["pending"] >= 2
     assert sim.telemetry.bodies == []
+
+
+@pytest.mark.parametrize("sr", [np.array(16000, np.int64), np.array([16000], np.int64)],
+                         ids=["0-d", "one-element"])
+def test_predict_feeds_a_scalar_input_and_prints_a_scalar_output(served, tmp_path, sr):
+    """The voice-activity structure of issue 19 through the agent: a scalar int64 `sr` in
+    (saved 0-d, or as a one-element array the runtime reshapes), a scalar probability out."""
+    from server.compile import InputSpec
+    from server.compile.shapes import specialize_file
+    from server.compile.source import run_onnx_cpu
+    from tests.compile.vad_model import vad_feeds, vad_onnx
+
+    specs = (InputSpec("audio", (1, 64)), InputSpec("state", (2, 1, 16)),
+             InputSpec("sr", (), "int64"))
+    specialize_file(vad_onnx(tmp_path / "vad.onnx"), specs, tmp_path / "built.onnx")
+    sim, base, root = served
+    sim.publish("vad", [sim.release("1.0", [sim.artifact((tmp_path / "built.onnx")
+                                                         .read_bytes())])])
+    data = tmp_path / "device"
+    assert cli(*update_args(base, root, data), "--once").returncode == 0
+    feeds = {k: np.asarray(v[0]) for k, v in vad_feeds(1).items()}
+    np.savez(tmp_path / "in.npz", audio=feeds["audio"], state=feeds["state"], sr=sr)
+    pred = cli("predict", "--data-dir", str(data), "--model", "vad", "--input",
+               str(tmp_path / "in.npz"))
+    assert pred.returncode == 0, pred.stderr
+    prob = json.loads(pred.stdout)["outputs"]["prob"]
+    assert prob["shape"] == [] and prob["dtype"] == "float32"
+    want = run_onnx_cpu(tmp_path / "vad.onnx", [feeds])[0][0]
+    assert isinstance(prob["data"], float) and abs(prob["data"] - float(want)) < 1e-6

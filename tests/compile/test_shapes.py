@@ -162,3 +162,43 @@ def test_three_declared_resolutions_yield_one_static_artifact_per_variant_and_pl
         x = rng.standard_normal(shape).astype(np.float32)
         (got,) = run_onnx_cpu(art, [{"x": x}])
         assert got[0].shape == (1, 4, shape[2] * 2 * shape[3] * 2)
+
+
+def test_a_scalar_input_spec_is_rank_zero() -> None:
+    # Before: "input 'sr' has shape (); every dimension must be a positive integer".
+    spec = InputSpec("sr", (), "int64")
+    assert InputSpec.from_dict(spec.to_dict()) == spec
+    with pytest.raises(ValueError, match="positive integer"):
+        InputSpec("x", (1, 0))
+
+
+VAD_SPECS = (InputSpec("audio", (1, 64)), InputSpec("state", (2, 1, 16)),
+             InputSpec("sr", (), "int64"))
+
+
+def test_ifs_decided_by_shapes_are_folded_in_a_static_upload(tmp_path: Path) -> None:
+    from tests.compile.vad_model import vad_feeds, vad_onnx
+
+    src = vad_onnx(tmp_path / "vad.onnx")
+    report = specialize_file(src, VAD_SPECS, tmp_path / "static.onnx")
+    static = onnx.load(str(tmp_path / "static.onnx"))
+    assert report is not None and report.ifs_folded == 2 and report.fixed == {}
+    assert "If" not in {n.op_type for n in static.graph.node}
+    assert "LSTM" in {n.op_type for n in static.graph.node}
+    feeds = [{k: np.asarray(v[i]) for k, v in vad_feeds(3).items()} for i in range(3)]
+    for want, got in zip(run_onnx_cpu(src, feeds), run_onnx_cpu(tmp_path / "static.onnx",
+                                                                feeds), strict=True):
+        assert got[0].shape == ()  # the probability stays a scalar
+        for w, g in zip(want, got, strict=True):
+            np.testing.assert_array_equal(w, g)
+
+
+def test_an_if_on_input_values_is_named_with_the_input_it_reads(tmp_path: Path) -> None:
+    from tests.compile.vad_model import vad_onnx
+
+    src = vad_onnx(tmp_path / "vad.onnx", sr_if=True)
+    with pytest.raises(InvalidSourceError) as err:
+        specialize_file(src, VAD_SPECS, tmp_path / "static.onnx")
+    assert ("If node 'sr_if' (its condition reads the values of input(s) 'sr')"
+            in str(err.value))
+    assert "frame_if" not in str(err.value)  # the shape-decided ones were folded
