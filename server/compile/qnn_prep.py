@@ -9,8 +9,8 @@ HTP takes whole is compiled unchanged:
   Sign — all HTP ops;
 - Gelu: 0.5·x·(1 + erf(x/√2)) with that Erf (or the tanh form for approximate="tanh");
 - Trilu with static shapes: Where with a constant triangular mask;
-- LSTM / GRU the HTP refuses (sequence_lens, clip, other activations, batch-first layout):
-  unrolled per step (`server/compile/rnn_unroll.py`).
+- LSTM / GRU the HTP refuses (sequence_lens, clip, other activations): unrolled per step
+  (`server/compile/rnn_unroll.py`).
 
 `rewrite(model, names)` returns the rewritten model and what was done, per node.
 """
@@ -140,7 +140,7 @@ def _trilu_node(b: _Builder, node: Any, shapes: dict[str, Any]) -> str:
 
 REWRITES: dict[str, Callable[[_Builder, Any, dict[str, Any]], str]] = {
     "Erf": _erf_node, "Gelu": _gelu_node, "GatherND": _gathernd_node, "Trilu": _trilu_node,
-    # LSTM / GRU forms the HTP refuses (sequence_lens, clip, batch-first, …): unrolled.
+    # LSTM / GRU forms the HTP refuses (sequence_lens, clip, other activations): unrolled.
     "LSTM": unroll_lstm, "GRU": unroll_gru,
 }
 

@@ -1,7 +1,7 @@
 """LSTM and GRU unrolled over their static sequence length into MatMul, Add, Mul, Sigmoid,
 Tanh (and Relu / HardSigmoid when the node names them), Where and Concat — ops every backend
-runs. The QNN HTP takes a plain LSTM or GRU as its own op; it refuses sequence_lens, clip,
-other activations and the batch-first layout, and those nodes are unrolled here instead
+runs. The QNN HTP takes a plain LSTM or GRU as its own op; it refuses sequence_lens, clip
+and other activations, and those nodes are unrolled here instead
 (`server/compile/qnn_prep.py` calls `unroll_lstm` / `unroll_gru` for the nodes it rejects).
 
 Covered, as the ONNX spec defines them (opset 7–22): forward, reverse and bidirectional;
@@ -11,6 +11,10 @@ layout 1 (batch-first, opset 14). W, R, B and P must be constants (initializers,
 exporter writes them); the input projection of all steps is one MatMul per gate, the
 recurrence one MatMul per gate and step. A node outside this raises ValueError and is left
 as it is (the caller then names it).
+
+`seq_first(model)` is the exact rewrite every platform gets (from `server/compile/shapes.py`):
+a batch-first node becomes its layout-0 form between Transposes, since onnxruntime's CPU
+kernels have no layout-1 form either.
 """
 
 from __future__ import annotations
@@ -286,3 +290,50 @@ def _note(op: str, rnn: _Rnn) -> str:
                               ("batch-first", bool(rnn.layout))) if on]
     return (f"{op} unrolled over {rnn.T} steps ({how}, hidden {rnn.H}"
             + "".join(f", {e}" for e in extras) + ") into MatMul/Add/Mul and its activations")
+
+
+def batch_first_rnns(model: Any) -> list[Any]:
+    """LSTM / GRU / RNN nodes with layout=1 (batch-first, opset 14)."""
+    return [n for n in model.graph.node if n.op_type in ("LSTM", "GRU", "RNN")
+            and n.domain in ("", "ai.onnx") and int(_attr(n, "layout", 0)) == 1]
+
+
+def seq_first(model: Any) -> list[str]:
+    """Rewrites every batch-first RNN node (in place) as its layout-0 form between
+    Transposes: X and the initial states in, Y and the final states out. Exact (only
+    data movement); onnxruntime's CPU kernels and the HTP have no layout-1 form. Returns
+    the names of the nodes rewritten."""
+    from onnx import helper
+
+    done: list[str] = []
+    nodes: list[Any] = []
+    wanted = {id(n) for n in batch_first_rnns(model)}
+    for node in model.graph.node:
+        if id(node) not in wanted:
+            nodes.append(node)
+            continue
+        name = node.name or f"{node.op_type}_{len(done)}"
+        new = helper.make_node(node.op_type, list(node.input), list(node.output),
+                               name=node.name, domain=node.domain)
+        new.attribute.extend(a for a in node.attribute if a.name != "layout")
+        for i in (0, 5, 6):
+            if len(node.input) > i and node.input[i]:
+                moved = f"{name}/seq_first_in{i}"
+                nodes.append(helper.make_node("Transpose", [node.input[i]], [moved],
+                                              name=f"{name}/to_seq_first{i}", perm=[1, 0, 2]))
+                new.input[i] = moved
+        after = []
+        for i, out in enumerate(node.output):
+            if not out:
+                continue
+            inner = f"{name}/seq_first_out{i}"
+            new.output[i] = inner
+            after.append(helper.make_node("Transpose", [inner], [out],
+                                          name=f"{name}/to_batch_first{i}",
+                                          perm=[2, 0, 1, 3] if i == 0 else [1, 0, 2]))
+        nodes.extend([new, *after])
+        done.append(name)
+    if done:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return done

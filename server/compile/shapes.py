@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from server.compile.errors import InvalidSourceError
+from server.compile.rnn_unroll import batch_first_rnns, seq_first
 from server.compile.source import quiet
 from server.compile.types import InputSpec
 
@@ -88,6 +89,7 @@ class Specialized:
     nodes_before: int
     nodes_after: int
     ifs_folded: int = 0
+    relaid_rnns: tuple[str, ...] = ()  # batch-first RNN nodes rewritten to layout 0
 
     def note(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in sorted(self.fixed.items()))
@@ -95,8 +97,10 @@ class Specialized:
             if self.ifs_folded else ""
         head = f"dynamic ONNX specialized to the declared shapes ({dims})" if dims else \
             "static ONNX folded at the declared shapes"
+        rnn = (f"; batch-first RNN node(s) {', '.join(self.relaid_rnns)} as layout 0 between "
+               "Transposes") if self.relaid_rnns else ""
         return (f"{head}; shape arithmetic folded{ifs}: {self.nodes_before} → "
-                f"{self.nodes_after} nodes")
+                f"{self.nodes_after} nodes{rnn}")
 
 
 def graph_inputs(model: Any) -> list[Any]:
@@ -255,6 +259,7 @@ def specialize(model: Any, specs: Sequence[InputSpec]) -> tuple[Any, Specialized
     work = onnx.ModelProto()
     work.CopyFrom(model)
     nodes_before = len(work.graph.node)
+    relaid = tuple(seq_first(work))
     fixed = _fix_inputs(work, specs)
     _forget_inferred_shapes(work)
     try:
@@ -277,7 +282,7 @@ def specialize(model: Any, specs: Sequence[InputSpec]) -> tuple[Any, Specialized
             "code or export the model with a static size there", remaining)
     refuse_value_dependent_ifs(slim)
     return slim, Specialized(fixed, nodes_before, len(slim.graph.node),
-                             len(if_nodes(work)) - len(if_nodes(slim)))
+                             len(if_nodes(work)) - len(if_nodes(slim)), relaid)
 
 
 def if_nodes(model: Any) -> list[Any]:
@@ -329,7 +334,8 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path) -> Specia
     and has no `If` (then it is copied unchanged: a static upload passes through as it was).
     A static graph with `If` nodes is folded too: a condition computed from input shapes
     (`x.shape[1] == 512`, `x.dim() == 2`) is constant once the shapes are, and the branch it
-    takes replaces the `If` (an `If` on tensor values stays; `value_dependent_ifs` names it)."""
+    takes replaces the `If` (an `If` on tensor values stays; `value_dependent_ifs` names it).
+    So is one with a batch-first LSTM / GRU (layout 0 between Transposes, `seq_first`)."""
     import onnx
 
     try:
@@ -337,7 +343,7 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path) -> Specia
     except Exception as e:
         raise InvalidSourceError(f"cannot read {path.name} as ONNX: {e}") from e
     check_inputs(model, specs)
-    if is_static(model) and not if_nodes(model):
+    if is_static(model) and not if_nodes(model) and not batch_first_rnns(model):
         _fix_inputs(model, specs)  # only checks: static dims that differ are refused
         onnx.save(model, str(out))
         return None

@@ -192,11 +192,33 @@ def run_onnx_cpu(model_path: Path, feeds: list[dict[str, NDArray[Any]]]
     return [[np.asarray(o) for o in sess.run(None, f)] for f in feeds]
 
 
+def _onnx_reference_evaluator(path: Path, feeds: list[dict[str, NDArray[Any]]],
+                              ort_error: Exception) -> list[list[NDArray[Any]]]:
+    """The source run by the ONNX reference implementation (numpy, exact to the spec), for a
+    graph onnxruntime's CPU kernels cannot load (e.g. a batch-first LSTM: no layout-1 kernel).
+    Slow, so only when onnxruntime refused the source."""
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        evaluator = ReferenceEvaluator(onnx.load(str(path)))
+        return [[np.asarray(o) for o in evaluator.run(None, f)] for f in feeds]
+    except Exception as e:
+        raise InvalidSourceError(
+            f"the source ONNX runs neither on onnxruntime ({type(ort_error).__name__}: "
+            f"{str(ort_error)[:300]}) nor on the ONNX reference implementation "
+            f"({type(e).__name__}: {str(e)[:300]}); check the model with "
+            "onnx.checker.check_model and run it once with onnxruntime") from e
+
+
 def reference_outputs(path: Path, fmt: SourceFormat, specs: tuple[InputSpec, ...],
                       feeds: list[dict[str, NDArray[Any]]]) -> list[list[NDArray[Any]]]:
     """FP32 outputs of the unconverted source on each reference sample."""
     if fmt is SourceFormat.ONNX:
-        return run_onnx_cpu(path, feeds)
+        try:
+            return run_onnx_cpu(path, feeds)
+        except Exception as e:  # onnxruntime's errors are untyped
+            return _onnx_reference_evaluator(path, feeds, e)
     import torch
 
     module = load_exported_program(path, fmt, specs).module()

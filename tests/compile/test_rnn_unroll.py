@@ -186,3 +186,33 @@ def test_plain_lstm_stays_the_htps_own_op(tmp_path: Path) -> None:
     inputs = tuple(InputSpec(k, tuple(v.shape)) for k, v in feeds.items())
     [art] = QnnCompiler().compile(_qnn_request(src, inputs), tmp_path)
     assert art.extra["htp"]["cpu_nodes"] == [] and art.extra["htp"]["rewritten"] == []
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_batch_first_rnn_builds_for_onnx_and_qnn(op: str, tmp_path: Path) -> None:
+    """Before: onnxruntime refused the layout-1 source ("Batchwise recurrent operations
+    (layout == 1) are not supported") and the build crashed computing the reference. Now the
+    node is layout 0 between Transposes in every platform's graph, and the reference is the
+    ONNX reference implementation's run of the unchanged source."""
+    from server.compile import BuildSpec, InputSpec, Pipeline, SourceFormat
+
+    model, feeds = rnn_model(op, layout=1, initial=True, direction="bidirectional", seed=5)
+    onnx.save(model, str(tmp_path / "bf.onnx"))
+    np.savez(tmp_path / "ref.npz", **feeds)
+    spec = BuildSpec(tmp_path / "bf.onnx", SourceFormat.ONNX,
+                     {"default": tuple(InputSpec(k, v.shape) for k, v in feeds.items())},
+                     platforms=("onnx", "qnn"), reference_path=tmp_path / "ref.npz",
+                     # FP16 on the HTP: ~58 dB on this LSTM; the 60 dB default is the gate
+                     # work of issue 19, so the documented per-version override is used.
+                     settings={"numeric": {"fp16": {"min_snr_db": 45.0}}})
+    out = {o.platform: o for o in Pipeline().build(spec, tmp_path / "work")}
+    assert all(o.state == "ready" for o in out.values()), {p: o.error for p, o in out.items()}
+    assert all(o.gates["numeric"]["status"] == "passed" for o in out.values())
+    built = onnx.load(str(out["onnx"].artifact.path))
+    rnn = next(n for n in built.graph.node if n.op_type == op)
+    assert all(a.name != "layout" for a in rnn.attribute)
+    # the artifact agrees with the unrolled batch-first node (independent of onnx.reference)
+    want = run(unrolled(model)[0], feeds, tmp_path)
+    got = run(built, feeds, tmp_path)
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)

@@ -202,3 +202,29 @@ def test_an_if_on_input_values_is_named_with_the_input_it_reads(tmp_path: Path) 
     assert ("If node 'sr_if' (its condition reads the values of input(s) 'sr')"
             in str(err.value))
     assert "frame_if" not in str(err.value)  # the shape-decided ones were folded
+
+
+def test_an_if_on_a_constant_input_is_folded(tmp_path: Path) -> None:
+    """A graph input with an initializer of its name (an overridable default, which the
+    declared inputs leave out) is a constant: an If on it is decided at build time."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def branch(op: str, out: str) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node(op, ["x"], [out])], op, [],
+                                 [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+    graph = helper.make_graph(
+        [helper.make_node("Equal", ["mode", "one"], ["c"]),
+         helper.make_node("If", ["c"], ["y"], name="mode_if", then_branch=branch("Neg", "a"),
+                          else_branch=branch("Identity", "b"))], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("mode", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(np.array(1, np.int64), "mode"),
+         numpy_helper.from_array(np.array(1, np.int64), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    report = specialize_file(tmp_path / "m.onnx", (InputSpec("x", (1, 4)),),
+                             tmp_path / "s.onnx")
+    assert report is not None and report.ifs_folded == 1
+    assert [n.op_type for n in onnx.load(str(tmp_path / "s.onnx")).graph.node] == ["Neg"]
