@@ -176,16 +176,25 @@ def test_rnn_the_htp_refuses_is_unrolled_onto_it(op: str, opts: dict[str, Any],
         np.testing.assert_allclose(g, w, atol=2e-2)
 
 
-def test_plain_lstm_stays_the_htps_own_op(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("op", "opts"), [
+    ("LSTM", {"direction": "bidirectional", "initial": True, "peepholes": True}),
+    ("GRU", {"direction": "reverse", "initial": True}),
+    ("GRU", {"linear_before_reset": 1, "direction": "bidirectional"}),
+])
+def test_plain_rnn_stays_the_htps_own_op(op: str, opts: dict[str, Any], tmp_path: Path) -> None:
     from server.compile import InputSpec
     from server.compile.compilers.qnn import QnnCompiler
 
-    model, feeds = rnn_model("LSTM", direction="bidirectional", initial=True)
+    model, feeds = rnn_model(op, **opts)
     src = tmp_path / "rnn.onnx"
     onnx.save(model, str(src))
     inputs = tuple(InputSpec(k, tuple(v.shape)) for k, v in feeds.items())
-    [art] = QnnCompiler().compile(_qnn_request(src, inputs), tmp_path)
+    compiler = QnnCompiler()
+    [art] = compiler.compile(_qnn_request(src, inputs), tmp_path)
     assert art.extra["htp"]["cpu_nodes"] == [] and art.extra["htp"]["rewritten"] == []
+    for w, g in zip(run_onnx_cpu(src, [feeds])[0], compiler.run(art, [feeds])[0],
+                    strict=True):
+        np.testing.assert_allclose(g, w, atol=2e-2)  # FP16 on the HTP
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
