@@ -106,7 +106,9 @@ class Pipeline:
         try:
             if spec.source_format is SourceFormat.ONNX:
                 onnx_path = vdir / "source.onnx"
-                specialized = specialize_file(spec.source_path, inputs, onnx_path)
+                allowed = spec.settings.get("operator_gate", {}).get("allow", [])
+                specialized = specialize_file(spec.source_path, inputs, onnx_path,
+                                              allow_ifs="If" in allowed)
                 if specialized is not None:
                     shape_gate = {"passed": True, "fixed": specialized.fixed,
                                   "nodes_before": specialized.nodes_before,

@@ -250,8 +250,10 @@ def _origins(unfixed: Iterable[UnfixedDim]) -> list[UnfixedDim]:
     return first
 
 
-def specialize(model: Any, specs: Sequence[InputSpec]) -> tuple[Any, Specialized]:
-    """A static copy of `model` at the declared shapes (see the module docstring)."""
+def specialize(model: Any, specs: Sequence[InputSpec], *, allow_ifs: bool = False
+               ) -> tuple[Any, Specialized]:
+    """A static copy of `model` at the declared shapes (see the module docstring);
+    `allow_ifs` (the version allows the `If` operator) keeps value-dependent Ifs."""
     import onnx
     import onnxslim
 
@@ -280,7 +282,8 @@ def specialize(model: Any, specs: Sequence[InputSpec]) -> tuple[Any, Specialized
             f"the declared shapes do not make the graph static: {named}. These sizes depend "
             "on tensor values, not on input shapes; move that part of the model into app "
             "code or export the model with a static size there", remaining)
-    refuse_value_dependent_ifs(slim)
+    if not allow_ifs:
+        refuse_value_dependent_ifs(slim)
     return slim, Specialized(fixed, nodes_before, len(slim.graph.node),
                              len(if_nodes(work)) - len(if_nodes(slim)), relaid)
 
@@ -329,13 +332,16 @@ def refuse_value_dependent_ifs(model: Any) -> None:
         "move the choice into app code")
 
 
-def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path) -> Specialized | None:
+def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path, *,
+                    allow_ifs: bool = False) -> Specialized | None:
     """Writes the static graph for `specs` to `out`; None when the upload was static already
     and has no `If` (then it is copied unchanged: a static upload passes through as it was).
     A static graph with `If` nodes is folded too: a condition computed from input shapes
     (`x.shape[1] == 512`, `x.dim() == 2`) is constant once the shapes are, and the branch it
     takes replaces the `If` (an `If` on tensor values stays; `value_dependent_ifs` names it).
-    So is one with a batch-first LSTM / GRU (layout 0 between Transposes, `seq_first`)."""
+    So is one with a batch-first LSTM / GRU (layout 0 between Transposes, `seq_first`).
+    `allow_ifs`: the version's operator gate allows `If` (`allow_ops`), so an `If` on tensor
+    values is kept for the runtimes that execute control flow."""
     import onnx
 
     try:
@@ -347,6 +353,6 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path) -> Specia
         _fix_inputs(model, specs)  # only checks: static dims that differ are refused
         onnx.save(model, str(out))
         return None
-    static, report = specialize(model, specs)
+    static, report = specialize(model, specs, allow_ifs=allow_ifs)
     onnx.save(static, str(out))
     return report

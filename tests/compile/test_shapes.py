@@ -228,3 +228,21 @@ def test_an_if_on_a_constant_input_is_folded(tmp_path: Path) -> None:
                              tmp_path / "s.onnx")
     assert report is not None and report.ifs_folded == 1
     assert [n.op_type for n in onnx.load(str(tmp_path / "s.onnx")).graph.node] == ["Neg"]
+
+
+def test_a_version_that_allows_if_keeps_a_value_dependent_if(tmp_path: Path) -> None:
+    """allow_ops=If (the operator gate's per-version allow list): the If on `sr` is kept for
+    the runtimes that execute control flow, as before the fold existed."""
+    from tests.compile.vad_model import vad_feeds, vad_onnx
+
+    src = vad_onnx(tmp_path / "vad.onnx", sr_if=True)
+    np.savez(tmp_path / "ref.npz", **vad_feeds(2))
+    spec = BuildSpec(src, SourceFormat.ONNX, {"default": VAD_SPECS}, platforms=("onnx",),
+                     settings={"operator_gate": {"allow": ["If"]}},
+                     reference_path=tmp_path / "ref.npz")
+    (out,) = Pipeline().build(spec, tmp_path / "work")
+    assert out.state == "ready", out.error
+    assert out.gates["numeric"]["status"] == "passed"
+    kept = onnx.load(str(out.artifact.path))
+    assert [n.name for n in kept.graph.node if n.op_type == "If"] == ["sr_if"]
+    assert out.gates["shapes"]["ifs_folded"] == 2
