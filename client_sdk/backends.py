@@ -40,13 +40,41 @@ class OrtBackend:
         self.name = name
         self._session = session
         self._outputs = [o.name for o in session.get_outputs()]
+        # name -> (numpy dtype or None, static shape or None), for `feeds`.
+        self._inputs = {i.name: (_ORT_DTYPES.get(i.type), _static(i.shape))
+                        for i in session.get_inputs()}
+
+    def feeds(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
+        """The arrays onnxruntime takes: a Python or numpy scalar becomes a 0-d array of the
+        input's dtype, and a one-element array is reshaped to a one-element input's shape
+        (a scalar saved as [16000], or a [1] input given a scalar). Anything else is passed
+        as it is, so onnxruntime names a wrong shape or type."""
+        out: dict[str, np.ndarray[Any, Any]] = {}
+        for name, value in inputs.items():
+            dtype, shape = self._inputs.get(name, (None, None))
+            a = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=dtype)
+            if shape is not None and a.shape != shape and a.size == 1 == int(np.prod(shape)):
+                a = a.reshape(shape)
+            out[name] = a
+        return out
 
     def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> Arrays:
         try:
-            values = self._session.run(self._outputs, dict(inputs))
+            values = self._session.run(self._outputs, self.feeds(inputs))
         except Exception as e:  # onnxruntime's errors are untyped
             raise BackendError(f"{self.name} inference failed: {e}") from e
         return dict(zip(self._outputs, values, strict=True))
+
+
+_ORT_DTYPES: dict[str, Any] = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
+
+
+def _static(shape: Any) -> tuple[int, ...] | None:
+    dims = list(shape or [])
+    return tuple(dims) if all(isinstance(d, int) and d > 0 for d in dims) else None
 
 
 def _one_quiet_thread(opts: Any) -> None:

@@ -14,16 +14,21 @@ Other areas subclass these (e.g. `class ChannelNotFound(NotFoundError)`) and get
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ServiceError(Exception):
     status_code = 500
     code = "internal_error"
 
-    def __init__(self, message: str, *, field: str | None = None, fix: str | None = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None, fix: str | None = None,
+                 errors: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
         self.fix = fix
+        # Structured details for the body's `errors` list (e.g. each ONNX input's dims).
+        self.errors = errors
 
 
 class NotFoundError(ServiceError):

@@ -3,6 +3,7 @@ upload a version (progress bar), then with --wait follow its builds per platform
 with the gate reports.
 
 --input   image:float32:1x3x224x224        one static shape (`1,3,224,224` works too)
+          sr:int64:scalar                   a scalar (rank 0; `[]` works too)
           image:float32:360p=1x3x360x640,720p=1x3x720x1280   shape variants
 --platform onnx | coreml:compute_precision=fp16 | qnn:soc_model=60,htp_arch=v73
 """
@@ -50,6 +51,8 @@ def parse_input(spec: str) -> dict[str, Any]:
 
 
 def _dims(spec: str, text: str, sep: str) -> list[int]:
+    if text in ("scalar", "[]"):
+        return []
     try:
         return [int(d) for d in text.split(sep)]
     except ValueError:

@@ -132,7 +132,8 @@ def use_error_body_for_validation_errors(app: FastAPI) -> None:
 
 async def _service_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
-    return error_response(exc.status_code, exc.code, exc.message, exc.field, exc.fix)
+    return error_response(exc.status_code, exc.code, exc.message, exc.field, exc.fix,
+                          exc.errors)
 
 
 async def _transition_error(_request: Request, exc: Exception) -> JSONResponse:

@@ -107,11 +107,14 @@ class Pipeline:
         try:
             if spec.source_format is SourceFormat.ONNX:
                 onnx_path = vdir / "source.onnx"
-                specialized = specialize_file(spec.source_path, inputs, onnx_path)
+                allowed = spec.settings.get("operator_gate", {}).get("allow", [])
+                specialized = specialize_file(spec.source_path, inputs, onnx_path,
+                                              allow_ifs="If" in allowed)
                 if specialized is not None:
                     shape_gate = {"passed": True, "fixed": specialized.fixed,
                                   "nodes_before": specialized.nodes_before,
-                                  "nodes_after": specialized.nodes_after}
+                                  "nodes_after": specialized.nodes_after,
+                                  "ifs_folded": specialized.ifs_folded}
                     log(f"[{variant}] {specialized.note()}")
             else:
                 onnx_path = export_onnx(spec.source_path, spec.source_format, inputs,
@@ -136,7 +139,10 @@ class Pipeline:
             # The gates above judged the specialized graph; say so on every outcome.
             for o in outcomes:
                 o.gates["shapes"] = shape_gate
-                o.notes.insert(0, "dynamic ONNX specialized to the declared shapes")
+                o.notes.insert(0, "dynamic ONNX specialized to the declared shapes"
+                               if shape_gate["fixed"] else
+                               "static ONNX folded at the declared shapes (If nodes with a "
+                               "constant condition)")
         return outcomes
 
     def _reference(self, spec: BuildSpec, inputs: tuple[InputSpec, ...], variant: str

@@ -8,7 +8,9 @@ HTP takes whole is compiled unchanged:
 - Erf: Abramowitz–Stegun 7.1.26 polynomial (|error| < 1.5e-7), from Abs, Mul, Add, Div, Exp,
   Sign — all HTP ops;
 - Gelu: 0.5·x·(1 + erf(x/√2)) with that Erf (or the tanh form for approximate="tanh");
-- Trilu with static shapes: Where with a constant triangular mask.
+- Trilu with static shapes: Where with a constant triangular mask;
+- LSTM / GRU the HTP refuses (sequence_lens, clip, other activations): unrolled per step
+  (`server/compile/rnn_unroll.py`).
 
 `rewrite(model, names)` returns the rewritten model and what was done, per node.
 """
@@ -19,6 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from server.compile.rnn_unroll import unroll_gru, unroll_lstm
 
 # Abramowitz & Stegun 7.1.26
 _P = 0.3275911
@@ -136,6 +140,8 @@ def _trilu_node(b: _Builder, node: Any, shapes: dict[str, Any]) -> str:
 
 REWRITES: dict[str, Callable[[_Builder, Any, dict[str, Any]], str]] = {
     "Erf": _erf_node, "Gelu": _gelu_node, "GatherND": _gathernd_node, "Trilu": _trilu_node,
+    # LSTM / GRU forms the HTP refuses (sequence_lens, clip, other activations): unrolled.
+    "LSTM": unroll_lstm, "GRU": unroll_gru,
 }
 
 

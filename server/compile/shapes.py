@@ -13,6 +13,10 @@ shape variant, which the gates and every compiler then judge.
   4. names every dim that is still not static with the node that produces it
      (`ShapeSpecializationError`): such a dim depends on tensor values, not on input shapes.
 
+`If` nodes whose condition the declared shapes decide (`x.shape[1] == 512`, `x.dim() == 2`)
+are folded to the branch they take in step 3, in static uploads too; `value_dependent_ifs`
+names the rest (their condition reads input values, e.g. a sample-rate scalar).
+
 `declared_shape_conflicts(model, inputs)` is the upload-time half of step 1: the API refuses a
 declaration that contradicts the graph before any build is queued.
 """
@@ -26,6 +30,7 @@ from typing import Any
 
 from server.compile.errors import InvalidSourceError
 from server.compile.quiet import quiet
+from server.compile.rnn_unroll import batch_first_rnns, seq_first
 from server.compile.types import InputSpec
 
 # onnxslim passes we run: shape inference + constant folding + dead node elimination. Fusions
@@ -83,11 +88,19 @@ class Specialized:
     fixed: dict[str, int]
     nodes_before: int
     nodes_after: int
+    ifs_folded: int = 0
+    relaid_rnns: tuple[str, ...] = ()  # batch-first RNN nodes rewritten to layout 0
 
     def note(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in sorted(self.fixed.items()))
-        return (f"dynamic ONNX specialized to the declared shapes ({dims}); shape arithmetic "
-                f"folded: {self.nodes_before} → {self.nodes_after} nodes")
+        ifs = f", {self.ifs_folded} If node(s) with a constant condition folded" \
+            if self.ifs_folded else ""
+        head = f"dynamic ONNX specialized to the declared shapes ({dims})" if dims else \
+            "static ONNX folded at the declared shapes"
+        rnn = (f"; batch-first RNN node(s) {', '.join(self.relaid_rnns)} as layout 0 between "
+               "Transposes") if self.relaid_rnns else ""
+        return (f"{head}; shape arithmetic folded{ifs}: {self.nodes_before} → "
+                f"{self.nodes_after} nodes{rnn}")
 
 
 def graph_inputs(model: Any) -> list[Any]:
@@ -237,8 +250,10 @@ def _origins(unfixed: Iterable[UnfixedDim]) -> list[UnfixedDim]:
     return first
 
 
-def specialize(model: Any, specs: Sequence[InputSpec]) -> tuple[Any, Specialized]:
-    """A static copy of `model` at the declared shapes (see the module docstring)."""
+def specialize(model: Any, specs: Sequence[InputSpec], *, allow_ifs: bool = False
+               ) -> tuple[Any, Specialized]:
+    """A static copy of `model` at the declared shapes (see the module docstring);
+    `allow_ifs` (the version allows the `If` operator) keeps value-dependent Ifs."""
     import onnx
     import onnxslim
 
@@ -246,6 +261,7 @@ def specialize(model: Any, specs: Sequence[InputSpec]) -> tuple[Any, Specialized
     work = onnx.ModelProto()
     work.CopyFrom(model)
     nodes_before = len(work.graph.node)
+    relaid = tuple(seq_first(work))
     fixed = _fix_inputs(work, specs)
     _forget_inferred_shapes(work)
     try:
@@ -266,12 +282,66 @@ def specialize(model: Any, specs: Sequence[InputSpec]) -> tuple[Any, Specialized
             f"the declared shapes do not make the graph static: {named}. These sizes depend "
             "on tensor values, not on input shapes; move that part of the model into app "
             "code or export the model with a static size there", remaining)
-    return slim, Specialized(fixed, nodes_before, len(slim.graph.node))
+    if not allow_ifs:
+        refuse_value_dependent_ifs(slim)
+    return slim, Specialized(fixed, nodes_before, len(slim.graph.node),
+                             len(if_nodes(work)) - len(if_nodes(slim)), relaid)
 
 
-def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path) -> Specialized | None:
+def if_nodes(model: Any) -> list[Any]:
+    """The graph's top-level `If` nodes."""
+    return [n for n in model.graph.node if n.op_type == "If" and n.domain in ("", "ai.onnx")]
+
+
+def value_dependent_ifs(model: Any) -> list[tuple[str, list[str]]]:
+    """(node name, graph inputs its condition reads) for each `If` still in the graph: its
+    condition depends on tensor values, not shapes, so no build-time folding decides it."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    inputs = {i.name for i in graph_inputs(model)}
+    found = []
+    for i, node in enumerate(if_nodes(model)):
+        seen, todo, reads = set(), [node.input[0]], []
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in inputs:
+                reads.append(name)
+            elif name in producer:
+                todo.extend(x for x in producer[name].input if x)
+        found.append((node.name or f"If{i}", sorted(reads)))
+    return found
+
+
+def refuse_value_dependent_ifs(model: Any) -> None:
+    """An `If` left after folding picks its branch from tensor values at run time; no
+    compiler here takes control flow, so the build fails naming each one."""
+    ifs = value_dependent_ifs(model)
+    if not ifs:
+        return
+    named = "; ".join(
+        f"If node {name!r} (its condition reads the values of input(s) "
+        f"{', '.join(map(repr, reads))})" if reads else
+        f"If node {name!r} (its condition is computed from values inside the graph)"
+        for name, reads in ifs[:8])
+    raise InvalidSourceError(
+        f"{len(ifs)} If node(s) whose branch depends on tensor values, not on the declared "
+        f"shapes: {named}. A compiled artifact has no control flow: export the model with "
+        "that choice made (e.g. trace it with the value fixed, one version per value), or "
+        "move the choice into app code")
+
+
+def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path, *,
+                    allow_ifs: bool = False) -> Specialized | None:
     """Writes the static graph for `specs` to `out`; None when the upload was static already
-    (then it is copied unchanged: a static upload passes through as it was)."""
+    and has no `If` (then it is copied unchanged: a static upload passes through as it was).
+    A static graph with `If` nodes is folded too: a condition computed from input shapes
+    (`x.shape[1] == 512`, `x.dim() == 2`) is constant once the shapes are, and the branch it
+    takes replaces the `If` (an `If` on tensor values stays; `value_dependent_ifs` names it).
+    So is one with a batch-first LSTM / GRU (layout 0 between Transposes, `seq_first`).
+    `allow_ifs`: the version's operator gate allows `If` (`allow_ops`), so an `If` on tensor
+    values is kept for the runtimes that execute control flow."""
     import onnx
 
     try:
@@ -279,10 +349,10 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path) -> Specia
     except Exception as e:
         raise InvalidSourceError(f"cannot read {path.name} as ONNX: {e}") from e
     check_inputs(model, specs)
-    if is_static(model):
+    if is_static(model) and not if_nodes(model) and not batch_first_rnns(model):
         _fix_inputs(model, specs)  # only checks: static dims that differ are refused
         onnx.save(model, str(out))
         return None
-    static, report = specialize(model, specs)
+    static, report = specialize(model, specs, allow_ifs=allow_ifs)
     onnx.save(static, str(out))
     return report

@@ -26,7 +26,7 @@ MAX_SAMPLES = 256
 ONNX_OPSET = 18  # newest opset onnx2torch and coremltools' ONNX path handle well
 
 _DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32,
-           "uint8": np.uint8, "bool": np.bool_}
+           "int16": np.int16, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_}
 
 
 def numpy_dtype(spec: InputSpec) -> Any:
@@ -87,7 +87,9 @@ def load_samples(path: Path, specs: tuple[InputSpec, ...], variant: str = ""
     if len(counts) != 1 or 0 in counts:
         raise CalibrationError(f"{path.name}: every input needs the same, non-zero sample count")
     n = counts.pop()
-    return [{k: v[i] for k, v in batches.items()} for i in range(n)]
+    # np.asarray: indexing a (N,) batch of a scalar input gives a numpy scalar, which
+    # onnxruntime refuses; a 0-d array is what a rank-0 input takes.
+    return [{k: np.asarray(v[i]) for k, v in batches.items()} for i in range(n)]
 
 
 def _torch_inputs(specs: tuple[InputSpec, ...]) -> tuple[Any, ...]:
@@ -174,11 +176,30 @@ def run_onnx_cpu(model_path: Path, feeds: list[dict[str, NDArray[Any]]]
     return [[np.asarray(o) for o in sess.run(None, f)] for f in feeds]
 
 
+def _onnx_reference_evaluator(path: Path, feeds: list[dict[str, NDArray[Any]]],
+                              ort_error: Exception) -> list[list[NDArray[Any]]]:
+    """The source run by the ONNX reference implementation (numpy, exact to the spec), for a
+    graph onnxruntime's CPU kernels cannot load (e.g. a batch-first LSTM: no layout-1 kernel).
+    Slow, so only when onnxruntime refused the source; when it cannot run the source either
+    (an operator no runtime knows), onnxruntime's own error stands and fails the build."""
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        evaluator = ReferenceEvaluator(onnx.load(str(path)))
+        return [[np.asarray(o) for o in evaluator.run(None, f)] for f in feeds]
+    except Exception:
+        raise ort_error from None
+
+
 def reference_outputs(path: Path, fmt: SourceFormat, specs: tuple[InputSpec, ...],
                       feeds: list[dict[str, NDArray[Any]]]) -> list[list[NDArray[Any]]]:
     """FP32 outputs of the unconverted source on each reference sample."""
     if fmt is SourceFormat.ONNX:
-        return run_onnx_cpu(path, feeds)
+        try:
+            return run_onnx_cpu(path, feeds)
+        except Exception as e:  # onnxruntime's errors are untyped
+            return _onnx_reference_evaluator(path, feeds, e)
     import torch
 
     module = load_exported_program(path, fmt, specs).module()

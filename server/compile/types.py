@@ -36,7 +36,8 @@ class Precision(enum.StrEnum):
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One model input with a fully static shape (dynamic shapes are rejected by the gate)."""
+    """One model input with a fully static shape (dynamic shapes are rejected by the gate);
+    `shape == ()` is a scalar (rank 0)."""
 
     name: str
     shape: tuple[int, ...]
@@ -45,10 +46,11 @@ class InputSpec:
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("input spec needs a name")
-        if not self.shape or any((not isinstance(d, int)) or d <= 0 for d in self.shape):
+        if any((not isinstance(d, int)) or d <= 0 for d in self.shape):
             raise ValueError(
                 f"input {self.name!r} has shape {self.shape!r}; every dimension must be a "
-                "positive integer (declare one shape variant per size instead of a dynamic axis)"
+                "positive integer (declare one shape variant per size instead of a dynamic "
+                "axis; () is a scalar)"
             )
 
     @classmethod

@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session, selectinload
 
 from server.blobstore import BlobStore
 from server.blobstore.keys import source_key
-from server.compile.shapes import declared_shape_conflicts
 from server.db import audit
 from server.db.models import (
     Build,
@@ -33,14 +32,24 @@ from server.db.models import (
 )
 from server.errors import ConflictError, InvalidInputError, NotFoundError
 from server.jobs.interface import JobQueue
+from server.services.graph_inputs import (
+    check_declared_inputs,
+    check_input_names,
+    undeclared_inputs_error,
+)
 from server.services.npzcheck import check_npz_arrays
 from server.services.sourcefiles import (
     check_onnx_self_contained,
     detect_model_format,
     digest_file,
-    onnx_input_dims,
+    onnx_graph_inputs,
 )
-from server.services.version_metadata import DEFAULT_VARIANT, parse_metadata, semver_key
+from server.services.version_metadata import (
+    UndeclaredInputsError,
+    VersionMetadata,
+    parse_metadata,
+    semver_key,
+)
 
 log = logging.getLogger("modelfleet.registry")
 
@@ -152,60 +161,18 @@ def list_versions(session: Session, model_name: str) -> list[ModelVersion]:
     return sorted(rows, key=lambda v: semver_key(v.version), reverse=True)
 
 
-def _check_input_names(specs: list[dict[str, Any]], model_inputs: list[str]) -> None:
-    """Every model input needs a spec and every spec must name a model input: caught here,
-    a mismatch would otherwise fail every compile of the version."""
-    listed = [str(spec["name"]) for spec in specs]
-    have = ", ".join(model_inputs) or "none"
-    for i, name in enumerate(listed):
-        if name not in model_inputs:
-            raise InvalidInputError(
-                f"metadata.inputs[{i}].name {name!r} is not an input of the model",
-                field=f"metadata.inputs[{i}].name",
-                fix=f"use the model's input names: {have}",
-            )
-    missing = [n for n in model_inputs if n not in listed]
-    if missing:
-        raise InvalidInputError(
-            f"model input(s) {', '.join(map(repr, missing))} have no entry in metadata.inputs",
-            field="metadata.inputs",
-            fix="add a spec (name, dtype, shape or shapes) for every model input",
-        )
-
-
-def _check_declared_shapes(specs: list[dict[str, Any]],
-                           graph_dims: dict[str, list[int | str]]) -> None:
-    """A declared shape that contradicts a static dim of the ONNX input (or gives one
-    symbolic dim two sizes) would fail every build of that variant: refused here instead."""
-    index = {str(spec["name"]): i for i, spec in enumerate(specs)}
-    for spec in specs:
-        dims = graph_dims.get(str(spec["name"]), [])
-        for shape in spec["shapes"].values():
-            if dims and len(dims) != len(shape):
-                i = index[str(spec["name"])]
-                raise InvalidInputError(
-                    f"metadata.inputs[{i}] ({spec['name']}): shape {shape} has rank "
-                    f"{len(shape)} but the ONNX input has rank {len(dims)} ({dims})",
-                    field=f"metadata.inputs[{i}].shape", fix=f"declare {len(dims)} dims")
-    variants: dict[str, dict[str, list[int]]] = {}
-    for spec in specs:
-        for variant, shape in spec["shapes"].items():
-            variants.setdefault(variant, {})[str(spec["name"])] = list(shape)
-    conflicts = declared_shape_conflicts(graph_dims, variants)
-    if conflicts:
-        c = conflicts[0]
-        i = index[c.input]
-        actual = ", ".join(str(d) for d in graph_dims[c.input])
-        raise InvalidInputError(
-            f"metadata.inputs[{i}] ({c.input}) dim {c.dim}: declared {c.declared}, but the "
-            f"ONNX input {c.input!r} is [{actual}]"
-            + ("" if c.variant == DEFAULT_VARIANT else f" (shape variant {c.variant!r})")
-            + "".join(f"; {more.message()}" for more in conflicts[1:5]),
-            field=f"metadata.inputs[{i}].shape[{c.dim}]" if c.variant == DEFAULT_VARIANT
-            else f"metadata.inputs[{i}].shapes.{c.variant}[{c.dim}]",
-            fix=(f"declare {c.actual} there (the graph fixes it)" if isinstance(c.actual, int)
-                 else f"give the graph's dim {c.actual!r} one size in every input of a "
-                 "variant"))
+def _metadata(raw: str, model_file: UploadedFile | None, limits: Limits) -> VersionMetadata:
+    """Parsed metadata; without `inputs`, an ONNX model's graph is read (within the model
+    size cap) so the 422 lists its inputs and a template to declare them."""
+    try:
+        return parse_metadata(raw, max_bytes=limits.max_metadata_bytes)
+    except UndeclaredInputsError as e:
+        if model_file is None:
+            raise
+        digest_file(model_file.file, field=model_file.field, max_bytes=limits.max_model_bytes)
+        if detect_model_format(model_file.file) != "onnx":
+            raise
+        raise undeclared_inputs_error(onnx_graph_inputs(model_file.file), e) from None
 
 
 def _fingerprint(metadata: dict[str, Any], digests: dict[str, str]) -> dict[str, Any]:
@@ -231,8 +198,8 @@ def upload_version(
     metadata under an existing version → ConflictError. Raises InvalidInputError,
     UnsupportedFileError, PayloadTooLargeError, NotFoundError; blob store errors pass up."""
     model = get_model(session, model_name)
-    meta = parse_metadata(metadata_raw, max_bytes=limits.max_metadata_bytes)
     by_field = {f.field: f for f in files}
+    meta = _metadata(metadata_raw, by_field.get(UploadKind.model.value), limits)
     if UploadKind.model.value not in by_field:
         raise InvalidInputError("file field 'model' is missing", field="model",
                                 fix="attach the model file as multipart field 'model'")
@@ -247,9 +214,9 @@ def upload_version(
             formats[f.field] = detect_model_format(f.file)
             if formats[f.field] == "onnx":
                 check_onnx_self_contained(f.file)
-                graph_dims = onnx_input_dims(f.file)
-                _check_input_names(meta.inputs, list(graph_dims))
-                _check_declared_shapes(meta.inputs, graph_dims)
+                graph = onnx_graph_inputs(f.file)
+                check_input_names(meta.inputs, graph)
+                check_declared_inputs(meta.inputs, graph)
         else:
             check_npz_arrays(f.file, field=f.field, inputs=meta.inputs,
                              max_unpacked_bytes=limits.max_npz_unpacked_bytes)

@@ -168,34 +168,58 @@ def _external_data_in(f: BinaryIO, kind: str, end: int, *, start: int, depth: in
 
 
 _GRAPH_INPUT = 11
-_VALUE_INFO_NAME = 1
 _TENSOR_NAME = 8
 MAX_NAME_BYTES = 4096
+# One graph input's ValueInfoProto (name, type, shape, doc string): real ones are a few
+# hundred bytes; anything larger is refused before it reaches the protobuf parser.
+MAX_VALUE_INFO_BYTES = 64 * 1024
+MAX_INPUT_DIMS = 64
+# Old exporters list every weight as a graph input too: allow many, but not unbounded.
+MAX_GRAPH_INPUTS = 100_000
+
+# TensorProto.DataType -> the metadata dtype names (server/services/version_metadata.py);
+# a type not listed here cannot be declared (e.g. float64, string).
+ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 3: "int8", 2: "uint8",
+               5: "int16", 6: "int32", 7: "int64", 9: "bool"}
+_ONNX_TYPE_NAMES = {11: "float64", 8: "string", 4: "uint16", 12: "uint32", 13: "uint64",
+                    14: "complex64", 15: "complex128"}
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    """One real input of an uploaded ONNX graph, as its ValueInfoProto declares it."""
+
+    name: str
+    dtype: str  # a metadata dtype name, else the ONNX type's name ("float64", "sequence", …)
+    # Each dim: a size, else its symbolic name ('' unnamed); None when the graph gives no
+    # shape at all (any rank), [] for a scalar (rank 0).
+    dims: list[int | str] | None
+
+    @property
+    def dynamic(self) -> list[int]:
+        """The indices of the dims that are not a fixed size."""
+        return [i for i, d in enumerate(self.dims or []) if not isinstance(d, int)]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "dtype": self.dtype, "dims": self.dims,
+                "dynamic_dims": self.dynamic}
 
 
 def onnx_input_names(f: BinaryIO) -> list[str]:
     """The model's real inputs: graph inputs that are not initializers (older exporters list
     weights as inputs too). Streams like `check_onnx_self_contained`."""
-    return list(onnx_input_dims(f))
+    return [i.name for i in onnx_graph_inputs(f)]
 
 
-# ValueInfoProto.type = 2 → TypeProto.tensor_type = 1 → shape = 2 → TensorShapeProto.dim = 1
-# → Dimension.dim_value = 1 (varint) | dim_param = 2 (string).
-_VALUE_INFO_TYPE = 2
-_TYPE_TENSOR = 1
-_TENSOR_SHAPE = 2
-_SHAPE_DIM = 1
-_DIM_VALUE, _DIM_PARAM = 1, 2
-MAX_INPUT_DIMS = 64
+def onnx_graph_inputs(f: BinaryIO) -> list[GraphInput]:
+    """The graph's real inputs (initializers left out) in order, each with dtype and dims.
 
-
-def onnx_input_dims(f: BinaryIO) -> dict[str, list[int | str]]:
-    """Each real input's dims in graph order: a size, else its symbolic name ('' unnamed);
-    an input without a declared shape has no dims listed. Streams the graph's input entries
-    only, like `check_onnx_self_contained`, never the weights."""
+    Streams the graph's fields like `check_onnx_self_contained`, seeking over weights; each
+    input's ValueInfoProto, bounded by MAX_VALUE_INFO_BYTES, is parsed by the onnx protobuf
+    library, so a hostile file costs at most that much memory per input."""
     end = f.seek(0, 2)
     f.seek(0)
-    inputs: dict[str, list[int | str]] = {}
+    inputs: list[GraphInput] = []
     initializers: set[str] = set()
     try:
         for number, wire, offset, size in _fields(f, end):
@@ -205,57 +229,59 @@ def onnx_input_dims(f: BinaryIO) -> dict[str, list[int | str]]:
             for g_number, g_wire, g_offset, g_size in _fields(f, offset + size):
                 if g_wire != 2 or g_number not in (_GRAPH_INPUT, _GRAPH_INITIALIZER):
                     continue
+                f.seek(g_offset)
                 if g_number == _GRAPH_INITIALIZER:
-                    f.seek(g_offset)
                     name = _first_string(f, g_offset + g_size, _TENSOR_NAME)
                     if name is not None:
                         initializers.add(name)
                     continue
-                f.seek(g_offset)
-                name = _first_string(f, g_offset + g_size, _VALUE_INFO_NAME)
-                if name is not None:
-                    f.seek(g_offset)
-                    inputs[name] = _value_info_dims(f, g_offset + g_size)
+                if len(inputs) >= MAX_GRAPH_INPUTS:
+                    raise _bad_inputs(f"it lists more than {MAX_GRAPH_INPUTS} graph inputs")
+                inputs.append(_graph_input(f.read(g_size) if g_size <= MAX_VALUE_INFO_BYTES
+                                           else None, len(inputs)))
             f.seek(offset + size)
     finally:
         f.seek(0)
-    return {n: d for n, d in inputs.items() if n not in initializers}
+    return [i for i in inputs if i.name not in initializers]
 
 
-def _submessage(f: BinaryIO, end: int, field: int) -> tuple[int, int] | None:
-    """(offset, end) of the first length-delimited `field` before `end`."""
-    for number, wire, offset, size in _fields(f, end):
-        if number == field and wire == 2:
-            return offset, offset + size
-    return None
+def _bad_inputs(why: str) -> UnsupportedFileError:
+    return UnsupportedFileError(
+        f"file field 'model' is an ONNX model whose graph inputs cannot be read: {why}",
+        field="model", fix="re-export the model with onnx.save (torch.onnx.export writes "
+        "well-formed inputs); check that the file is not truncated")
 
 
-def _value_info_dims(f: BinaryIO, end: int) -> list[int | str]:
+def _graph_input(raw: bytes | None, index: int) -> GraphInput:
+    from google.protobuf.message import DecodeError
+    from onnx import ValueInfoProto
+
+    if raw is None:
+        raise _bad_inputs(f"graph input #{index} is larger than {MAX_VALUE_INFO_BYTES} bytes")
+    try:
+        vi = ValueInfoProto.FromString(raw)
+    except (DecodeError, RecursionError, ValueError) as e:
+        raise _bad_inputs(f"graph input #{index} does not parse: {e}") from None
+    if len(vi.name.encode()) > MAX_NAME_BYTES:
+        raise _bad_inputs(f"graph input #{index} has a name over {MAX_NAME_BYTES} bytes")
+    kind = vi.type.WhichOneof("value")
+    if kind != "tensor_type":
+        return GraphInput(vi.name, kind.removesuffix("_type") if kind else "unknown", None)
+    tt = vi.type.tensor_type
+    dtype = ONNX_DTYPES.get(tt.elem_type) or _ONNX_TYPE_NAMES.get(tt.elem_type,
+                                                                  f"onnx type {tt.elem_type}")
+    if not tt.HasField("shape"):
+        return GraphInput(vi.name, dtype, None)
+    if len(tt.shape.dim) > MAX_INPUT_DIMS:
+        raise _bad_inputs(f"input {vi.name!r} has more than {MAX_INPUT_DIMS} dims")
     dims: list[int | str] = []
-    span: tuple[int, int] | None = (f.tell(), end)
-    for field in (_VALUE_INFO_TYPE, _TYPE_TENSOR, _TENSOR_SHAPE):
-        assert span is not None
-        f.seek(span[0])
-        span = _submessage(f, span[1], field)
-        if span is None:
-            return dims
-    assert span is not None
-    f.seek(span[0])
-    for number, wire, offset, size in _fields(f, span[1]):
-        if number != _SHAPE_DIM or wire != 2 or len(dims) >= MAX_INPUT_DIMS:
-            continue
-        dim: int | str = ""
-        f.seek(offset)
-        for d_number, d_wire, d_value, d_size in _fields(f, offset + size):
-            # int64 on the wire: -1 (some exporters' "unknown") arrives as 2**64 - 1.
-            if d_number == _DIM_VALUE and d_wire == 0 and 0 < d_value < 1 << 63:
-                dim = d_value
-            elif d_number == _DIM_PARAM and d_wire == 2 and d_size <= MAX_NAME_BYTES:
-                f.seek(d_value)
-                dim = f.read(d_size).decode("utf-8", errors="replace")
-        dims.append(dim)
-        f.seek(offset + size)
-    return dims
+    for d in tt.shape.dim:
+        if d.HasField("dim_value") and d.dim_value > 0:
+            dims.append(d.dim_value)
+        else:
+            # Some exporters write -1 or "?" for "unknown": an unnamed dynamic dim.
+            dims.append("" if d.dim_param in ("?", "-1") else d.dim_param[:MAX_NAME_BYTES])
+    return GraphInput(vi.name, dtype, dims)
 
 
 def _first_string(f: BinaryIO, end: int, field: int) -> str | None:

@@ -70,6 +70,11 @@ class VersionMetadata(BaseModel):
     notes: str = ""
 
 
+class UndeclaredInputsError(InvalidInputError):
+    """metadata has no `inputs`: the registry answers with the model's own inputs (read from
+    an ONNX graph) and a template to declare them."""
+
+
 def is_semver(version: str) -> bool:
     return bool(SEMVER_RE.fullmatch(version))
 
@@ -130,8 +135,14 @@ def _first_error(e: ValidationError) -> InvalidInputError:
     field = _loc(loc)
     kind = err["type"]
     fix = None
+    if loc == ("inputs",) and kind == "missing":
+        return UndeclaredInputsError(
+            f"{field}: Field required", field=field,
+            fix='declare each model input, e.g. "inputs": [{"name": "x", "dtype": "float32", '
+            '"shape": [1, 3, 224, 224]}] ("shape": [] for a scalar)')
     if loc[:1] == ("inputs",) and ("shape" in loc or "shapes" in loc):
-        fix = "shapes must be static: every dimension a positive integer (no -1, null or names)"
+        fix = ("shapes must be static: every dimension a positive integer (no -1, null or "
+               "names); [] declares a scalar")
     elif loc[:1] == ("inputs",) and "dtype" in loc:
         fix = f"dtype must be one of: {', '.join(DTYPES)}"
     elif loc[:1] == ("platforms",):

@@ -210,3 +210,82 @@ def test_agent_without_an_enrolment_token_still_updates(served, tmp_path):
     assert out["active"][0]["version"] == "1.0"
     assert out["telemetry"]["status"] == "not_enrolled" and out["telemetry"]["pending"] >= 2
     assert sim.telemetry.bodies == []
+
+
+@pytest.mark.parametrize("sr", [np.array(16000, np.int64), np.array([16000], np.int64)],
+                         ids=["0-d", "one-element"])
+def test_predict_feeds_a_scalar_input_and_prints_a_scalar_output(served, tmp_path, sr):
+    """The voice-activity structure of issue 19 through the agent: a scalar int64 `sr` in
+    (saved 0-d, or as a one-element array the runtime reshapes), a scalar probability out."""
+    from server.compile import InputSpec
+    from server.compile.shapes import specialize_file
+    from server.compile.source import run_onnx_cpu
+    from tests.compile.vad_model import vad_feeds, vad_onnx
+
+    specs = (InputSpec("audio", (1, 64)), InputSpec("state", (2, 1, 16)),
+             InputSpec("sr", (), "int64"))
+    specialize_file(vad_onnx(tmp_path / "vad.onnx"), specs, tmp_path / "built.onnx")
+    sim, base, root = served
+    sim.publish("vad", [sim.release("1.0", [sim.artifact((tmp_path / "built.onnx")
+                                                         .read_bytes())])])
+    data = tmp_path / "device"
+    assert cli(*update_args(base, root, data), "--once").returncode == 0
+    feeds = {k: np.asarray(v[0]) for k, v in vad_feeds(1).items()}
+    np.savez(tmp_path / "in.npz", audio=feeds["audio"], state=feeds["state"], sr=sr)
+    pred = cli("predict", "--data-dir", str(data), "--model", "vad", "--input",
+               str(tmp_path / "in.npz"))
+    assert pred.returncode == 0, pred.stderr
+    prob = json.loads(pred.stdout)["outputs"]["prob"]
+    assert prob["shape"] == [] and prob["dtype"] == "float32"
+    want = run_onnx_cpu(tmp_path / "vad.onnx", [feeds])[0][0]
+    assert isinstance(prob["data"], float) and abs(prob["data"] - float(want)) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def vad_builds(tmp_path_factory):
+    """The VAD-structured model built by the compile pipeline for onnx and qnn (FP16 HTP)."""
+    from server.compile import BuildSpec, InputSpec, Pipeline, SourceFormat
+    from tests.compile.vad_model import vad_feeds, vad_onnx
+
+    tmp = tmp_path_factory.mktemp("vad")
+    np.savez(tmp / "ref.npz", **vad_feeds(2))
+    specs = (InputSpec("audio", (1, 64)), InputSpec("state", (2, 1, 16)),
+             InputSpec("sr", (), "int64"))
+    spec = BuildSpec(vad_onnx(tmp / "vad.onnx"), SourceFormat.ONNX, {"default": specs},
+                     platforms=("onnx", "qnn"), reference_path=tmp / "ref.npz",
+                     settings={"numeric": {"fp16": {"min_snr_db": 35.0}}})
+    out = {o.platform: o for o in Pipeline().build(spec, tmp / "work")}
+    assert all(o.state == "ready" for o in out.values()), {p: o.error for p, o in out.items()}
+    return tmp / "vad.onnx", out
+
+
+def test_predict_on_the_htp_takes_the_scalar_through_the_agent(served, tmp_path, vad_builds):
+    """The server-built QNN EPContext artifact of the VAD structure, installed by the agent
+    on a QNN device (HTP emulated on x86), predicts with the scalar `sr`."""
+    from server.compile.source import run_onnx_cpu
+    from tests.compile.vad_model import vad_feeds
+
+    source, out = vad_builds
+    qnn, cpu = out["qnn"], out["onnx"]
+    sim, base, root = served
+    sim.publish("vad", [sim.release("1.0", [
+        sim.artifact(qnn.artifact.path.read_bytes(), platform="qnn", fmt="onnx-epcontext",
+                     variant=qnn.target["variant"],
+                     target={"soc": "SM8650", "arch": "v75", "shape_variant": "default"}),
+        sim.artifact(cpu.artifact.path.read_bytes(), platform="onnx", fmt="onnx",
+                     variant="fp32", target={"shape_variant": "default"})])])
+    data = tmp_path / "device"
+    args = update_args(base, root, data, platform="qnn")
+    upd = cli(*args, "--soc", "SM8650", "--arch", "v75", "--once")
+    assert upd.returncode == 0, upd.stderr
+    feeds = {k: np.asarray(v[0]) for k, v in vad_feeds(1, seed=7).items()}
+    np.savez(tmp_path / "in.npz", **feeds)
+    pred = cli("predict", "--data-dir", str(data), "--model", "vad", "--input",
+               str(tmp_path / "in.npz"))
+    assert pred.returncode == 0, pred.stderr
+    body = json.loads(pred.stdout)
+    assert body["backend"] == "onnxruntime-qnn", body
+    prob = body["outputs"]["prob"]
+    assert prob["shape"] == []
+    want = float(run_onnx_cpu(source, [feeds])[0][0])
+    assert abs(prob["data"] - want) < 1e-2  # FP16 on the HTP

@@ -162,3 +162,87 @@ def test_three_declared_resolutions_yield_one_static_artifact_per_variant_and_pl
         x = rng.standard_normal(shape).astype(np.float32)
         (got,) = run_onnx_cpu(art, [{"x": x}])
         assert got[0].shape == (1, 4, shape[2] * 2 * shape[3] * 2)
+
+
+def test_a_scalar_input_spec_is_rank_zero() -> None:
+    # Before: "input 'sr' has shape (); every dimension must be a positive integer".
+    spec = InputSpec("sr", (), "int64")
+    assert InputSpec.from_dict(spec.to_dict()) == spec
+    with pytest.raises(ValueError, match="positive integer"):
+        InputSpec("x", (1, 0))
+
+
+VAD_SPECS = (InputSpec("audio", (1, 64)), InputSpec("state", (2, 1, 16)),
+             InputSpec("sr", (), "int64"))
+
+
+def test_ifs_decided_by_shapes_are_folded_in_a_static_upload(tmp_path: Path) -> None:
+    from tests.compile.vad_model import vad_feeds, vad_onnx
+
+    src = vad_onnx(tmp_path / "vad.onnx")
+    report = specialize_file(src, VAD_SPECS, tmp_path / "static.onnx")
+    static = onnx.load(str(tmp_path / "static.onnx"))
+    assert report is not None and report.ifs_folded == 2 and report.fixed == {}
+    assert "If" not in {n.op_type for n in static.graph.node}
+    assert "LSTM" in {n.op_type for n in static.graph.node}
+    feeds = [{k: np.asarray(v[i]) for k, v in vad_feeds(3).items()} for i in range(3)]
+    for want, got in zip(run_onnx_cpu(src, feeds), run_onnx_cpu(tmp_path / "static.onnx",
+                                                                feeds), strict=True):
+        assert got[0].shape == ()  # the probability stays a scalar
+        for w, g in zip(want, got, strict=True):
+            np.testing.assert_array_equal(w, g)
+
+
+def test_an_if_on_input_values_is_named_with_the_input_it_reads(tmp_path: Path) -> None:
+    from tests.compile.vad_model import vad_onnx
+
+    src = vad_onnx(tmp_path / "vad.onnx", sr_if=True)
+    with pytest.raises(InvalidSourceError) as err:
+        specialize_file(src, VAD_SPECS, tmp_path / "static.onnx")
+    assert ("If node 'sr_if' (its condition reads the values of input(s) 'sr')"
+            in str(err.value))
+    assert "frame_if" not in str(err.value)  # the shape-decided ones were folded
+
+
+def test_an_if_on_a_constant_input_is_folded(tmp_path: Path) -> None:
+    """A graph input with an initializer of its name (an overridable default, which the
+    declared inputs leave out) is a constant: an If on it is decided at build time."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def branch(op: str, out: str) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node(op, ["x"], [out])], op, [],
+                                 [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+    graph = helper.make_graph(
+        [helper.make_node("Equal", ["mode", "one"], ["c"]),
+         helper.make_node("If", ["c"], ["y"], name="mode_if", then_branch=branch("Neg", "a"),
+                          else_branch=branch("Identity", "b"))], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("mode", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(np.array(1, np.int64), "mode"),
+         numpy_helper.from_array(np.array(1, np.int64), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    report = specialize_file(tmp_path / "m.onnx", (InputSpec("x", (1, 4)),),
+                             tmp_path / "s.onnx")
+    assert report is not None and report.ifs_folded == 1
+    assert [n.op_type for n in onnx.load(str(tmp_path / "s.onnx")).graph.node] == ["Neg"]
+
+
+def test_a_version_that_allows_if_keeps_a_value_dependent_if(tmp_path: Path) -> None:
+    """allow_ops=If (the operator gate's per-version allow list): the If on `sr` is kept for
+    the runtimes that execute control flow, as before the fold existed."""
+    from tests.compile.vad_model import vad_feeds, vad_onnx
+
+    src = vad_onnx(tmp_path / "vad.onnx", sr_if=True)
+    np.savez(tmp_path / "ref.npz", **vad_feeds(2))
+    spec = BuildSpec(src, SourceFormat.ONNX, {"default": VAD_SPECS}, platforms=("onnx",),
+                     settings={"operator_gate": {"allow": ["If"]}},
+                     reference_path=tmp_path / "ref.npz")
+    (out,) = Pipeline().build(spec, tmp_path / "work")
+    assert out.state == "ready", out.error
+    assert out.gates["numeric"]["status"] == "passed"
+    kept = onnx.load(str(out.artifact.path))
+    assert [n.name for n in kept.graph.node if n.op_type == "If"] == ["sr_if"]
+    assert out.gates["shapes"]["ifs_folded"] == 2
