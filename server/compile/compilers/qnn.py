@@ -146,6 +146,8 @@ class QnnCompiler:
                                   "context_embed_mode": 1},
                 notes=target_notes,
                 extra={"provider_options": provider,
+                       # The numeric gate's INT8 yardstick: this graph on the CPU provider.
+                       **({"qdq_model": str(model)} if precision is Precision.INT8 else {}),
                        "htp": {**assignment.to_dict(), "rewritten": rewrites},
                        "cpu_fallback": bool(assignment.cpu_nodes)},
             ))
