@@ -8,9 +8,12 @@ HTP takes whole is compiled unchanged:
 - Erf: Abramowitz–Stegun 7.1.26 polynomial (|error| < 1.5e-7), from Abs, Mul, Add, Div, Exp,
   Sign — all HTP ops;
 - Gelu: 0.5·x·(1 + erf(x/√2)) with that Erf (or the tanh form for approximate="tanh");
-- Trilu with static shapes: Where with a constant triangular mask.
+- Trilu with static shapes: Where with a constant triangular mask;
+- Einsum that is a (batched, grouped) matrix product: Transpose / Reshape / MatMul
+  (`server/compile/qnn_einsum.py`); other equations are named with what they do instead.
 
-`rewrite(model, names)` returns the rewritten model and what was done, per node.
+`rewrite(model, names)` returns the rewritten model and what was done, per node; a node that
+has a rewrite but whose form it does not cover is left as is, with the reason in `refused`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from server.compile import qnn_einsum
 
 # Abramowitz & Stegun 7.1.26
 _P = 0.3275911
@@ -136,6 +141,7 @@ def _trilu_node(b: _Builder, node: Any, shapes: dict[str, Any]) -> str:
 
 REWRITES: dict[str, Callable[[_Builder, Any, dict[str, Any]], str]] = {
     "Erf": _erf_node, "Gelu": _gelu_node, "GatherND": _gathernd_node, "Trilu": _trilu_node,
+    "Einsum": qnn_einsum.build,
 }
 
 
@@ -152,12 +158,18 @@ def _static_shapes(model: Any) -> dict[str, Any]:
             out[vi.name] = dims
         if tt.elem_type:
             out["__dtype__" + vi.name] = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+    for t in model.graph.initializer:  # weights: static by nature
+        if t.dims and all(d > 0 for d in t.dims):
+            out.setdefault(t.name, list(t.dims))
+        out.setdefault("__dtype__" + t.name, helper.tensor_dtype_to_np_dtype(t.data_type))
     return out
 
 
-def rewrite(model: Any, names: set[str]) -> tuple[Any, dict[str, str]]:
+def rewrite(model: Any, names: set[str], refused: dict[str, str] | None = None
+            ) -> tuple[Any, dict[str, str]]:
     """Rewrites the named nodes that have a decomposition (in place); returns the model and
-    {node name: what was done} (nodes without a decomposition are left as they are)."""
+    {node name: what was done} (nodes without a decomposition are left as they are; why a
+    node's form has none goes to `refused`)."""
     shapes = _static_shapes(model)
     done: dict[str, str] = {}
     new_nodes = []
@@ -169,7 +181,9 @@ def rewrite(model: Any, names: set[str]) -> tuple[Any, dict[str, str]]:
         b = _Builder(model, node.name or node.op_type)
         try:
             done[node.name] = fn(b, node, shapes)
-        except ValueError:
+        except ValueError as e:
+            if refused is not None:
+                refused[node.name] = str(e)
             new_nodes.append(node)
             continue
         new_nodes.extend(b.nodes)

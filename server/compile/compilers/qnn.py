@@ -13,8 +13,9 @@ Settings (`settings["qnn"]`):
 
 Before compiling, the HTP probe (`server/compile/htp_support.py`) asks onnxruntime-qnn which
 nodes the HTP takes; nodes it rejects that have an equivalent form the HTP runs are rewritten
-(`server/compile/qnn_prep.py`: bool GatherND, Erf, Gelu, Trilu) and probed again. Nodes still
-left on the CPU are named (op type, node name, why) with the HTP share of nodes and MACs.
+(`server/compile/qnn_prep.py`: bool GatherND, Erf, Gelu, Trilu, matrix-product Einsum) and
+probed again. Nodes still left on the CPU are named (op type, node name, why — for an Einsum,
+what its equation does that a matrix product does not) with the HTP share of nodes and MACs.
 
 INT8 quantizes with the version's calibration inputs only — never with made-up data; without
 them the build compiles FP16 on the HTP and the report says INT8 needs calibration inputs.
@@ -205,17 +206,28 @@ def plan_htp(model: Path, provider: dict[str, str], out: Path | None, workdir: P
         assignment = probe(model, provider, context_out=out)
         if not assignment.cpu_nodes:
             return assignment, []
-        rewritten, done = rewrite(onnx.load(str(model)), {n.name for n in assignment.cpu_nodes})
+        refused: dict[str, str] = {}
+        rewritten, done = rewrite(onnx.load(str(model)), {n.name for n in assignment.cpu_nodes},
+                                  refused)
         if not done:
-            return assignment, []
+            return _with_refusals(assignment, refused), []
         htp_model = workdir / f"model.{name.lower()}.htp.onnx"
         onnx.save(rewritten, str(htp_model))
         notes = [f"rewritten for the HTP: {node} ({what})" for node, what in done.items()]
-        return probe(htp_model, provider, context_out=out), notes
+        return _with_refusals(probe(htp_model, provider, context_out=out), refused), notes
     except Exception as e:
         raise ConversionError(
             f"QNN HTP compile for {name} (soc_model {provider['soc_model']}, "
             f"v{provider['htp_arch']}) failed: {str(e)[:600]}") from e
+
+
+def _with_refusals(assignment: HtpAssignment, refused: dict[str, str]) -> HtpAssignment:
+    """The CPU nodes' reasons, plus why a node with a rewrite could not be rewritten."""
+    from dataclasses import replace
+
+    assignment.cpu_nodes = [replace(n, why=f"{n.why}; no HTP rewrite: {refused[n.name]}")
+                            if n.name in refused else n for n in assignment.cpu_nodes]
+    return assignment
 
 
 def _accept_partial(assignment: HtpAssignment, min_share: float | None, target: str) -> None:
