@@ -130,9 +130,11 @@ def layer_metrics(ref: NDArray[Any], cand: NDArray[Any], node: str, op: str,
 
 def first_divergence(reference: Path | Any, candidate: Path | Any,
                      feeds: dict[str, NDArray[Any]], min_cosine: float, min_snr_db: float,
-                     basis: str) -> Localization:
+                     basis: str, clip: float | None = None) -> Localization:
     """Compares the float tensors both graphs compute (same name, same size), in the reference
-    graph's order, and returns the first one below `min_cosine` / `min_snr_db`."""
+    graph's order, and returns the first one below `min_cosine` / `min_snr_db`. With `clip`
+    (FP16's 65504), values beyond the precision's range count as saturated in both: a mask
+    of -3.4e38 that FP16 holds as -65504 still masks."""
     import onnx
 
     ref = reference if isinstance(reference, onnx.ModelProto) else onnx.load(str(reference))
@@ -148,6 +150,9 @@ def first_divergence(reference: Path | Any, candidate: Path | Any,
             a, b = got_ref[tensor], got_cand[tensor]
             if a.size != b.size or a.size == 0:
                 continue
+            if clip is not None:
+                a = np.clip(a.astype(np.float64), -clip, clip)
+                b = np.clip(b.astype(np.float64), -clip, clip)
             m = layer_metrics(a, b, node, op, tensor)
             compared += 1
             if m.below(min_cosine, min_snr_db):

@@ -33,8 +33,6 @@ class Reference:
 
 def _run_yardstick(request: CompileRequest, art: CompiledArtifact, ref: Reference,
                    workdir: Path) -> tuple[Path | None, list[Any] | None, str]:
-    from server.compile.source import run_onnx_cpu
-
     assert request.onnx_path is not None
     if art.precision is Precision.FP32:
         return request.onnx_path, ref.outputs, ""
@@ -42,7 +40,7 @@ def _run_yardstick(request: CompileRequest, art: CompiledArtifact, ref: Referenc
     if path is None:
         return None, None, why
     try:
-        return path, run_onnx_cpu(path, ref.feeds), ""
+        return path, emulate.run(path, ref.feeds), ""
     except Exception as e:  # onnxruntime's CPU provider lacks a kernel at this precision
         return None, None, f"the source at {art.precision.value} cannot run on the CPU: {e}"
 
@@ -82,10 +80,11 @@ def _localize(report: numeric.NumericGateReport, art: CompiledArtifact,
     out: dict[str, Any] = {}
     t = numeric.thresholds_for(art.precision, request.settings)
     label = art.precision.value.upper()
+    fp16 = art.precision is Precision.FP16
     if report.status == "failed" and not report.reason.startswith("precision cost"):
         if art.target.format == "onnx" and art.path.suffix == ".onnx":
             out["faithful"] = _walk(yardstick, art.path, feeds, t.min_cosine, t.min_snr_db,
-                                    f"source at {label} vs the artifact")
+                                    f"source at {label} vs the artifact", fp16)
         else:
             out["faithful"] = {"basis": "the artifact", "unavailable":
                                f"the {art.target.format} artifact exposes no intermediate "
@@ -94,15 +93,15 @@ def _localize(report: numeric.NumericGateReport, art: CompiledArtifact,
     if seed is not None and report.precision_cost.get("status") == "exceeds_seed":
         assert request.onnx_path is not None
         out["precision"] = _walk(request.onnx_path, yardstick, feeds, seed.min_cosine,
-                                 seed.min_snr_db, f"source FP32 vs source at {label}")
+                                 seed.min_snr_db, f"source FP32 vs source at {label}", fp16)
     return out
 
 
 def _walk(reference: Path, candidate: Path, feeds: dict[str, Any], min_cosine: float,
-          min_snr_db: float, basis: str) -> dict[str, Any]:
+          min_snr_db: float, basis: str, fp16: bool) -> dict[str, Any]:
     try:
         loc = layers.first_divergence(reference, candidate, feeds, min_cosine, min_snr_db,
-                                      basis)
+                                      basis, clip=emulate.FP16_MAX if fp16 else None)
     except Exception as e:  # a diagnostic: its failure is reported, never fatal
         return {"basis": basis, "unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
     return {**loc.to_dict(), "summary": loc.sentence()}
