@@ -6,6 +6,7 @@ instead of reported as a bare cosine of 0."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from server.compile import InputSpec, SourceFormat
 from server.compile.compilers.onnx import OnnxCompiler
+from server.compile.compilers.qnn import QnnCompiler
 from server.compile.gates import layers, numeric
 from server.compile.gates.emulate import to_fp16
 from server.compile.pipeline import BuildSpec, Pipeline
@@ -42,6 +44,25 @@ class WeightScalingCompiler(OnnxCompiler):
         return [art]
 
 
+def _scale_second_conv(src: Path, out: Path) -> Path:
+    model = onnx.load(str(src))
+    _, weight = _second_conv(src)
+    for t in model.graph.initializer:
+        if t.name == weight:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 1.3, t.name))
+    onnx.save(model, str(out))
+    return out
+
+
+class WeightScalingQnnCompiler(QnnCompiler):
+    """A deliberately wrong QNN compile: the HTP gets the graph with one conv scaled by 1.3."""
+
+    def compile(self, request: CompileRequest, workdir: Path) -> list[CompiledArtifact]:
+        assert request.onnx_path is not None
+        damaged = _scale_second_conv(request.onnx_path, workdir / "damaged.onnx")
+        return super().compile(replace(request, onnx_path=damaged), workdir)
+
+
 def _build(model: ModelFiles, platform: str, tmp: Path, flat: dict[str, object] | None = None,
            compilers: dict[str, type] | None = None) -> dict[str, object]:
     spec = BuildSpec(model.onnx, SourceFormat.ONNX, {"default": model.inputs},
@@ -61,6 +82,18 @@ def test_damaged_layer_fails_the_gate_naming_that_layer_first(convnet, tmp_path)
     assert first["node"] == node and first["op"] == "Conv", first
     assert first["snr_db"] < 80 and num["layers"]["faithful"]["last_agreeing"] is not None
     assert node in out["error"] and "compile's, not the precision's" in out["error"]
+
+
+def test_damaged_htp_compile_is_localized_on_the_htp_itself(convnet, tmp_path):
+    """The QNN context binary exposes no intermediates: the walk compiles the artifact's graph
+    on the same HTP with the tensors as outputs and names the damaged conv first."""
+    node, _ = _second_conv(convnet.onnx)
+    out = _build(convnet, "qnn", tmp_path, compilers={"qnn": WeightScalingQnnCompiler})
+    num = out["numeric"]
+    assert out["state"] == "failed" and num["status"] == "failed"
+    walk = num["layers"]["faithful"]
+    assert "onnxruntime-qnn" in walk["basis"] and walk["first_below"]["node"] == node, walk
+    assert node in out["error"]
 
 
 def test_faithful_compile_passes_with_no_layer_walk(convnet, tmp_path):

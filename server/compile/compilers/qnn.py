@@ -131,6 +131,7 @@ class QnnCompiler:
             if precision is Precision.FP16:
                 provider["enable_htp_fp16_precision"] = "1"
             assignment, rewrites = plan_htp(model, provider, out, workdir, name)
+            compiled = htp_graph_path(workdir, name) if rewrites else model
             target_notes = [*notes, *rewrites]
             if assignment.cpu_nodes:
                 _accept_partial(assignment, min_share, f"{name} (soc_model {soc}, v{arch})")
@@ -149,6 +150,8 @@ class QnnCompiler:
                 extra={"provider_options": provider,
                        # The numeric gate's INT8 yardstick: this graph on the CPU provider.
                        **({"qdq_model": str(model)} if precision is Precision.INT8 else {}),
+                       # The graph the context binary was compiled from (layer diagnostics).
+                       "htp_graph": str(compiled),
                        "htp": {**assignment.to_dict(), "rewritten": rewrites},
                        "cpu_fallback": bool(assignment.cpu_nodes)},
             ))
@@ -162,6 +165,24 @@ class QnnCompiler:
                             provider_options=artifact.extra.get("provider_options"),
                             allow_cpu_fallback=bool(artifact.extra.get("cpu_fallback")))
         return [[np.asarray(o) for o in sess.run(None, f)] for f in feeds]
+
+    def intermediates(self, artifact: CompiledArtifact) -> tuple[Path, Any] | None:
+        """(the graph the artifact was compiled from, an opener of HTP sessions on that graph
+        with extra outputs): the context binary itself exposes no intermediate tensors, so
+        the layer walk compiles the same graph on the same HTP with them as outputs."""
+        graph = artifact.extra.get("htp_graph")
+        if not graph or not Path(str(graph)).is_file():
+            return None
+        workdir = artifact.path.parent
+
+        def opener(model: Any) -> Any:
+            import onnx
+
+            path = workdir / "layers.htp.onnx"
+            onnx.save(model, str(path))
+            return open_session(path, provider_options=artifact.extra.get("provider_options"),
+                                allow_cpu_fallback=True)
+        return Path(str(graph)), opener
 
 
 def refuse_wide_int64(model: Path) -> None:
@@ -193,6 +214,11 @@ def min_htp_share(value: object) -> float | None:
     return share
 
 
+def htp_graph_path(workdir: Path, name: str) -> Path:
+    """Where `plan_htp` writes the rewritten graph for target `name`."""
+    return workdir / f"model.{name.lower()}.htp.onnx"
+
+
 def plan_htp(model: Path, provider: dict[str, str], out: Path | None, workdir: Path,
              name: str) -> tuple[HtpAssignment, list[str]]:
     """Probes the HTP split (writing the EPContext model to `out` in the same session, when
@@ -211,7 +237,7 @@ def plan_htp(model: Path, provider: dict[str, str], out: Path | None, workdir: P
                                   refused)
         if not done:
             return _with_refusals(assignment, refused), []
-        htp_model = workdir / f"model.{name.lower()}.htp.onnx"
+        htp_model = htp_graph_path(workdir, name)
         onnx.save(rewritten, str(htp_model))
         notes = [f"rewritten for the HTP: {node} ({what})" for node, what in done.items()]
         return _with_refusals(probe(htp_model, provider, context_out=out), refused), notes

@@ -7,14 +7,17 @@ name, exposed as an extra graph output; the tensors are compared in the referenc
 node order (topological, as ONNX requires), and the first node whose output falls below the
 thresholds is named with its figures (node name, op type, cosine, SNR, max abs diff).
 
-Memory stays bounded: the tensors are fetched in chunks of `CHUNK` per run, and the walk stops
-at the first chunk holding a failing tensor. One sample is enough to localize; the caller
+The candidate runs on the CPU provider, or on the runtime that built the artifact when it can
+expose intermediates (the QNN compiler opens an HTP session on the graph it compiled). Memory
+stays bounded: the tensors are fetched in chunks of `CHUNK` per run, and the walk stops at the
+first chunk holding a failing tensor. One sample is enough to localize; the caller
 passes the first reference sample.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,21 +101,30 @@ def _available(model: Any) -> set[str]:
     return names | {i.name for i in model.graph.input}
 
 
-def _run(model: Any, tensors: list[str], feeds: dict[str, NDArray[Any]]
+Opener = Callable[[Any], Any]  # ModelProto -> a session with get_inputs() and run()
+
+
+def cpu_session(model: Any) -> Any:
+    """An onnxruntime CPU session with graph optimizations off: a fused node would hide the
+    very tensors compared here."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), sess_options=opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def _run(model: Any, tensors: list[str], feeds: dict[str, NDArray[Any]], opener: Opener
          ) -> dict[str, NDArray[Any]]:
     import onnx
-    import onnxruntime as ort
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
     present = {o.name for o in m.graph.output}
     m.graph.output.extend(onnx.ValueInfoProto(name=t) for t in tensors if t not in present)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    # No fusion: a fused node would hide the very tensors compared here.
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(m.SerializeToString(), sess_options=opts,
-                                providers=["CPUExecutionProvider"])
+    sess = opener(m)
     wanted = {i.name for i in sess.get_inputs()}
     values = sess.run(tensors, {k: v for k, v in feeds.items() if k in wanted})
     return dict(zip(tensors, (np.asarray(v) for v in values), strict=True))
@@ -130,23 +142,29 @@ def layer_metrics(ref: NDArray[Any], cand: NDArray[Any], node: str, op: str,
 
 def first_divergence(reference: Path | Any, candidate: Path | Any,
                      feeds: dict[str, NDArray[Any]], min_cosine: float, min_snr_db: float,
-                     basis: str, clip: float | None = None) -> Localization:
+                     basis: str, clip: float | None = None, opener: Opener = cpu_session,
+                     chunk: int = CHUNK, names_from: Path | None = None) -> Localization:
     """Compares the float tensors both graphs compute (same name, same size), in the reference
     graph's order, and returns the first one below `min_cosine` / `min_snr_db`. With `clip`
     (FP16's 65504), values beyond the precision's range count as saturated in both: a mask
-    of -3.4e38 that FP16 holds as -65504 still masks."""
+    of -3.4e38 that FP16 holds as -65504 still masks. `opener` runs the candidate (default:
+    the CPU provider; the QNN compiler passes an HTP session), `chunk` tensors per run.
+    `names_from` (the FP32 source) gives the order and the node names when the reference is
+    a rewritten copy of it (the FP16 yardstick, whose tensors come out of rounding casts)."""
     import onnx
 
     ref = reference if isinstance(reference, onnx.ModelProto) else onnx.load(str(reference))
     cand = candidate if isinstance(candidate, onnx.ModelProto) else onnx.load(str(candidate))
-    common = _available(cand)
-    order = [t for t in _graph_tensors(ref) if t[0] in common]
+    common = _available(cand) & _available(ref)
+    named = ref if names_from is None else onnx.load(str(names_from))
+    order = [t for t in _graph_tensors(named) if t[0] in common]
     compared, last_ok = 0, None
-    for start in range(0, len(order), CHUNK):
-        chunk = order[start:start + CHUNK]
-        names = [t for t, _, _ in chunk]
-        got_ref, got_cand = _run(ref, names, feeds), _run(cand, names, feeds)
-        for tensor, node, op in chunk:
+    for start in range(0, len(order), chunk):
+        part = order[start:start + chunk]
+        names = [t for t, _, _ in part]
+        got_ref = _run(ref, names, feeds, cpu_session)
+        got_cand = _run(cand, names, feeds, opener)
+        for tensor, node, op in part:
             a, b = got_ref[tensor], got_cand[tensor]
             if a.size != b.size or a.size == 0:
                 continue

@@ -3,9 +3,11 @@ judge both questions (`numeric.judge`), localize a loss layer by layer (`layers.
 the failure with advice the user can follow for this platform.
 
 Localization, one sample:
-- a faithful-check failure on an artifact onnxruntime can open on the CPU (the `onnx`
-  platform) compares the artifact's own intermediates with the source at its precision;
-  other artifacts (QNN context binaries, Core ML packages) expose none, and the report says so;
+- a faithful-check failure compares the artifact's intermediates with the source at its
+  precision: an ONNX artifact's own, on the CPU provider; for a compiler offering
+  `intermediates(artifact)` (QNN: its context binary exposes none, so the graph it compiled is
+  compiled again on the same HTP with the tensors as outputs), those; others (Core ML
+  packages) expose none, and the report says so;
 - a precision cost below the seed thresholds (enforced or not) compares the FP32 source with
   the source at the precision: where that precision's loss starts.
 """
@@ -22,6 +24,8 @@ from server.compile.types import CompiledArtifact, CompileRequest, Precision
 
 # Platforms where the version can ask for a higher precision, and the setting that does it.
 HIGHER_PRECISION = {"coreml": "set the coreml setting precision=fp32"}
+# Tensors per HTP diagnostic compile (each chunk compiles the graph once more).
+HTP_CHUNK = 160
 
 
 @dataclass(frozen=True)
@@ -70,38 +74,50 @@ def numeric_gate(compiler: Compiler, art: CompiledArtifact, request: CompileRequ
         report.status, report.reason = "failed", f"artifact outputs unusable: {e}"
         return report
     if yard_path is not None:
-        report.layers = _localize(report, art, request, yard_path, ref.feeds[0])
+        report.layers = _localize(report, compiler, art, request, yard_path, ref.feeds[0])
     return report
 
 
-def _localize(report: numeric.NumericGateReport, art: CompiledArtifact,
+def _localize(report: numeric.NumericGateReport, compiler: Compiler, art: CompiledArtifact,
               request: CompileRequest, yardstick: Path, feeds: dict[str, Any]
               ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     t = numeric.thresholds_for(art.precision, request.settings)
     label = art.precision.value.upper()
     fp16 = art.precision is Precision.FP16
+    assert request.onnx_path is not None
+    source = request.onnx_path
     if report.status == "failed" and not report.reason.startswith("precision cost"):
+        diag = getattr(compiler, "intermediates", None)
+        found = diag(art) if callable(diag) else None
         if art.target.format == "onnx" and art.path.suffix == ".onnx":
             out["faithful"] = _walk(yardstick, art.path, feeds, t.min_cosine, t.min_snr_db,
-                                    f"source at {label} vs the artifact", fp16)
+                                    f"source at {label} vs the artifact", fp16, source)
+        elif found is not None:
+            graph, opener = found
+            out["faithful"] = _walk(yardstick, graph, feeds, t.min_cosine, t.min_snr_db,
+                                    f"source at {label} vs the artifact's graph on "
+                                    f"{art.target.runtime}", fp16, source, opener, HTP_CHUNK)
         else:
             out["faithful"] = {"basis": "the artifact", "unavailable":
                                f"the {art.target.format} artifact exposes no intermediate "
                                "tensors"}
     seed = numeric.SEED_THRESHOLDS.get(art.precision)
     if seed is not None and report.precision_cost.get("status") == "exceeds_seed":
-        assert request.onnx_path is not None
-        out["precision"] = _walk(request.onnx_path, yardstick, feeds, seed.min_cosine,
-                                 seed.min_snr_db, f"source FP32 vs source at {label}", fp16)
+        out["precision"] = _walk(source, yardstick, feeds, seed.min_cosine,
+                                 seed.min_snr_db, f"source FP32 vs source at {label}", fp16,
+                                 source)
     return out
 
 
 def _walk(reference: Path, candidate: Path, feeds: dict[str, Any], min_cosine: float,
-          min_snr_db: float, basis: str, fp16: bool) -> dict[str, Any]:
+          min_snr_db: float, basis: str, fp16: bool, names_from: Path,
+          opener: layers.Opener = layers.cpu_session, chunk: int = layers.CHUNK
+          ) -> dict[str, Any]:
     try:
         loc = layers.first_divergence(reference, candidate, feeds, min_cosine, min_snr_db,
-                                      basis, clip=emulate.FP16_MAX if fp16 else None)
+                                      basis, clip=emulate.FP16_MAX if fp16 else None,
+                                      opener=opener, chunk=chunk, names_from=names_from)
     except Exception as e:  # a diagnostic: its failure is reported, never fatal
         return {"basis": basis, "unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
     return {**loc.to_dict(), "summary": loc.sentence()}
