@@ -146,12 +146,18 @@ def failure_message(report: numeric.NumericGateReport, art: CompiledArtifact,
                 + "to ship at this cost, set precision_gate=off in the version's "
                 f"{platform} settings, or change the model where the loss starts.")
     loc = where(report, "faithful")
+    costs = cost.get("outputs") or []
+    kept = (f"the source at {p.upper()} keeps SNR {costs[0]['snr_db']} dB against FP32, so the "
+            f"loss comes from the compile or the target's own {p.upper()} arithmetic, not "
+            f"from {p.upper()} storage. " if costs else "")
+    higher = HIGHER_PRECISION.get(platform)
     return (f"numeric gate failed: the {platform} artifact departs from "
             f"{report.basis or 'the source'} more than {p.upper()} allows ({report.reason})"
-            + (f"; {loc}" if loc else "")
-            + f". The loss is the compile's, not the precision's: exclude the {platform} "
-            f"platform for this model, or lower min_cosine / min_snr_db in the version's "
-            f"{platform} settings if this difference is acceptable.")
+            + (f"; {loc}" if loc else "") + ". " + kept
+            + (f"To keep more precision, {higher}; or " if higher else "Options: ")
+            + "change the model where the loss starts, exclude the "
+            f"{platform} platform for this model, or accept the difference by lowering "
+            f"min_cosine / min_snr_db in the version's {platform} settings.")
 
 
 def log_lines(report: numeric.NumericGateReport) -> list[str]:
