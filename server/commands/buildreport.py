@@ -83,6 +83,11 @@ def _precision(gates: dict[str, Any]) -> str | None:
     return text
 
 
+def _notes(gates: dict[str, Any]) -> str | None:
+    notes = (gates.get("numeric") or {}).get("notes") or []
+    return " ".join(str(n) for n in notes) or None
+
+
 def _layers(gates: dict[str, Any]) -> str | None:
     loc = ((gates.get("numeric") or {}).get("layers") or {}).get("faithful") or {}
     return str(loc.get("summary") or loc.get("unavailable") or "") or None
@@ -108,7 +113,8 @@ def build_block(build: dict[str, Any]) -> Group:
     for label, gate_set in ([("", gates)] if not by_artifact else
                             [(f" {name}", g) for name, g in by_artifact.items()]):
         for name, value in (("operators", _operators(gate_set)), ("numeric", _numeric(gate_set)),
-                            ("layers", _layers(gate_set)), ("precision", _precision(gate_set))):
+                            ("layers", _layers(gate_set)), ("precision", _precision(gate_set)),
+                            ("note", _notes(gate_set))):
             if value is not None:
                 rows.add_row(Text(f"  {name}{label}"), Text(value))
     if build.get("error"):

@@ -43,3 +43,11 @@ def test_fp32_build_shows_no_precision_row() -> None:
                            basis="the FP32 source")
     text = _text({"numeric": report.to_dict()})
     assert "numeric passed" in text and "precision" not in text.replace("fp32", "")
+
+
+def test_near_zero_output_note_is_shown() -> None:
+    ref = [[np.full((1, 64), 5e-5)]]
+    report = numeric.judge(ref, ref, [[np.zeros((1, 64))]], Precision.FP16, {},
+                           classifier=False, runner="x", basis="the source at FP16")
+    text = _text({"numeric": report.to_dict()})
+    assert "note output 0 is near zero on every reference sample" in text
