@@ -103,6 +103,12 @@ def test_faithful_compile_passes_with_no_layer_walk(convnet, tmp_path):
     assert out["state"] == "ready" and "layers" not in out["numeric"]
 
 
+def test_unknown_precision_gate_value_fails_naming_the_setting(convnet, tmp_path):
+    out = _build(convnet, "onnx", tmp_path, {"precision_gate": "strict"})
+    assert out["state"] == "failed"
+    assert "invalid numeric gate settings: precision_gate must be off or seed" in out["error"]
+
+
 def _cancellation_onnx(path: Path) -> Path:
     """y = relu((x + 2048) - 2048) · 3: exact in FP32; in FP16 the 2048 offset leaves steps of
     2 for x, a real precision loss that starts at node `cancel`."""

@@ -58,6 +58,11 @@ def numeric_gate(compiler: Compiler, art: CompiledArtifact, request: CompileRequ
     try:
         numeric.thresholds_for(art.precision, request.settings)
         numeric.precision_gate_enforced(request.settings)
+    except ValueError as e:
+        report = numeric.not_run(art.precision, "")
+        report.status, report.reason = "failed", f"invalid numeric gate settings: {e}"
+        return report
+    try:
         candidate = compiler.run(art, ref.feeds)
     except Exception as e:  # a run that crashes is a failed gate, with the reason
         report = numeric.not_run(art.precision, "")
@@ -132,7 +137,7 @@ def failure_message(report: numeric.NumericGateReport, art: CompiledArtifact,
                     platform: str) -> str:
     """The build error for a failed numeric gate, with what the user can do about it."""
     p = art.precision.value
-    if report.reason.startswith("could not run") or report.reason.startswith("artifact out"):
+    if report.reason.startswith(("could not run", "artifact out", "invalid numeric")):
         return f"numeric gate failed: {report.reason}"
     cost = report.precision_cost
     if cost.get("enforced") and cost.get("status") == "exceeds_seed" and all(
