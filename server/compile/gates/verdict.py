@@ -152,9 +152,11 @@ def failure_message(report: numeric.NumericGateReport, art: CompiledArtifact,
                 f"{platform} settings, or change the model where the loss starts.")
     loc = where(report, "faithful")
     costs = cost.get("outputs") or []
-    kept = (f"the source at {p.upper()} keeps SNR {costs[0]['snr_db']} dB against FP32, so the "
-            f"loss comes from the compile or the target's own {p.upper()} arithmetic, not "
-            f"from {p.upper()} storage. " if costs else "")
+    snr = min(float(c["snr_db"]) for c in costs) if costs else 0.0
+    itself = "FP16 storage" if art.precision is Precision.FP16 else "the quantization itself"
+    kept = (f"The source at {p.upper()} keeps SNR {snr:.1f} dB against FP32, so the loss comes "
+            f"from the compile or the target's own {p.upper()} arithmetic, not from "
+            f"{itself}. " if costs else "")
     higher = HIGHER_PRECISION.get(platform)
     return (f"numeric gate failed: the {platform} artifact departs from "
             f"{report.basis or 'the source'} more than {p.upper()} allows ({report.reason})"
