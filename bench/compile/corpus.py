@@ -3,12 +3,13 @@
     python -m bench.compile.corpus [--models a,b] [--platforms onnx,coreml,qnn] [--markdown]
                                    [--json out.json]
 
-Each cell runs the same pipeline a worker runs (operator gate, compile, numeric gate against
-the source's FP32 outputs on 2 reference samples, packing) and shows the outcome, compile
-seconds, cosine / SNR, the HTP share (qnn) and the artifact bytes; a failed cell shows the
-named operator/node and the fix from the build's error. Models are built or fetched into
-~/.cache/modelfleet/corpus (tests/corpus). Core ML numerics are "not run" on Linux; such a
-compile counts as a success.
+Each cell runs the same pipeline a worker runs (operator gate, compile, numeric gate on 2
+reference samples, packing) and shows the outcome, compile seconds, cosine / SNR of the
+artifact against the source at its precision (what the gate judges), the precision's own cost
+(source at the precision against FP32), the HTP share (qnn) and the artifact bytes; a failed
+cell shows the named operator/node and the fix from the build's error. Models are built or
+fetched into ~/.cache/modelfleet/corpus (tests/corpus). Core ML numerics are "not run" on
+Linux; such a compile counts as a success.
 """
 
 from __future__ import annotations
@@ -45,7 +46,17 @@ def run_cell(model: Any, plat: str, workdir: Path) -> dict[str, Any]:
     num = out.gates.get("numeric", {})
     metrics = num.get("outputs") or [{}]
     htp = out.gates.get("htp", {})
+    cost = num.get("precision_cost", {}).get("outputs") or []
     return {
+        # The two questions: artifact vs source at its precision (gates), and the precision's
+        # own cost (source at precision vs FP32); then artifact vs FP32 end to end.
+        "cost_cosine": min((float(m["cosine"]) for m in cost), default=None),
+        "cost_snr_db": min((float(m["snr_db"]) for m in cost), default=None),
+        "fp32_cosine": min((float(m["cosine"]) for m in num.get("vs_fp32") or []),
+                           default=None),
+        "fp32_snr_db": min((float(m["snr_db"]) for m in num.get("vs_fp32") or []),
+                           default=None),
+        "loss_starts": (num.get("layers", {}).get("precision") or {}).get("first_below"),
         "model": model.name, "platform": plat, "state": out.state,
         "seconds": round(out.compile_seconds or (time.monotonic() - started), 1),
         "numeric": num.get("status", ""),
@@ -65,6 +76,8 @@ def _cell(c: dict[str, Any]) -> str:
     parts = [f"ok {c['seconds']}s"]
     if c.get("cosine") is not None:
         parts.append(f"cos {c['cosine']:.5f}, {c['snr_db']:.1f} dB")
+    if c.get("cost_cosine") is not None:
+        parts.append(f"precision cost cos {c['cost_cosine']:.5f}, {c['cost_snr_db']:.1f} dB")
     elif c.get("numeric"):
         parts.append(f"numeric {c['numeric'].split(' ')[0].replace('_', ' ')}")
     if c.get("htp_share") is not None:

@@ -3,6 +3,11 @@ terminal (80 columns in a pipe), nothing cut — errors, fix hints and why a gat
 shown whole. Shared by `modelfleet builds` (database) and `modelfleet publish|versions show`
 (HTTP); it reads only the JSON document of GET …/builds, so it needs rich and nothing else.
 
+The numeric gate shows its two questions on two rows: `numeric` (the artifact against the
+source at its precision: the verdict, with the first disagreeing layer under `layers` when it
+failed) and `precision` (what that precision costs the model against FP32, and where the loss
+starts).
+
 "shape variant" is the input-shape set a build compiled (metadata `shapes`, `default` when
 there is one); "build variant" is what the compiler made of it (precision, SoC target).
 """
@@ -36,14 +41,22 @@ def _operators(gates: dict[str, Any]) -> str | None:
                      for o in ops if not o.get("passed"))
 
 
+def _rows_text(rows: list[dict[str, Any]]) -> str:
+    m = rows[0] if rows else {}
+    if m.get("cosine") is None:
+        return ""
+    return f"cos {_fmt(m['cosine'])}, SNR {_fmt(m.get('snr_db'))} dB"
+
+
 def _numeric(gates: dict[str, Any]) -> str | None:
+    """The gate's verdict on question 1 (artifact vs the source at its precision)."""
     num = gates.get("numeric")
     if not num:
         return None
     text = str(num.get("status", ""))
-    metrics = (num.get("outputs") or [{}])[0]
-    if metrics.get("cosine") is not None:
-        text += f" (cos {_fmt(metrics['cosine'])}, SNR {_fmt(metrics.get('snr_db'))} dB)"
+    figures = _rows_text(num.get("outputs") or [])
+    if figures:
+        text += f" ({figures}" + (f" vs {num['basis']}" if num.get("basis") else "") + ")"
     reason = str(num.get("reason") or "")
     if text == "not_run":
         # The reason usually says "not run (…)" itself.
@@ -51,6 +64,33 @@ def _numeric(gates: dict[str, Any]) -> str | None:
             return reason
         return f"not run: {reason or 'no reason recorded'}"
     return f"{text}: {reason}" if reason else text
+
+
+def _precision(gates: dict[str, Any]) -> str | None:
+    """Question 2: what the precision itself costs this model, and where that loss starts."""
+    num = gates.get("numeric") or {}
+    cost = num.get("precision_cost") or {}
+    if not cost or cost.get("status") == "none":
+        return None
+    if cost.get("status") == "not_measured":
+        return f"not measured: {cost.get('reason', '')}"
+    text = f"{str(num.get('precision', '')).upper()} vs FP32: {_rows_text(cost['outputs'])}"
+    text += ", within the seed thresholds" if cost["status"] == "within_seed" else \
+        f", below the seed thresholds ({'enforced' if cost.get('enforced') else 'reported only'})"
+    where = (num.get("layers") or {}).get("precision") or {}
+    if where.get("summary"):
+        text += f"; {where['summary']}"
+    return text
+
+
+def _notes(gates: dict[str, Any]) -> str | None:
+    notes = (gates.get("numeric") or {}).get("notes") or []
+    return " ".join(str(n) for n in notes) or None
+
+
+def _layers(gates: dict[str, Any]) -> str | None:
+    loc = ((gates.get("numeric") or {}).get("layers") or {}).get("faithful") or {}
+    return str(loc.get("summary") or loc.get("unavailable") or "") or None
 
 
 def build_block(build: dict[str, Any]) -> Group:
@@ -72,7 +112,9 @@ def build_block(build: dict[str, Any]) -> Group:
     by_artifact = gates.get("by_artifact") or {}
     for label, gate_set in ([("", gates)] if not by_artifact else
                             [(f" {name}", g) for name, g in by_artifact.items()]):
-        for name, value in (("operators", _operators(gate_set)), ("numeric", _numeric(gate_set))):
+        for name, value in (("operators", _operators(gate_set)), ("numeric", _numeric(gate_set)),
+                            ("layers", _layers(gate_set)), ("precision", _precision(gate_set)),
+                            ("note", _notes(gate_set))):
             if value is not None:
                 rows.add_row(Text(f"  {name}{label}"), Text(value))
     if build.get("error"):

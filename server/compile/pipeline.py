@@ -22,9 +22,10 @@ from typing import Any
 from server.compile.compilers.base import Compiler
 from server.compile.compilers.registry import default_compilers
 from server.compile.errors import CompileError, ConversionError, TransientCompileError
-from server.compile.gates import numeric
 from server.compile.gates.operators import check_mlpackage, check_onnx, deny_list
 from server.compile.gates.support import check_support
+from server.compile.gates.verdict import Reference as _Reference
+from server.compile.gates.verdict import failure_message, log_lines, numeric_gate
 from server.compile.packing import PackedArtifact, pack
 from server.compile.shapes import ShapeSpecializationError, specialize_file
 from server.compile.source import export_onnx, load_samples, reference_outputs
@@ -204,13 +205,14 @@ class Pipeline:
             return [_failed(platform, variant, str(e), gates)]
         seconds = time.monotonic() - started
         log(f"[{variant}/{platform}] compiled {len(artifacts)} artifact(s) in {seconds:.2f}s")
-        return [self._check_and_pack(compiler, a, dict(gates), feeds, reference, ref_reason,
-                                     pdir, seconds / max(len(artifacts), 1), request.settings)
+        return [self._check_and_pack(compiler, a, dict(gates), _Reference(feeds, reference,
+                                                                          ref_reason),
+                                     request, pdir, seconds / max(len(artifacts), 1))
                 for a in artifacts]
 
     def _check_and_pack(self, compiler: Compiler, art: CompiledArtifact, gates: dict[str, Any],
-                        feeds: list[Any], reference: list[Any] | None, ref_reason: str,
-                        pdir: Path, seconds: float, settings: dict[str, Any]) -> BuildOutcome:
+                        ref: _Reference, request: CompileRequest, pdir: Path, seconds: float
+                        ) -> BuildOutcome:
         log = self._log
         t = art.target
         tag = f"[{t.variant}/{t.platform}]"
@@ -230,37 +232,17 @@ class Pipeline:
             ok = mil.passed
             if not ok:
                 out.error = mil.summary()
-        num = self._numeric(compiler, art, feeds, reference, ref_reason, settings)
+        num = numeric_gate(compiler, art, request, ref, pdir.parent)
         gates["numeric"] = num.to_dict()
         log(f"{tag} numeric gate {num.status}" + (f": {num.reason}" if num.reason else ""))
+        for line in log_lines(num):
+            log(f"{tag} {line}")
         if num.status == "failed":
             ok = False
-            out.error = out.error or (
-                f"numeric gate failed: {num.reason}. If this drift is expected at "
-                f"{art.precision.value} on {t.platform}, set min_snr_db / min_cosine in the "
-                f"version's {t.platform} settings (per-version override); else compile at a "
-                "higher precision")
+            out.error = out.error or failure_message(num, art, t.platform)
         out.gates = gates
         if ok:
             out.artifact = pack(art.path, pdir / "packed" / t.variant)
             out.state = "ready"
             log(f"{tag} packed {out.artifact.length} bytes sha256={out.artifact.sha256[:16]}…")
         return out
-
-    def _numeric(self, compiler: Compiler, art: CompiledArtifact, feeds: list[Any],
-                 reference: list[Any] | None, ref_reason: str, settings: dict[str, Any]
-                 ) -> numeric.NumericGateReport:
-        if not art.runnable_here:
-            return numeric.not_run(art.precision, art.not_runnable_reason)
-        if reference is None:
-            return numeric.not_run(art.precision, ref_reason)
-        try:
-            thresholds = numeric.thresholds_for(art.precision, settings)
-            candidate = compiler.run(art, feeds)
-            metrics = numeric.compare(reference, candidate, thresholds.topk)
-        except Exception as e:  # a run that crashes is a failed gate, with the reason
-            report = numeric.not_run(art.precision, "")
-            report.status, report.reason = "failed", f"could not run the artifact: {e}"
-            return report
-        return numeric.evaluate(metrics, art.precision, thresholds, len(feeds),
-                                runner=type(compiler).__name__)

@@ -11,8 +11,11 @@ HTP takes whole is compiled unchanged:
 - Trilu with static shapes: Where with a constant triangular mask;
 - LSTM / GRU the HTP refuses (sequence_lens, clip, other activations): unrolled per step
   (`server/compile/rnn_unroll.py`).
+- Einsum that is a (batched, grouped) matrix product: Transpose / Reshape / MatMul
+  (`server/compile/qnn_einsum.py`); other equations are named with what they do instead.
 
-`rewrite(model, names)` returns the rewritten model and what was done, per node.
+`rewrite(model, names)` returns the rewritten model and what was done, per node; a node that
+has a rewrite but whose form it does not cover is left as is, with the reason in `refused`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from server.compile import qnn_einsum
 from server.compile.rnn_unroll import unroll_gru, unroll_lstm
 
 # Abramowitz & Stegun 7.1.26
@@ -142,6 +146,7 @@ REWRITES: dict[str, Callable[[_Builder, Any, dict[str, Any]], str]] = {
     "Erf": _erf_node, "Gelu": _gelu_node, "GatherND": _gathernd_node, "Trilu": _trilu_node,
     # LSTM / GRU forms the HTP refuses (sequence_lens, clip, other activations): unrolled.
     "LSTM": unroll_lstm, "GRU": unroll_gru,
+    "Einsum": qnn_einsum.build,
 }
 
 
@@ -158,12 +163,18 @@ def _static_shapes(model: Any) -> dict[str, Any]:
             out[vi.name] = dims
         if tt.elem_type:
             out["__dtype__" + vi.name] = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+    for t in model.graph.initializer:  # weights: static by nature
+        if t.dims and all(d > 0 for d in t.dims):
+            out.setdefault(t.name, list(t.dims))
+        out.setdefault("__dtype__" + t.name, helper.tensor_dtype_to_np_dtype(t.data_type))
     return out
 
 
-def rewrite(model: Any, names: set[str]) -> tuple[Any, dict[str, str]]:
+def rewrite(model: Any, names: set[str], refused: dict[str, str] | None = None
+            ) -> tuple[Any, dict[str, str]]:
     """Rewrites the named nodes that have a decomposition (in place); returns the model and
-    {node name: what was done} (nodes without a decomposition are left as they are)."""
+    {node name: what was done} (nodes without a decomposition are left as they are; why a
+    node's form has none goes to `refused`)."""
     shapes = _static_shapes(model)
     done: dict[str, str] = {}
     new_nodes = []
@@ -175,7 +186,9 @@ def rewrite(model: Any, names: set[str]) -> tuple[Any, dict[str, str]]:
         b = _Builder(model, node.name or node.op_type)
         try:
             done[node.name] = fn(b, node, shapes)
-        except ValueError:
+        except ValueError as e:
+            if refused is not None:
+                refused[node.name] = str(e)
             new_nodes.append(node)
             continue
         new_nodes.extend(b.nodes)

@@ -2,9 +2,12 @@
 `metadata.platforms`) to the pipeline's settings. Pure.
 
 Recognised keys, per platform block:
-- all: `min_cosine`, `min_snr_db`, `max_abs_diff`, `min_topk_agreement`, `topk` (numeric gate
-  overrides for whatever precision the platform builds); `numeric_samples` (how many
-  reference samples the numeric gate runs, default 16); `deny_ops` / `allow_ops`
+- all: `min_cosine`, `min_snr_db`, `max_abs_diff`, `min_topk_agreement`, `topk`, `margin_db`
+  (overrides of the numeric gate's faithful check for whatever precision the platform
+  builds); `precision_gate` ("off" default | "seed": the precision cost must meet the seed
+  thresholds); `numeric_samples` (how many reference samples the numeric gate runs, default
+  16); `task` (the model's task, set by the worker: top-k is checked for "classification");
+  `deny_ops` / `allow_ops`
   (comma-separated operator names added to / removed from the operator gate's list).
 - coreml: `precision`, `minimum_deployment_target`, `weight_compression`.
 - qnn: `precision`, `activation_bits`, and the target(s): `soc` alone for a known SoC
@@ -25,8 +28,9 @@ KNOWN_SOCS = {
     "SM8550": ("43", "73"), "SM8650": ("57", "75"), "SM8750": ("69", "79"),
     "SM8850": ("87", "81"), "SA8295": ("39", "68"),
 }
-NUMERIC_KEYS = ("min_cosine", "min_snr_db", "max_abs_diff", "min_topk_agreement", "topk")
-TOP_LEVEL_KEYS = ("numeric_samples",)
+NUMERIC_KEYS = ("min_cosine", "min_snr_db", "max_abs_diff", "min_topk_agreement", "topk",
+                "margin_db")
+TOP_LEVEL_KEYS = ("numeric_samples", "precision_gate", "task")
 PRECISIONS = ("fp32", "fp16", "int8")
 
 

@@ -171,7 +171,9 @@ class BuildRunner:
             assert build is not None
             version = s.get(ModelVersion, build.version_id)
             assert version is not None
-            model_name = s.scalar(select(Model.name).where(Model.id == version.model_id))
+            model = s.get(Model, version.model_id)
+            assert model is not None
+            model_name, task = model.name, model.task
             uploads = {u.kind: u for u in s.scalars(
                 select(SourceUpload).where(SourceUpload.version_id == version.id))}
             meta = version.metadata_json
@@ -179,6 +181,8 @@ class BuildRunner:
                                      dtype=i.get("dtype", "float32")) for i in meta["inputs"])
             fmt = SourceFormat.parse(version.source_format)
             platform, settings = build.platform, dict(build.compile_settings or {})
+            # The model's task decides which outputs the numeric gate checks top-k on.
+            settings["task"] = task.value
             variant, ver = build.variant, version.version
         paths: dict[UploadKind, Path] = {}
         suffix = {UploadKind.model: {"onnx": ".onnx", "pt2": ".pt2"}.get(

@@ -43,3 +43,15 @@ def test_numeric_overrides_and_operator_lists_apply_to_every_precision():
 def test_numeric_samples_is_a_build_level_setting():
     s = pipeline_settings("qnn", {"numeric_samples": 4, "soc": "SM8650"})
     assert s["numeric_samples"] == 4 and "numeric_samples" not in s["qnn"]
+
+
+def test_precision_gate_margin_and_task_reach_the_numeric_gate():
+    from server.compile.gates import numeric
+    from server.compile.types import Precision
+
+    s = pipeline_settings("qnn", {"precision_gate": "seed", "margin_db": 6,
+                                  "task": "classification"})
+    assert s["precision_gate"] == "seed" and s["task"] == "classification"
+    assert numeric.precision_gate_enforced(s)
+    assert numeric.thresholds_for(Precision.FP16, s).margin_db == 6
+    assert "precision_gate" not in s["qnn"] and "task" not in s["qnn"]

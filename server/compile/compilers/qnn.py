@@ -13,8 +13,9 @@ Settings (`settings["qnn"]`):
 
 Before compiling, the HTP probe (`server/compile/htp_support.py`) asks onnxruntime-qnn which
 nodes the HTP takes; nodes it rejects that have an equivalent form the HTP runs are rewritten
-(`server/compile/qnn_prep.py`: bool GatherND, Erf, Gelu, Trilu) and probed again. Nodes still
-left on the CPU are named (op type, node name, why) with the HTP share of nodes and MACs.
+(`server/compile/qnn_prep.py`: bool GatherND, Erf, Gelu, Trilu, matrix-product Einsum) and
+probed again. Nodes still left on the CPU are named (op type, node name, why — for an Einsum,
+what its equation does that a matrix product does not) with the HTP share of nodes and MACs.
 
 INT8 quantizes with the version's calibration inputs only — never with made-up data; without
 them the build compiles FP16 on the HTP and the report says INT8 needs calibration inputs.
@@ -131,6 +132,7 @@ class QnnCompiler:
             if precision is Precision.FP16:
                 provider["enable_htp_fp16_precision"] = "1"
             assignment, rewrites = plan_htp(model, provider, out, workdir, name)
+            compiled = htp_graph_path(workdir, name) if rewrites else model
             target_notes = [*notes, *rewrites]
             if assignment.cpu_nodes:
                 _accept_partial(assignment, min_share, f"{name} (soc_model {soc}, v{arch})")
@@ -147,6 +149,10 @@ class QnnCompiler:
                                   "context_embed_mode": 1},
                 notes=target_notes,
                 extra={"provider_options": provider,
+                       # The numeric gate's INT8 yardstick: this graph on the CPU provider.
+                       **({"qdq_model": str(model)} if precision is Precision.INT8 else {}),
+                       # The graph the context binary was compiled from (layer diagnostics).
+                       "htp_graph": str(compiled),
                        "htp": {**assignment.to_dict(), "rewritten": rewrites},
                        "cpu_fallback": bool(assignment.cpu_nodes)},
             ))
@@ -160,6 +166,24 @@ class QnnCompiler:
                             provider_options=artifact.extra.get("provider_options"),
                             allow_cpu_fallback=bool(artifact.extra.get("cpu_fallback")))
         return [[np.asarray(o) for o in sess.run(None, f)] for f in feeds]
+
+    def intermediates(self, artifact: CompiledArtifact) -> tuple[Path, Any] | None:
+        """(the graph the artifact was compiled from, an opener of HTP sessions on that graph
+        with extra outputs): the context binary itself exposes no intermediate tensors, so
+        the layer walk compiles the same graph on the same HTP with them as outputs."""
+        graph = artifact.extra.get("htp_graph")
+        if not graph or not Path(str(graph)).is_file():
+            return None
+        workdir = artifact.path.parent
+
+        def opener(model: Any) -> Any:
+            import onnx
+
+            path = workdir / "layers.htp.onnx"
+            onnx.save(model, str(path))
+            return open_session(path, provider_options=artifact.extra.get("provider_options"),
+                                allow_cpu_fallback=True)
+        return Path(str(graph)), opener
 
 
 def refuse_wide_int64(model: Path) -> None:
@@ -191,6 +215,11 @@ def min_htp_share(value: object) -> float | None:
     return share
 
 
+def htp_graph_path(workdir: Path, name: str) -> Path:
+    """Where `plan_htp` writes the rewritten graph for target `name`."""
+    return workdir / f"model.{name.lower()}.htp.onnx"
+
+
 def plan_htp(model: Path, provider: dict[str, str], out: Path | None, workdir: Path,
              name: str) -> tuple[HtpAssignment, list[str]]:
     """Probes the HTP split (writing the EPContext model to `out` in the same session, when
@@ -204,17 +233,28 @@ def plan_htp(model: Path, provider: dict[str, str], out: Path | None, workdir: P
         assignment = probe(model, provider, context_out=out)
         if not assignment.cpu_nodes:
             return assignment, []
-        rewritten, done = rewrite(onnx.load(str(model)), {n.name for n in assignment.cpu_nodes})
+        refused: dict[str, str] = {}
+        rewritten, done = rewrite(onnx.load(str(model)), {n.name for n in assignment.cpu_nodes},
+                                  refused)
         if not done:
-            return assignment, []
-        htp_model = workdir / f"model.{name.lower()}.htp.onnx"
+            return _with_refusals(assignment, refused), []
+        htp_model = htp_graph_path(workdir, name)
         onnx.save(rewritten, str(htp_model))
         notes = [f"rewritten for the HTP: {node} ({what})" for node, what in done.items()]
-        return probe(htp_model, provider, context_out=out), notes
+        return _with_refusals(probe(htp_model, provider, context_out=out), refused), notes
     except Exception as e:
         raise ConversionError(
             f"QNN HTP compile for {name} (soc_model {provider['soc_model']}, "
             f"v{provider['htp_arch']}) failed: {str(e)[:600]}") from e
+
+
+def _with_refusals(assignment: HtpAssignment, refused: dict[str, str]) -> HtpAssignment:
+    """The CPU nodes' reasons, plus why a node with a rewrite could not be rewritten."""
+    from dataclasses import replace
+
+    assignment.cpu_nodes = [replace(n, why=f"{n.why}; no HTP rewrite: {refused[n.name]}")
+                            if n.name in refused else n for n in assignment.cpu_nodes]
+    return assignment
 
 
 def _accept_partial(assignment: HtpAssignment, min_share: float | None, target: str) -> None:

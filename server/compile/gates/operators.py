@@ -29,7 +29,9 @@ COMMON_MIL_DENY = frozenset({
 DEFAULT_DENY: dict[str, dict[str, frozenset[str]]] = {
     "onnx": {"onnx": COMMON_ONNX_DENY},
     "coreml": {"onnx": COMMON_ONNX_DENY, "mil": COMMON_MIL_DENY},
-    "qnn": {"onnx": COMMON_ONNX_DENY | {"GridSample", "Einsum"}},
+    # Einsum: the matrix-product forms are rewritten for the HTP (qnn_einsum.py), the rest
+    # are named by the HTP probe.
+    "qnn": {"onnx": COMMON_ONNX_DENY | {"GridSample"}},
     "qnn-hub": {"onnx": COMMON_ONNX_DENY | {"GridSample", "Einsum"}},
 }
 

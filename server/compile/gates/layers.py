@@ -1,0 +1,179 @@
+"""Where agreement is lost: per-layer comparison of the intermediate tensors of two ONNX graphs.
+
+Seed §13.1 asks for a layer-by-layer, tensor-by-tensor comparison ("逐层/逐张量对比"). Both
+graphs (the FP32 source, and the source at the artifact's precision or an ONNX artifact) are
+run on onnxruntime's CPU provider with every float tensor that both compute, under the same
+name, exposed as an extra graph output; the tensors are compared in the reference graph's
+node order (topological, as ONNX requires), and the first node whose output falls below the
+thresholds is named with its figures (node name, op type, cosine, SNR, max abs diff).
+
+The candidate runs on the CPU provider, or on the runtime that built the artifact when it can
+expose intermediates (the QNN compiler opens an HTP session on the graph it compiled). Memory
+stays bounded: the tensors are fetched in chunks of `CHUNK` per run, and the walk stops at the
+first chunk holding a failing tensor. One sample is enough to localize; the caller
+passes the first reference sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from server.compile.gates.metrics import cosine, snr_db
+
+CHUNK = 48  # intermediate tensors fetched per run
+_FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+@dataclass(frozen=True)
+class LayerMetrics:
+    node: str
+    op: str
+    tensor: str
+    cosine: float
+    snr_db: float
+    max_abs_diff: float
+
+    def below(self, min_cosine: float, min_snr_db: float) -> bool:
+        return not (self.cosine > min_cosine and self.snr_db > min_snr_db)
+
+    def to_dict(self) -> dict[str, Any]:
+        def num(x: float) -> float | str:
+            return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
+
+        return {"node": self.node, "op": self.op, "tensor": self.tensor,
+                "cosine": num(self.cosine), "snr_db": num(self.snr_db),
+                "max_abs_diff": num(self.max_abs_diff)}
+
+    def describe(self) -> str:
+        return (f"{self.op} node {self.node!r} (tensor {self.tensor!r}): cosine "
+                f"{self.cosine:.6f}, SNR {self.snr_db:.1f} dB, max abs diff "
+                f"{self.max_abs_diff:.3g}")
+
+
+@dataclass
+class Localization:
+    """The first layer below the thresholds (None: every compared layer agrees) and how many
+    layers were compared up to it."""
+
+    first: LayerMetrics | None
+    compared: int
+    basis: str  # what was compared with what, e.g. "source FP32 vs source at FP16"
+    before: LayerMetrics | None = None  # the last layer that still agreed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"basis": self.basis, "compared": self.compared,
+                "first_below": None if self.first is None else self.first.to_dict(),
+                "last_agreeing": None if self.before is None else self.before.to_dict()}
+
+    def sentence(self) -> str:
+        if self.first is None:
+            return (f"{self.basis}: all {self.compared} intermediate tensors agree; the loss "
+                    "appears only at the outputs")
+        return f"{self.basis}: agreement first falls below the threshold at {self.first.describe()}"
+
+
+def _graph_tensors(model: Any) -> list[tuple[str, str, str]]:
+    """(tensor, node name, op type) of every float node output, in graph order."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {vi.name: vi.type.tensor_type.elem_type
+             for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    out = []
+    for i, node in enumerate(model.graph.node):
+        if node.op_type == "Constant":
+            continue
+        for t in node.output:
+            if t and types.get(t) in _FLOAT_TYPES:
+                out.append((t, node.name or f"{node.op_type}_{i}", node.op_type))
+    return out
+
+
+def _available(model: Any) -> set[str]:
+    names = {o for n in model.graph.node for o in n.output if o}
+    return names | {i.name for i in model.graph.input}
+
+
+Opener = Callable[[Any], Any]  # ModelProto -> a session with get_inputs() and run()
+
+
+def cpu_session(model: Any) -> Any:
+    """An onnxruntime CPU session with graph optimizations off: a fused node would hide the
+    very tensors compared here."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), sess_options=opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def _run(model: Any, tensors: list[str], feeds: dict[str, NDArray[Any]], opener: Opener
+         ) -> dict[str, NDArray[Any]]:
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    present = {o.name for o in m.graph.output}
+    m.graph.output.extend(onnx.ValueInfoProto(name=t) for t in tensors if t not in present)
+    sess = opener(m)
+    wanted = {i.name for i in sess.get_inputs()}
+    values = sess.run(tensors, {k: v for k, v in feeds.items() if k in wanted})
+    return dict(zip(tensors, (np.asarray(v) for v in values), strict=True))
+
+
+def layer_metrics(ref: NDArray[Any], cand: NDArray[Any], node: str, op: str,
+                  tensor: str) -> LayerMetrics:
+    a = np.asarray(ref, dtype=np.float64)
+    b = np.asarray(cand, dtype=np.float64).reshape(a.shape)
+    diff = np.abs(a - b)
+    return LayerMetrics(node=node, op=op, tensor=tensor, cosine=cosine(a, b),
+                        snr_db=snr_db(a, b),
+                        max_abs_diff=float(np.nanmax(diff)) if diff.size else 0.0)
+
+
+def first_divergence(reference: Path | Any, candidate: Path | Any,
+                     feeds: dict[str, NDArray[Any]], min_cosine: float, min_snr_db: float,
+                     basis: str, clip: float | None = None, opener: Opener = cpu_session,
+                     chunk: int = CHUNK, names_from: Path | None = None) -> Localization:
+    """Compares the float tensors both graphs compute (same name, same size), in the reference
+    graph's order, and returns the first one below `min_cosine` / `min_snr_db`. With `clip`
+    (FP16's 65504), values beyond the precision's range count as saturated in both: a mask
+    of -3.4e38 that FP16 holds as -65504 still masks. `opener` runs the candidate (default:
+    the CPU provider; the QNN compiler passes an HTP session), `chunk` tensors per run.
+    `names_from` (the FP32 source) gives the order and the node names when the reference is
+    a rewritten copy of it (the FP16 yardstick, whose tensors come out of rounding casts)."""
+    import onnx
+
+    ref = reference if isinstance(reference, onnx.ModelProto) else onnx.load(str(reference))
+    cand = candidate if isinstance(candidate, onnx.ModelProto) else onnx.load(str(candidate))
+    common = _available(cand) & _available(ref)
+    named = ref if names_from is None else onnx.load(str(names_from))
+    order = [t for t in _graph_tensors(named) if t[0] in common]
+    compared, last_ok = 0, None
+    for start in range(0, len(order), chunk):
+        part = order[start:start + chunk]
+        names = [t for t, _, _ in part]
+        got_ref = _run(ref, names, feeds, cpu_session)
+        got_cand = _run(cand, names, feeds, opener)
+        for tensor, node, op in part:
+            a, b = got_ref[tensor], got_cand[tensor]
+            if a.size != b.size or a.size == 0:
+                continue
+            if clip is not None:
+                a = np.clip(a.astype(np.float64), -clip, clip)
+                b = np.clip(b.astype(np.float64), -clip, clip)
+            m = layer_metrics(a, b, node, op, tensor)
+            compared += 1
+            if m.below(min_cosine, min_snr_db):
+                return Localization(first=m, compared=compared, basis=basis, before=last_ok)
+            last_ok = m
+    return Localization(first=None, compared=compared, basis=basis, before=last_ok)

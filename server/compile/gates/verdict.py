@@ -1,0 +1,180 @@
+"""The numeric gate of one built artifact, end to end: run it, run the source at its precision,
+judge both questions (`numeric.judge`), localize a loss layer by layer (`layers.py`) and word
+the failure with advice the user can follow for this platform.
+
+Localization, one sample:
+- a faithful-check failure compares the artifact's intermediates with the source at its
+  precision: an ONNX artifact's own, on the CPU provider; for a compiler offering
+  `intermediates(artifact)` (QNN: its context binary exposes none, so the graph it compiled is
+  compiled again on the same HTP with the tensors as outputs), those; others (Core ML
+  packages) expose none, and the report says so;
+- a precision cost below the seed thresholds (enforced or not) compares the FP32 source with
+  the source at the precision: where that precision's loss starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from server.compile.compilers.base import Compiler
+from server.compile.gates import emulate, layers, numeric
+from server.compile.types import CompiledArtifact, CompileRequest, Precision
+
+# Platforms where the version can ask for a higher precision, and the setting that does it.
+HIGHER_PRECISION = {"coreml": "set the coreml setting precision=fp32"}
+# Tensors per HTP diagnostic compile (each chunk compiles the graph once more).
+HTP_CHUNK = 160
+
+
+@dataclass(frozen=True)
+class Reference:
+    feeds: list[Any]
+    outputs: list[Any] | None
+    reason: str  # why there are no reference outputs
+
+
+def _run_yardstick(request: CompileRequest, art: CompiledArtifact, ref: Reference,
+                   workdir: Path) -> tuple[Path | None, list[Any] | None, str]:
+    assert request.onnx_path is not None
+    if art.precision is Precision.FP32:
+        return request.onnx_path, ref.outputs, ""
+    path, why = emulate.source_at_precision(request.onnx_path, art, workdir)
+    if path is None:
+        return None, None, why
+    try:
+        return path, emulate.run(path, ref.feeds), ""
+    except Exception as e:  # onnxruntime's CPU provider lacks a kernel at this precision
+        return None, None, f"the source at {art.precision.value} cannot run on the CPU: {e}"
+
+
+def numeric_gate(compiler: Compiler, art: CompiledArtifact, request: CompileRequest,
+                 ref: Reference, workdir: Path) -> numeric.NumericGateReport:
+    if not art.runnable_here:
+        return numeric.not_run(art.precision, art.not_runnable_reason)
+    if ref.outputs is None:
+        return numeric.not_run(art.precision, ref.reason)
+    try:
+        numeric.thresholds_for(art.precision, request.settings)
+        numeric.precision_gate_enforced(request.settings)
+    except ValueError as e:
+        report = numeric.not_run(art.precision, "")
+        report.status, report.reason = "failed", f"invalid numeric gate settings: {e}"
+        return report
+    try:
+        candidate = compiler.run(art, ref.feeds)
+    except Exception as e:  # a run that crashes is a failed gate, with the reason
+        report = numeric.not_run(art.precision, "")
+        report.status, report.reason = "failed", f"could not run the artifact: {e}"
+        return report
+    yard_path, at_precision, why = _run_yardstick(request, art, ref, workdir)
+    try:
+        report = numeric.judge(
+            ref.outputs, at_precision, candidate, art.precision, request.settings,
+            classifier=request.settings.get("task") == "classification",
+            runner=type(compiler).__name__, basis=emulate.describe(art), no_yardstick=why)
+    except ValueError as e:  # e.g. the artifact returned another number of outputs
+        report = numeric.not_run(art.precision, "")
+        report.status, report.reason = "failed", f"artifact outputs unusable: {e}"
+        return report
+    if yard_path is not None:
+        report.layers = _localize(report, compiler, art, request, yard_path, ref.feeds[0])
+    return report
+
+
+def _localize(report: numeric.NumericGateReport, compiler: Compiler, art: CompiledArtifact,
+              request: CompileRequest, yardstick: Path, feeds: dict[str, Any]
+              ) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    t = numeric.thresholds_for(art.precision, request.settings)
+    label = art.precision.value.upper()
+    fp16 = art.precision is Precision.FP16
+    assert request.onnx_path is not None
+    source = request.onnx_path
+    if report.status == "failed" and not report.reason.startswith("precision cost"):
+        diag = getattr(compiler, "intermediates", None)
+        found = diag(art) if callable(diag) else None
+        if art.target.format == "onnx" and art.path.suffix == ".onnx":
+            out["faithful"] = _walk(yardstick, art.path, feeds, t.min_cosine, t.min_snr_db,
+                                    f"source at {label} vs the artifact", fp16, source)
+        elif found is not None:
+            graph, opener = found
+            out["faithful"] = _walk(yardstick, graph, feeds, t.min_cosine, t.min_snr_db,
+                                    f"source at {label} vs the artifact's graph on "
+                                    f"{art.target.runtime}", fp16, source, opener, HTP_CHUNK)
+        else:
+            out["faithful"] = {"basis": "the artifact", "unavailable":
+                               f"the {art.target.format} artifact exposes no intermediate "
+                               "tensors"}
+    seed = numeric.SEED_THRESHOLDS.get(art.precision)
+    if seed is not None and report.precision_cost.get("status") == "exceeds_seed":
+        out["precision"] = _walk(source, yardstick, feeds, seed.min_cosine,
+                                 seed.min_snr_db, f"source FP32 vs source at {label}", fp16,
+                                 source)
+    return out
+
+
+def _walk(reference: Path, candidate: Path, feeds: dict[str, Any], min_cosine: float,
+          min_snr_db: float, basis: str, fp16: bool, names_from: Path,
+          opener: layers.Opener = layers.cpu_session, chunk: int = layers.CHUNK
+          ) -> dict[str, Any]:
+    try:
+        loc = layers.first_divergence(reference, candidate, feeds, min_cosine, min_snr_db,
+                                      basis, clip=emulate.FP16_MAX if fp16 else None,
+                                      opener=opener, chunk=chunk, names_from=names_from)
+    except Exception as e:  # a diagnostic: its failure is reported, never fatal
+        return {"basis": basis, "unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
+    return {**loc.to_dict(), "summary": loc.sentence()}
+
+
+def where(report: numeric.NumericGateReport, key: str) -> str:
+    loc = report.layers.get(key) or {}
+    return str(loc.get("summary") or loc.get("unavailable") or "")
+
+
+def failure_message(report: numeric.NumericGateReport, art: CompiledArtifact,
+                    platform: str) -> str:
+    """The build error for a failed numeric gate, with what the user can do about it."""
+    p = art.precision.value
+    if report.reason.startswith(("could not run", "artifact out", "invalid numeric")):
+        return f"numeric gate failed: {report.reason}"
+    cost = report.precision_cost
+    if cost.get("enforced") and cost.get("status") == "exceeds_seed" and all(
+            f.startswith("precision cost") for f in report.reason.split("; ")):
+        higher = HIGHER_PRECISION.get(platform)
+        return (f"numeric gate failed: {p.upper()} itself costs this model more than the seed "
+                f"thresholds allow ({cost['reason']}); {where(report, 'precision')}. The "
+                f"compiler kept what {p.upper()} allows. "
+                + (f"To keep more precision, {higher}; " if higher else
+                   f"{platform} has no higher precision than {p.upper()}; ")
+                + "to ship at this cost, set precision_gate=off in the version's "
+                f"{platform} settings, or change the model where the loss starts.")
+    loc = where(report, "faithful")
+    costs = cost.get("outputs") or []
+    snr = min(float(c["snr_db"]) for c in costs) if costs else 0.0
+    itself = "FP16 storage" if art.precision is Precision.FP16 else "the quantization itself"
+    kept = (f"The source at {p.upper()} keeps SNR {snr:.1f} dB against FP32, so the loss comes "
+            f"from the compile or the target's own {p.upper()} arithmetic, not from "
+            f"{itself}. " if costs else "")
+    higher = HIGHER_PRECISION.get(platform)
+    return (f"numeric gate failed: the {platform} artifact departs from "
+            f"{report.basis or 'the source'} more than {p.upper()} allows ({report.reason})"
+            + (f"; {loc}" if loc else "") + ". " + kept
+            + (f"To keep more precision, {higher}; or " if higher else "Options: ")
+            + "change the model where the loss starts, exclude the "
+            f"{platform} platform for this model, or accept the difference by lowering "
+            f"min_cosine / min_snr_db in the version's {platform} settings.")
+
+
+def log_lines(report: numeric.NumericGateReport) -> list[str]:
+    """The precision cost and any localization, for the build log."""
+    lines = []
+    cost = report.precision_cost
+    for row in cost.get("outputs") or []:
+        lines.append(f"precision cost, output {row['output']} (source at "
+                     f"{report.precision} vs FP32): cosine {row['cosine']}, SNR "
+                     f"{row['snr_db']} dB, max abs diff {row['max_abs_diff']}")
+    lines += [f"layers: {where(report, key)}" for key in ("faithful", "precision")
+              if where(report, key)]
+    return lines + report.notes
