@@ -54,7 +54,10 @@ class Fleet:
             release_of = ingest.cached_releases(batch)
             if release_of is None:  # at most once per model version every few seconds
                 release_of = await run_in_threadpool(ingest.load_releases, batch)
-            result = await committer.store(batch, release_of, received)
+            standing = ingest.offers.cached(batch, release_of)
+            if standing is None:  # once per device, and per release every few seconds
+                standing = await run_in_threadpool(ingest.offers.classify, batch, release_of)
+            result = await committer.store(batch, release_of, received, standing=standing)
         accepted_reports(result)
         if result.judged:
             await run_in_threadpool(self.guard.evaluate, result.judged)
