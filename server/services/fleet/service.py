@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from server.publish.publisher import Publisher
+from server.services.fleet.attestation import Attestor
 from server.services.fleet.groupcommit import GroupCommitter
 from server.services.fleet.guard import FleetGuard
 from server.services.fleet.ingest import (
@@ -36,6 +37,8 @@ class Fleet:
     guard: FleetGuard
     ramp: RampTicker
     committer: GroupCommitter | None = None  # PostgreSQL with group commit on
+    # The attestation provider (server/services/fleet/attestation.py); None: off.
+    attestor: Attestor | None = None
 
     async def receive(self, device_id: str | None, signature: str | None,
                       body: bytes) -> IngestResult:
