@@ -306,3 +306,17 @@ def test_resuming_an_active_rollout_is_refused(fleet: Fleet) -> None:
     r = fleet.client.post(f"/v1/rollouts/{rollout['id']}/resume",
                           json={"reason": "x"}, headers=fleet.ops)
     assert r.status_code == 409
+
+
+def test_a_device_the_rule_offered_seconds_ago_is_counted_at_once(fleet: Fleet) -> None:
+    rollout = fleet.rollout("2.0", percentage=1, mode="shadow", shadow=SHADOW,
+                            guard={"min_devices": 1, "max_fail_share": 0.5})
+    (device,) = enrol(fleet, ids(1, inside=False, share_ppm=10_000, prefix="late"))
+    fleet.send(device, [shadow_report("clf", "2.0", "pending", samples=10)])  # rule cached
+    assert stored(fleet, rollout["id"]) == {device.device_id: "not_offered"}
+    r = fleet.client.post(f"/v1/rollouts/{rollout['id']}/pin",
+                          json={"device_ids": [device.device_id]}, headers=fleet.ops)
+    assert r.status_code == 200, r.text
+    time.sleep(0.6)  # past the recheck interval, well within the rule cache's 5 s
+    fleet.send(device, [shadow_report("clf", "2.0", "failed", kl=BAD_KL)])
+    assert rollout_state(fleet, rollout["id"])["state"] == "halted"
