@@ -4,6 +4,11 @@ A token is `mf_` + 32 random bytes (url-safe base64); only its HMAC-SHA256 under
 pepper is stored (plain SHA-256 without one, in development), so a leaked database does not
 leak usable tokens. The secret has 256 bits of entropy, so a fast keyed hash (no salt, no KDF)
 is safe and lets us look tokens up by hash. `admin` implies every scope.
+
+A token may expire (`expires_at`: refused from then on). An `enroll` token is the one every
+app install carries, so anyone who unpacks the app has it: it enrols devices (within its
+device quota and hourly rate, server/services/fleet/enrolment.py) and nothing else — every
+read route refuses it (`require_reader`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import hmac
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -68,11 +74,13 @@ def parse_scopes(values: Iterable[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the token's id, name and scopes."""
+    """Who is calling: the token's id, name and scopes (and its enrolment limits)."""
 
     token_id: int
     name: str
     scopes: frozenset[str]
+    device_quota: int | None = None
+    enroll_per_hour: int | None = None
 
     @property
     def actor(self) -> str:
@@ -83,13 +91,28 @@ class Principal:
 
 
 def create_token(
-    session: Session, scopes: Sequence[str], name: str = "", *, pepper: str = ""
+    session: Session, scopes: Sequence[str], name: str = "", *, pepper: str = "",
+    device_quota: int | None = None, expires_at: datetime | None = None,
+    enroll_per_hour: int | None = None,
 ) -> tuple[ApiToken, str]:
-    """Stores a new token and returns (row, secret). The secret is shown once, never stored."""
+    """Stores a new token and returns (row, secret). The secret is shown once, never stored.
+    `device_quota` and `enroll_per_hour` bound what an `enroll` token may enrol."""
     parsed = parse_scopes(scopes)
+    for what, value in (("device_quota", device_quota), ("enroll_per_hour", enroll_per_hour)):
+        if value is not None and value < 1:
+            raise InvalidInputError(f"{what} must be at least 1", field=what,
+                                    fix="leave it out for no limit")
+    if (device_quota is not None or enroll_per_hour is not None) and (
+            Scope.enroll.value not in parsed):
+        raise InvalidInputError("device quotas and enrolment rates are for enroll tokens",
+                                field="device_quota", fix="add --scope enroll or drop them")
+    if expires_at is not None and expires_at <= utcnow():
+        raise InvalidInputError("expires_at is in the past", field="expires_at",
+                                fix="give a time in the future")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     row = ApiToken(name=name, token_hash=hash_token(secret, pepper), prefix=secret[:10],
-                   scopes=parsed)
+                   scopes=parsed, device_quota=device_quota, expires_at=expires_at,
+                   enroll_per_hour=enroll_per_hour)
     session.add(row)
     session.flush()
     return row, secret
@@ -134,8 +157,23 @@ def authenticate(session: Session, authorization: str | None, *, pepper: str = "
             f"API token {row.prefix}… was revoked",
             fix="create a new one with `modelfleet tokens create`",
         )
-    row.last_used_at = utcnow()
-    return Principal(token_id=row.id, name=row.name, scopes=frozenset(row.scopes))
+    now = utcnow()
+    if row.expires_at is not None and row.expires_at <= now:
+        raise AuthenticationError(
+            f"API token {row.prefix}… expired at {row.expires_at.isoformat()}",
+            fix="create a new one with `modelfleet tokens create`")
+    row.last_used_at = now
+    return Principal(token_id=row.id, name=row.name, scopes=frozenset(row.scopes),
+                     device_quota=row.device_quota, enroll_per_hour=row.enroll_per_hour)
+
+
+def require_reader(principal: Principal) -> None:
+    """Read routes: any scope but `enroll` alone (the token every app install carries must
+    not let its holder list devices, channels, rollouts or the audit log)."""
+    if not principal.scopes - {Scope.enroll.value}:
+        raise PermissionDeniedError(
+            "an enroll token enrols devices and nothing else; it cannot read",
+            fix="use a publish, rollout or admin token (`modelfleet tokens create`)")
 
 
 def require(principal: Principal, scope: str) -> None:

@@ -189,11 +189,13 @@ def pause(rollout_id: RolloutId, reason: Reason = "", server: Server = None,
 
 
 @rollout_app.command("resume")
-def resume(rollout_id: RolloutId, server: Server = None, token: Token = None,
-           as_json: Json = False) -> None:
-    """Resume a paused rollout."""
+def resume(rollout_id: RolloutId, reason: Reason = "", server: Server = None,
+           token: Token = None, as_json: Json = False) -> None:
+    """Resume a paused rollout, or a halted one (--reason required: it is offered again at
+    its share before the halt, and the guard counts only reports from now on)."""
     with api(server, token, as_json) as (client, out):
-        _answer(client.post(f"/v1/rollouts/{rollout_id}/resume"), out)
+        _answer(client.post(f"/v1/rollouts/{rollout_id}/resume",
+                            {"reason": reason} if reason else None), out)
 
 
 @rollout_app.command("halt")

@@ -169,8 +169,10 @@ def require_scope(scope: str) -> Callable[..., Principal]:
 
 def any_token(request: Request, session: SessionDep, credentials: CredentialsDep,
               settings: SettingsDep) -> Principal:
+    """Read routes: any valid token except an `enroll`-only one (`auth.require_reader`)."""
     principal = auth.authenticate(session, _header(credentials, request),
                                   pepper=settings.token_pepper)
+    auth.require_reader(principal)
     session.commit()
     return principal
 

@@ -84,10 +84,18 @@ class GuardIn(BaseModel):
     max_latency_p99_us: int | None = Field(
         default=None, ge=0, le=2**53,
         description="a device whose candidate p99 exceeds this counts as failed")
+    promote_min_passed: int | None = Field(
+        default=None, ge=1, le=1_000_000,
+        description="offered devices that passed before promotion or a ramp step "
+        "(default: min_devices)")
+    promote_min_spread_seconds: int = Field(
+        default=0, ge=0, le=90 * 86_400,
+        description="the first and last of those passes at least this far apart")
 
     def rule(self) -> ro.GuardRule:
         return ro.GuardRule(self.min_devices, round(self.max_fail_share * 1_000_000),
-                            self.max_latency_p99_us)
+                            self.max_latency_p99_us, self.promote_min_passed,
+                            self.promote_min_spread_seconds)
 
 
 class RampScheduleIn(BaseModel):
@@ -157,6 +165,13 @@ class DeviceCounts(BaseModel):
     failed: int
     active: int
     rolled_back: int
+    not_offered: int = Field(default=0, description="devices whose reports were stored but "
+                             "not counted: the rule does not offer them the release")
+    forged: int = Field(default=0, description="devices whose verdicts contradicted their "
+                        "own figures (stored, not counted)")
+    unattested: int = Field(default=0, description="devices without the attestation the "
+                            "channel requires (stored, not counted)")
+    revoked: int = Field(default=0, description="revoked devices: their votes were removed")
 
 
 class HealthPublic(BaseModel):
@@ -309,11 +324,13 @@ def _health(h: RolloutHealth) -> HealthPublic:
     return HealthPublic(
         devices=DeviceCounts(offered=h.offered, downloaded=h.downloaded, shadow=h.shadow,
                              passed=h.passed, failed=h.failed, active=h.active,
-                             rolled_back=h.rolled_back),
+                             rolled_back=h.rolled_back, revoked=h.revoked, **h.not_counted),
         kl_micro=h.kl_micro, latency_p99_us=h.latency_p99_us,
         guard=GuardIn(min_devices=h.guard.min_devices,
                       max_fail_share=h.guard.max_fail_share_ppm / 1_000_000,
-                      max_latency_p99_us=h.guard.max_latency_p99_us),
+                      max_latency_p99_us=h.guard.max_latency_p99_us,
+                      promote_min_passed=h.guard.promote_min_passed,
+                      promote_min_spread_seconds=h.guard.promote_min_spread_s),
         auto_promote=h.auto_promote)
 
 
@@ -343,17 +360,23 @@ def pause_rollout(rollout_id: RolloutId, principal: RolloutPrincipal, rollouts: 
                                   reason=body.reason if body else ""))
 
 
-@router.post("/rollouts/{rollout_id}/resume", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT})
-def resume_rollout(rollout_id: RolloutId, principal: RolloutPrincipal,
-                   rollouts: RolloutsDep) -> RolloutPublic:
-    return _public(rollouts.resume(rollout_id, actor=principal.actor))
+@router.post("/rollouts/{rollout_id}/resume", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT,
+                                                          **INVALID})
+def resume_rollout(rollout_id: RolloutId, principal: RolloutPrincipal, rollouts: RolloutsDep,
+                   body: ReasonIn | None = None) -> RolloutPublic:
+    """A paused rollout goes on. A halted one is offered again at its share before the
+    halt — an operator's call, `reason` required (audited); the guard then counts only
+    reports from now on."""
+    return _public(rollouts.resume(rollout_id, actor=principal.actor,
+                                   reason=body.reason if body else ""))
 
 
 @router.post("/rollouts/{rollout_id}/halt", responses={**AUTH_ERRORS, **NOT_FOUND})
 def halt_rollout(rollout_id: RolloutId, principal: RolloutPrincipal, rollouts: RolloutsDep,
                  body: ReasonIn | None = None) -> RolloutPublic:
     """The rollback: share 0 and no longer offered; devices fall back to the previous fully
-    rolled-out release. Final; halting again is a no-op (`serial` null)."""
+    rolled-out release. Halting again is a no-op (`serial` null); an operator may resume
+    it (POST …/resume with a reason)."""
     return _public(rollouts.halt(rollout_id, actor=principal.actor,
                                  reason=body.reason if body else ""))
 

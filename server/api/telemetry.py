@@ -1,6 +1,9 @@
 """Device enrolment, revocation and signed telemetry (docs/shadow.md).
 
-- `POST /v1/devices/enroll` (token scope `enroll`): a device registers its own Ed25519 key;
+- `POST /v1/devices/enroll` (token scope `enroll`): a device registers its own Ed25519 key,
+  within the token's device quota and hourly rate (server/services/fleet/enrolment.py);
+- `POST /v1/devices/register` (scope `rollout`): an operator registers a device's key ahead
+  of it — the only way to enrol an id a rollout pins (`device_allow`);
 - `POST /v1/devices/{device_id}/revoke` (scope `rollout`): its reports are refused from now on;
 - `POST /v1/telemetry`: no bearer token — the device's signature over the exact body bytes
   (`X-Device-Id`, `X-Device-Signature`), verified before the body is parsed; the body is
@@ -23,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from server.api.deps import EnrollPrincipal, FleetDep, RolloutPrincipal, ServicesDep
 from server.api.errors import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND, ErrorBody
-from server.services.fleet import identity
+from server.services.fleet import attestation, identity
+from server.services.fleet.enrolment import EnrolmentRateError, Grant
 from server.services.fleet.ingest import RateLimitedError
 
 router = APIRouter(prefix="/v1", tags=["fleet"])
@@ -47,6 +51,10 @@ class EnrollIn(BaseModel):
     device_id: str = Field(max_length=128, examples=["pixel-7-0042"])
     public_key: str = Field(max_length=64, description="raw Ed25519 public key, 64 lowercase hex")
     profile: ProfileIn
+    attestation: str | None = Field(
+        default=None, max_length=16_384,
+        description="the platform's attestation verdict for this id and key (Play Integrity "
+        "/ App Attest style); checked only when the server has a provider configured")
 
 
 class EnrollOut(BaseModel):
@@ -65,14 +73,42 @@ class TelemetryOut(BaseModel):
     duplicates: int
 
 
-@router.post("/devices/enroll", status_code=201, responses={**AUTH_ERRORS, **CONFLICT, **INVALID,
-                                                            200: {"model": EnrollOut}})
+ENROL_ERRORS: dict[int | str, dict[str, Any]] = {
+    **AUTH_ERRORS, **CONFLICT, **INVALID, 200: {"model": EnrollOut},
+    429: {"model": ErrorBody, "description": "The token's hourly enrolment rate is used up; "
+          "see Retry-After"}}
+
+
+@router.post("/devices/enroll", status_code=201, response_model=EnrollOut,
+             responses=ENROL_ERRORS)
 def enroll_device(body: EnrollIn, response: Response, principal: EnrollPrincipal,
-                  services: ServicesDep) -> EnrollOut:
+                  services: ServicesDep) -> Response | EnrollOut:
     """Register the device's key (201). The same id and key again: 200; another key for an
-    enrolled id: 409 `device_key_mismatch`."""
-    done = identity.enroll(services.session_factory, body.device_id, body.public_key,
-                           body.profile.model_dump(), actor=principal.actor)
+    enrolled id: 409 `device_key_mismatch`; over the token's quota: 403
+    `enrolment_quota_exhausted`; an id a rollout pins: 403 `device_id_pinned` (an operator
+    registers it); refused attestation: 403 `attestation_refused`."""
+    return _enrol(body, response, principal, services)
+
+
+@router.post("/devices/register", status_code=201, response_model=EnrollOut,
+             responses=ENROL_ERRORS)
+def register_device(body: EnrollIn, response: Response, principal: RolloutPrincipal,
+                    services: ServicesDep) -> Response | EnrollOut:
+    """An operator registers a device's key ahead of it (201; the same again: 200): no
+    quota, and the way to enrol an id a rollout pins. The device's own enrolment with the
+    same key is then a no-op."""
+    return _enrol(body, response, principal, services)
+
+
+def _enrol(body: EnrollIn, response: Response, principal: Any,
+           services: ServicesDep) -> Response | EnrollOut:
+    try:
+        done = identity.enroll(services.session_factory, body.device_id, body.public_key,
+                               body.profile.model_dump(), actor=principal.actor,
+                               grant=Grant.of(principal), attestor=services.fleet.attestor,
+                               evidence=body.attestation)
+    except EnrolmentRateError as e:
+        return _error(429, e.code, e.message, e.fix, {"Retry-After": str(e.retry_after)})
     if not done.created:
         response.status_code = 200
     return EnrollOut(device_id=done.device_id, keyid=done.keyid, enrolled_at=done.enrolled_at)
@@ -84,6 +120,30 @@ def revoke_device(device_id: Annotated[str, Path(max_length=128)], principal: Ro
     """Refuse the device's telemetry from now on (401 `device_revoked`)."""
     at = identity.revoke(services.session_factory, device_id, actor=principal.actor)
     return RevokeOut(device_id=device_id, revoked_at=at)
+
+
+class AttestationIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    required: bool = Field(description="count only attested devices' reports on the channel")
+
+
+class AttestationOut(BaseModel):
+    channel: str
+    required: bool
+
+
+@router.put("/channels/{channel}/attestation",
+            responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT, **INVALID})
+def set_channel_attestation(channel: Annotated[str, Path(max_length=64)], body: AttestationIn,
+                            principal: RolloutPrincipal, services: ServicesDep
+                            ) -> AttestationOut:
+    """Require (or stop requiring) attestation on the channel: only attested devices'
+    reports count toward its rollouts' health and guard. 409 `attestation_unavailable` when
+    the server has no attestation provider."""
+    required = attestation.set_required(services.session_factory, channel, body.required,
+                                        attestor=services.fleet.attestor, actor=principal.actor)
+    return AttestationOut(channel=channel, required=required)
 
 
 def _error(status: int, code: str, detail: str, fix: str | None,

@@ -39,25 +39,45 @@ def create(
     name: Annotated[str, typer.Option("--name", help="Who or what the token is for")] = "",
     as_json: Annotated[bool, typer.Option("--json", metavar="",
                                           help="Print one JSON object instead")] = False,
+    device_quota: Annotated[int | None, typer.Option(
+        "--device-quota", metavar="N", min=1,
+        help="enroll tokens: at most N devices enrolled with it, ever")] = None,
+    enroll_per_hour: Annotated[int | None, typer.Option(
+        "--enroll-per-hour", metavar="N", min=1,
+        help="enroll tokens: at most N enrolments with it in any hour")] = None,
+    expires_in: Annotated[str | None, typer.Option(
+        "--expires-in", metavar="DURATION",
+        help="refused after this long: 90s, 30m, 12h, 30d or seconds")] = None,
 ) -> None:
     """Create a token. The secret is printed once, alone on the last line of stdout."""
+    from datetime import timedelta
+
     from server.auth import create_token
     from server.db import audit
+    from server.db.types import utcnow
     from server.errors import ServiceError
 
+    expires_at = None if expires_in is None else utcnow() + timedelta(
+        seconds=_seconds(expires_in))
     settings, factory = _open(data_dir)
     with factory() as session:
         try:
-            row, secret = create_token(session, scope, name=name, pepper=settings.token_pepper)
+            row, secret = create_token(session, scope, name=name, pepper=settings.token_pepper,
+                                       device_quota=device_quota, expires_at=expires_at,
+                                       enroll_per_hour=enroll_per_hour)
         except ServiceError as e:
             typer.echo(f"error: {e.message}" + (f" ({e.fix})" if e.fix else ""), err=True)
             raise typer.Exit(2) from None
+        limits = {k: v for k, v in (("device_quota", device_quota),
+                                    ("enroll_per_hour", enroll_per_hour),
+                                    ("expires_at", expires_at and expires_at.isoformat()))
+                  if v is not None}
         audit.record(session, "cli", "token.create", f"token:{row.id}", name=name,
-                     scopes=row.scopes)
+                     scopes=row.scopes, **limits)
         session.commit()
         if as_json:
             typer.echo(json.dumps({"id": row.id, "name": row.name, "scopes": row.scopes,
-                                   "token": secret}))
+                                   **limits, "token": secret}))
             return
         typer.echo(f"created token {row.id} ({row.prefix}…) scopes: {','.join(row.scopes)}")
         typer.echo("store it now; it is not shown again:")
@@ -111,6 +131,21 @@ def revoke(
         audit.record(session, "cli", "token.revoke", f"token:{row.id}")
         session.commit()
     typer.echo(f"revoked token {token_id}")
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def _seconds(text: str) -> int:
+    """`90s`, `30m`, `12h`, `30d` or plain seconds; exits 2 on anything else."""
+    value = text.strip().lower()
+    unit = _UNITS.get(value[-1:], 0)
+    number = value[:-1] if unit else value
+    if not number.isdigit() or int(number) == 0:
+        typer.echo(f"error: --expires-in {text!r} is not a duration (e.g. 30d, 12h, 3600)",
+                   err=True)
+        raise typer.Exit(2)
+    return int(number) * (unit or 1)
 
 
 def register(app: typer.Typer) -> None:

@@ -266,6 +266,10 @@ class Channel(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     description: Mapped[str] = mapped_column(Text, default="")
+    # Only reports of attested devices count on this channel (server/services/fleet/
+    # attestation.py); off by default.
+    require_attestation: Mapped[bool] = mapped_column(Boolean, default=False,
+                                                      server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
@@ -306,6 +310,14 @@ class Release(Base):
     guard_max_latency_p99_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     auto_promote: Mapped[bool] = mapped_column(Boolean, default=False,
                                                server_default=false())
+    # Promotion evidence (guard.py): at least promote_min_passed offered devices passed
+    # (NULL: guard_min_devices), their first passes spread over promote_min_spread_s.
+    promote_min_passed: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    promote_min_spread_s: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Standings older than this do not count (set when an operator resumes a halt).
+    evidence_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The share a halt took away, restored when an operator resumes the rollout.
+    share_before_halt_ppm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # The ramp schedule (server/publish/ramp.py): the shares to step through (ppm), the wait
     # between steps, the index of the step the share is at, and when the next step is due
     # (Unix seconds, the publisher's clock; NULL when no step is left or a manual ramp took
@@ -373,6 +385,11 @@ class Device(Base):
     # {model: version} the device last reported active.
     active_versions: Mapped[dict[str, str]] = mapped_column(JSON, default=dict,
                                                             server_default="{}")
+    # The enrolment token that enrolled it (its quota counts these); NULL: an operator's.
+    enrolled_by_token_id: Mapped[int | None] = mapped_column(Integer, nullable=True,
+                                                             index=True)
+    # The attestation provider that vouched for it at enrolment (NULL: not attested).
+    attested_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class DeviceRelease(Base):
@@ -399,6 +416,8 @@ class DeviceRelease(Base):
     candidate_p50_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     candidate_p99_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Server time of the device's first counted passed verdict (the promotion's spread).
+    passed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class TelemetryEvent(Base):
@@ -424,6 +443,9 @@ class TelemetryEvent(Base):
     samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
     payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     received_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # counted | not_offered | forged | unattested (server/services/fleet/standing.py);
+    # NULL when the report names no known release.
+    standing: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 # --------------------------------------------------------------------------- access
@@ -443,6 +465,10 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Enrolment limits (server/services/fleet/enrolment.py); NULL: none.
+    device_quota: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    enroll_per_hour: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class AuditEvent(Base):

@@ -5,7 +5,8 @@ states of a table's `state` column and the transitions its rows' `transition()` 
                    failed → compiling
     build          queued → running → succeeded | failed | queued (retry);  failed → queued
     patch job      queued → running → done | failed | queued;  done | failed → queued
-    release        active ⇄ paused;  active | paused → halted (final: the rollback)
+    release        active ⇄ paused;  active | paused → halted (the rollback);
+                   halted → active (an operator resumes it, with a reason)
 
 The release machine is the rollout's: server/publish/rules.py turns a refused rollout
 change into the API's RolloutStateError.
@@ -98,14 +99,15 @@ class ReleaseState(enum.StrEnum):
 
     active = "active"  # offered at its share; may be ramped
     paused = "paused"  # offered at its frozen share; resume before ramping
-    halted = "halted"  # share 0 and no longer offered: the rollback; final
+    halted = "halted"  # share 0 and no longer offered: the rollback (an operator may resume)
 
 
 RELEASE_TRANSITIONS: dict[ReleaseState, frozenset[ReleaseState]] = {
     ReleaseState.active: frozenset({ReleaseState.paused, ReleaseState.halted}),
     ReleaseState.paused: frozenset({ReleaseState.active, ReleaseState.halted}),
-    # A halted release is never offered again; ship a new version instead.
-    ReleaseState.halted: frozenset(),
+    # A halted release is offered again only when an operator resumes it (audited, with a
+    # reason: server/publish/rollouts.py resume_rollout).
+    ReleaseState.halted: frozenset({ReleaseState.active}),
 }
 
 
@@ -115,5 +117,5 @@ def release_may_ramp(state: ReleaseState) -> bool:
 
 
 def release_may_pin(state: ReleaseState) -> bool:
-    """Pinning devices to a release matters only while it can still be offered."""
-    return bool(RELEASE_TRANSITIONS[state])
+    """Pinning devices to a release matters only while it is offered."""
+    return state is not ReleaseState.halted

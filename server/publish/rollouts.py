@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 import manifests
 from server.db import audit
 from server.db import models as db
+from server.db.types import utcnow
 from server.observability.metrics import count_halt
 from server.publish import rules
 from server.publish.errors import (
@@ -66,6 +67,15 @@ class GuardRule:
     min_devices: int = 5
     max_fail_share_ppm: int = 200_000
     max_latency_p99_us: int | None = None
+    # Promotion (and each ramp step) needs more than a halt: at least this many offered
+    # devices that passed (None: min_devices), their first passes spread over at least
+    # promote_min_spread_s seconds, and no unexplained failure (docs/shadow.md).
+    promote_min_passed: int | None = None
+    promote_min_spread_s: int = 0
+
+    @property
+    def min_passed(self) -> int:
+        return self.min_devices if self.promote_min_passed is None else self.promote_min_passed
 
 
 @dataclass(frozen=True)
@@ -253,7 +263,8 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
                 f"{spec.model} {spec.version} already has rollout {existing.id} on {ch.name} "
                 f"({existing.state.value})",
                 fix=f"change it with PATCH /v1/rollouts/{existing.id}; a halted release "
-                "cannot be restarted — publish a new version",
+                f"is resumed, not restarted: POST /v1/rollouts/{existing.id}/resume with a "
+                "reason",
             )
         release = db.Release(
             channel_id=ch.id, version_id=version.id, share_ppm=share,
@@ -266,6 +277,8 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
             guard_min_devices=spec.guard.min_devices,
             guard_max_fail_share_ppm=spec.guard.max_fail_share_ppm,
             guard_max_latency_p99_us=spec.guard.max_latency_p99_us,
+            promote_min_passed=spec.guard.promote_min_passed,
+            promote_min_spread_s=spec.guard.promote_min_spread_s,
             auto_promote=spec.auto_promote, **_ramp_columns(spec.ramp, pub.clock()),
         )
         session.add(release)
@@ -353,28 +366,49 @@ def pause_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: in
 
 
 def resume_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
-                   actor: str) -> RolloutView:
+                   actor: str, reason: str = "") -> RolloutView:
+    """A paused rollout goes on. A halted one is offered again (an operator's call, with
+    the `reason` required): its share before the halt comes back, and the guard gathers
+    fresh evidence — standings before now no longer count (`evidence_since`), so the votes
+    that halted it cannot halt it again, nor promote it."""
+    restored: list[int] = []  # the share a resumed halt brought back
+
     def apply(release: db.Release) -> bool:
-        rules.check_resume(release.state)
+        halted = release.state is db.ReleaseState.halted
+        rules.check_resume(release.state, reason)
         release.transition(db.ReleaseState.active)
-        release.state_reason = ""
-        if release.ramp_next_at is not None and release.ramp_interval_s is not None:
+        release.state_reason = reason if halted else ""
+        if halted:
+            release.share_ppm = release.share_before_halt_ppm or 0
+            release.share_before_halt_ppm = None
+            release.evidence_since = utcnow()
+            if release.ramp_steps_ppm and release.ramp_step is not None and (
+                    release.ramp_interval_s is not None
+                    and release.ramp_step < len(release.ramp_steps_ppm) - 1):
+                release.ramp_next_at = pub.clock() + release.ramp_interval_s
+        elif release.ramp_next_at is not None and release.ramp_interval_s is not None:
             # A full interval of reports again before the next step: whatever made someone
             # pause must not be stepped over the moment they resume.
             release.ramp_next_at = pub.clock() + release.ramp_interval_s
+        restored[:] = [release.share_ppm] if halted else []
         return True
 
-    return _change_rollout(factory, pub, rollout_id, "rollout.resume", apply, actor=actor)
+    return _change_rollout(factory, pub, rollout_id, "rollout.resume", apply, actor=actor,
+                           reason=reason, extra=lambda: (
+                               {"from": "halted", "share_ppm": restored[0]} if restored
+                               else {}))
 
 
 def halt_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
                  actor: str, reason: str = "") -> RolloutView:
-    """The rollback: share 0, never offered again. Halting a halted rollout changes nothing."""
+    """The rollback: share 0, no longer offered (until an operator resumes it, with a reason:
+    `resume_rollout`). Halting a halted rollout changes nothing."""
 
     def apply(release: db.Release) -> bool:
         if release.state is db.ReleaseState.halted:
             return False  # idempotent: a retried halt must not fail nor publish again
         release.transition(db.ReleaseState.halted)
+        release.share_before_halt_ppm = release.share_ppm
         release.share_ppm = 0
         release.state_reason = reason
         release.ramp_next_at = None
@@ -396,7 +430,8 @@ def promote_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: 
         if release.state is db.ReleaseState.halted:
             raise RolloutStateError(
                 "this rollout is halted (rolled back); a halted release cannot be promoted — "
-                "fix the model and start a new rollout")
+                "resume it first (POST /v1/rollouts/{id}/resume with a reason) or publish a "
+                "fixed version")
         if release.mode is db.RolloutMode.active:
             return False
         release.mode = db.RolloutMode.active

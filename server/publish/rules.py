@@ -112,8 +112,8 @@ def _check_range(spec: str, what: str) -> None:
 def check_ramp(state: ReleaseState) -> None:
     if state is ReleaseState.halted:
         raise RolloutStateError(
-            "this rollout is halted (rolled back); a halted release cannot be ramped — fix "
-            "the model and start a new rollout"
+            "this rollout is halted (rolled back); a halted release cannot be ramped — resume "
+            "it (POST /v1/rollouts/{id}/resume with a reason) or publish a fixed version"
         )
     if not release_may_ramp(state):
         raise RolloutStateError("this rollout is paused; resume it before changing its share")
@@ -124,9 +124,18 @@ def check_pause(state: ReleaseState) -> None:
         raise RolloutStateError(f"only an active rollout can be paused; this one is {state}")
 
 
-def check_resume(state: ReleaseState) -> None:
+def check_resume(state: ReleaseState, reason: str = "") -> None:
+    """A paused rollout resumes; a halted one too, but only with a reason (it is audited:
+    someone decided the failures that halted it are explained)."""
+    if state is ReleaseState.halted:
+        if not reason.strip():
+            raise InvalidRolloutError(
+                "resuming a halted rollout needs a reason", field="reason",
+                fix='send {"reason": "why the failures that halted it are explained"}')
+        return
     if state is not ReleaseState.paused:  # active → active is no transition either
-        raise RolloutStateError(f"only a paused rollout can be resumed; this one is {state}")
+        raise RolloutStateError(
+            f"only a paused or halted rollout can be resumed; this one is {state}")
 
 
 def check_pin(state: ReleaseState) -> None:

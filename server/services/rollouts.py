@@ -126,8 +126,8 @@ class RolloutService:
     def pause(self, rollout_id: int, *, actor: str, reason: str) -> ro.RolloutView:
         return ro.pause_rollout(self._sf, self._pub, rollout_id, actor=actor, reason=reason)
 
-    def resume(self, rollout_id: int, *, actor: str) -> ro.RolloutView:
-        return ro.resume_rollout(self._sf, self._pub, rollout_id, actor=actor)
+    def resume(self, rollout_id: int, *, actor: str, reason: str = "") -> ro.RolloutView:
+        return ro.resume_rollout(self._sf, self._pub, rollout_id, actor=actor, reason=reason)
 
     def halt(self, rollout_id: int, *, actor: str, reason: str) -> ro.RolloutView:
         return ro.halt_rollout(self._sf, self._pub, rollout_id, actor=actor, reason=reason)

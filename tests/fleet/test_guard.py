@@ -4,6 +4,7 @@ promotion of a shadow rollout, the latency budget, rollbacks of an active rollou
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 import manifests
+from server.publish.rules import release_salt
 from tests.fleet.conftest import Fleet, fleet_settings, open_fleet
 from tests.support.fleet_devices import FleetDevice, shadow_report, update_report
 
@@ -69,9 +71,20 @@ def rollout_state(fleet: Fleet, rollout_id: int) -> dict[str, Any]:
     return out
 
 
-def enrolled(fleet: Fleet, n: int) -> list[FleetDevice]:
-    return [fleet.enroll(FleetDevice(f"dev-{i:03d}", platform=("android", "ios")[i % 2]))
-            for i in range(n)]
+def enrolled(fleet: Fleet, n: int, *, share_ppm: int | None = None,
+             version: str = "2.0") -> list[FleetDevice]:
+    """`n` enrolled devices; with `share_ppm`, ones whose bucket for `version` on prod is
+    inside that share (the only devices whose reports count at that share)."""
+    ids = [f"dev-{i:03d}" for i in range(n)] if share_ppm is None else offered_ids(
+        n, share_ppm, version)
+    return [fleet.enroll(FleetDevice(d, platform=("android", "ios")[i % 2]))
+            for i, d in enumerate(ids)]
+
+
+def offered_ids(n: int, share_ppm: int, version: str = "2.0", prefix: str = "dev") -> list[str]:
+    salt = release_salt("prod", "clf", version)
+    ids = (f"{prefix}-{i:05d}" for i in range(10_000_000))
+    return list(itertools.islice((d for d in ids if manifests.bucket(salt, d) < share_ppm), n))
 
 
 def audit(fleet: Fleet, action: str) -> list[dict[str, Any]]:
@@ -124,7 +137,7 @@ def test_a_device_counts_once_however_often_it_reports_failed(fleet: Fleet) -> N
                             guard={"min_devices": 3, "max_fail_share": 0.5})
     bad, *good = enrolled(fleet, 3)
     for _ in range(5):
-        fleet.send(bad, [shadow_report("clf", "2.0", "failed")])
+        fleet.send(bad, [shadow_report("clf", "2.0", "failed", kl=90_000)])
     for d in good:
         fleet.send(d, [shadow_report("clf", "2.0", "passed")])
     state = rollout_state(fleet, rollout["id"])
@@ -134,10 +147,12 @@ def test_a_device_counts_once_however_often_it_reports_failed(fleet: Fleet) -> N
 
 def test_fleet_pass_with_auto_promote_turns_the_release_active(fleet: Fleet) -> None:
     rollout = fleet.rollout("2.0", mode="shadow", shadow=SHADOW, auto_promote=True,
-                            guard={"min_devices": 4, "max_fail_share": 0.3})
+                            guard={"min_devices": 4, "max_fail_share": 0.3,
+                                   "promote_min_passed": 3})
     assert served_release(fleet, "2.0").rollout.mode == "shadow"  # type: ignore[union-attr]
     devices = enrolled(fleet, 4)
-    fleet.send(devices[0], [shadow_report("clf", "2.0", "failed")])
+    # A failure its figures explain (mean KL over the limit): tolerated under 30%.
+    fleet.send(devices[0], [shadow_report("clf", "2.0", "failed", kl=90_000)])
     for d in devices[1:3]:
         fleet.send(d, [shadow_report("clf", "2.0", "passed")])
     assert rollout_state(fleet, rollout["id"])["mode"] == "shadow"  # 3 reporting < 4

@@ -70,7 +70,7 @@ def test_steps_follow_only_after_the_interval_and_once_enough_devices_report_hea
     assert rollout["percentage"] == 1.0 and share(fleet) == 10_000
     assert rollout["ramp"] == {"steps": [1.0, 5.0, 25.0, 100.0], "interval_seconds": HOUR,
                                "step": 1, "next_step_at": at(NOW + HOUR), "state": "scheduled"}
-    devices = enrolled(fleet, 3)
+    devices = enrolled(fleet, 3, share_ppm=10_000)
     activated(fleet, devices[:2])
     clock.now = NOW + HOUR
     before = serial(fleet)
@@ -109,7 +109,7 @@ def test_a_rollout_the_guard_halts_never_steps_again(fleet: Fleet) -> None:
     clock = with_clock(fleet)
     rollout = fleet.rollout("2.0", percentage=1, ramp=RAMP,
                             guard={"min_devices": 2, "max_fail_share": 0.5})
-    ok, bad = enrolled(fleet, 2)
+    ok, bad = enrolled(fleet, 2, share_ppm=10_000)
     activated(fleet, [ok])
     clock.now = NOW + 5 * HOUR
     fleet.send(bad, [update_report("clf", "2.0", "failed")])  # 1 of 2 = 50%: halted
@@ -125,7 +125,7 @@ def test_a_paused_rollout_holds_and_resuming_restarts_the_wait(fleet: Fleet) -> 
     clock = with_clock(fleet)
     rollout = fleet.rollout("2.0", percentage=None, ramp=RAMP, guard={"min_devices": 1})
     rid = rollout["id"]
-    activated(fleet, enrolled(fleet, 1))
+    activated(fleet, enrolled(fleet, 1, share_ppm=10_000))
     assert fleet.client.post(f"/v1/rollouts/{rid}/pause", headers=fleet.ops,
                              json={"reason": "looking"}).status_code == 200
     assert rollout_state(fleet, rid)["ramp"]["state"] == "paused"
@@ -143,7 +143,7 @@ def test_a_manual_ramp_takes_over_and_clears_the_remaining_steps(fleet: Fleet) -
     clock = with_clock(fleet)
     rollout = fleet.rollout("2.0", percentage=None, ramp=RAMP, guard={"min_devices": 1})
     rid = rollout["id"]
-    activated(fleet, enrolled(fleet, 1))
+    activated(fleet, enrolled(fleet, 1, share_ppm=10_000))
     r = fleet.client.patch(f"/v1/rollouts/{rid}", json={"percentage": 50}, headers=fleet.ops)
     assert r.status_code == 200
     assert (r.json()["ramp"]["state"], r.json()["ramp"]["next_step_at"]) == ("taken_over", None)
@@ -159,7 +159,7 @@ def test_a_shadow_rollout_steps_only_once_promoted(fleet: Fleet) -> None:
                             ramp={"steps": [10, 50, 100], "interval_seconds": 600},
                             guard={"min_devices": 2})
     rid = rollout["id"]
-    for d in enrolled(fleet, 2):
+    for d in enrolled(fleet, 2, share_ppm=10_000):
         fleet.send(d, [shadow_report("clf", "2.0", "passed")])
     clock.now = NOW + 600
     assert ticker(fleet).tick() == []
@@ -179,7 +179,7 @@ def test_a_verdict_batch_steps_a_due_healthy_rollout_in_its_own_request(fleet: F
                             auto_promote=True, ramp={"steps": [10, 50, 100],
                                                      "interval_seconds": 600},
                             guard={"min_devices": 2})
-    first, second, third = enrolled(fleet, 3)
+    first, second, third = enrolled(fleet, 3, share_ppm=10_000)
     fleet.send(first, [shadow_report("clf", "2.0", "passed")])
     clock.now = NOW + 300
     fleet.send(second, [shadow_report("clf", "2.0", "passed")])  # fleet pass: promoted
@@ -230,7 +230,7 @@ def test_the_api_process_loop_takes_a_due_step_without_any_telemetry(quick_loop:
     fleet = quick_loop
     clock = with_clock(fleet)
     rollout = fleet.rollout("2.0", percentage=None, ramp=RAMP, guard={"min_devices": 1})
-    activated(fleet, enrolled(fleet, 1))
+    activated(fleet, enrolled(fleet, 1, share_ppm=10_000))
     clock.now = NOW + HOUR
     deadline = time.monotonic() + 10
     while rollout_state(fleet, rollout["id"])["percentage"] == 1.0:
@@ -250,7 +250,7 @@ def test_two_api_replicas_on_postgresql_take_each_step_once(postgres_url: str,
             for replica in replicas:
                 replica.publisher.clock = clock
             rollout = fleet.rollout("2.0", percentage=None, ramp=RAMP, guard={"min_devices": 1})
-            activated(fleet, enrolled(fleet, 1))
+            activated(fleet, enrolled(fleet, 1, share_ppm=10_000))
             first = serial(fleet)
             for k in range(1, 4):
                 clock.now = NOW + k * HOUR

@@ -110,8 +110,11 @@ def test_health_counts_each_device_once_from_its_latest_reports(fleet: Fleet, de
         reports = [update_report("clf", "2.0", "downloaded", at=100),
                    shadow_report("clf", "2.0", "pending", kl=100 * (i + 1), at=101)]
         if i < 3:  # three decide later: two pass, one fails; the first pending is superseded
+            # (the failure is one figures cannot show, so it says why: the candidate crashed)
             reports.append(shadow_report("clf", "2.0", "failed" if i == 2 else "passed",
-                                         kl=1_000 * (i + 1), at=200))
+                                         kl=1_000 * (i + 1), at=200,
+                                         reason="candidate raised RuntimeError" if i == 2
+                                         else None))
         assert fleet.send(d, reports).status_code == 200
     # An older report arriving late does not replace the newer verdict.
     assert fleet.send(fleet_devices[0], [shadow_report("clf", "2.0", "pending", at=150)]
@@ -120,10 +123,12 @@ def test_health_counts_each_device_once_from_its_latest_reports(fleet: Fleet, de
     assert body["mode"] == "shadow" and body["state"] == "active"
     health = body["health"]
     assert health["devices"] == {"offered": 4, "downloaded": 4, "shadow": 1, "passed": 2,
-                                 "failed": 1, "active": 0, "rolled_back": 0}
+                                 "failed": 1, "active": 0, "rolled_back": 0,
+                                 "not_offered": 0, "forged": 0, "unattested": 0, "revoked": 0}
     # Latest mean KL per device: 1000, 2000, 3000 and 400 (still pending); nearest rank.
     assert health["kl_micro"] == {"p50": 1_000, "p99": 3_000, "max": 12_000}
     assert health["latency_p99_us"] == {"active_p50": 900, "candidate_p50": 1_000,
                                         "candidate_p99": 2_000}
     assert health["guard"] == {"min_devices": 50, "max_fail_share": 0.2,
-                               "max_latency_p99_us": None}
+                               "max_latency_p99_us": None, "promote_min_passed": None,
+                               "promote_min_spread_seconds": 0}

@@ -132,7 +132,8 @@ def _batches(fleet: Fleet, group: list[FleetDevice], at: int) -> list[Any]:
     out = []
     for i, d in enumerate(group):
         reports = [update_report("clf", "1.0", "activated", at=at),
-                   shadow_report("clf", "1.0", ("pending", "failed")[i % 2], at=at),
+                   shadow_report("clf", "1.0", ("pending", "failed")[i % 2], at=at,
+                                 kl=90_000),  # a failure its figures show
                    {"id": f"{i:032x}", "kind": "health", "at": at, "model": "clf",
                     "version": "1.0", "channel": "prod", "predictions": 9, "errors": 1,
                     "p99_us": 800, "rolled_back": False}]
@@ -140,19 +141,27 @@ def _batches(fleet: Fleet, group: list[FleetDevice], at: int) -> list[Any]:
     return out
 
 
+def store_grouped(committer: GroupCommitter, ingest: Any, batch: Any, now: datetime) -> Any:
+    """`committer.store` of `batch` with its releases and standings, as Fleet.receive
+    passes them."""
+    release_of = ingest.load_releases(batch)
+    return committer.store(batch, release_of, now,
+                           standing=ingest.offers.classify(batch, release_of))
+
+
 def _stored(fleet: Fleet, device_id: str) -> tuple[list[Any], list[Any], dict[str, str]]:
     with fleet.client.app.state.session_factory() as s:  # type: ignore[attr-defined]
         # The payload key for key, in order (all but the report id, unique per row).
         events = [(e.release_id, e.model, e.version, e.kind, e.kl_micro, e.latency_p99_us,
                    e.samples, [(k, v) for k, v in e.payload.items() if k != "id"],
-                   e.received_at)
+                   e.received_at, e.standing)
                   for e in s.scalars(select(db.TelemetryEvent)
                                      .where(db.TelemetryEvent.device_id == device_id)
                                      .order_by(db.TelemetryEvent.kind,
                                                db.TelemetryEvent.payload["at"].as_integer()))]
         standings = [(r.release_id, r.event, r.event_at, r.downloaded, r.rolled_back,
                       r.verdict, r.shadow_at, r.samples, r.kl_mean_micro, r.kl_max_micro,
-                      r.active_p50_us, r.candidate_p50_us, r.candidate_p99_us)
+                      r.active_p50_us, r.candidate_p50_us, r.candidate_p99_us, r.passed_at)
                      for r in s.scalars(select(db.DeviceRelease)
                                         .where(db.DeviceRelease.device_id == device_id))]
         device = s.get(db.Device, device_id)
@@ -177,7 +186,7 @@ def test_group_commit_stores_what_the_generic_path_stores(
         async def grouped_store() -> Any:
             committer = GroupCommitter(libpq_dsn(postgres_url) or "")
             try:
-                return await committer.store(b2, ingest.load_releases(b2), now)
+                return await store_grouped(committer, ingest, b2, now)
             finally:
                 await committer.aclose()
 
@@ -228,7 +237,7 @@ def test_group_commit_stores_every_column_and_payload_as_the_generic_path(
             committer = GroupCommitter(libpq_dsn(postgres_url) or "")
             try:  # two batches in one group's statement
                 return list(await asyncio.gather(
-                    *(committer.store(b, ingest.load_releases(b), now) for b in (b2, b3))))
+                    *(store_grouped(committer, ingest, b, now) for b in (b2, b3))))
             finally:
                 await committer.aclose()
 
@@ -259,7 +268,7 @@ def test_concurrent_batches_share_a_transaction_and_a_revoked_device_fails_alone
             committer = GroupCommitter(libpq_dsn(postgres_url) or "")
             try:
                 out = await asyncio.gather(
-                    *(committer.store(b, ingest.load_releases(b), now) for b in batches),
+                    *(store_grouped(committer, ingest, b, now) for b in batches),
                     return_exceptions=True)
                 return list(out), committer.stats
             finally:

@@ -50,5 +50,6 @@ def test_version_lifecycle_happy_path() -> None:
         v.transition(VersionState.uploaded)
 
 
-def test_halted_release_is_final() -> None:
-    assert RELEASE_TRANSITIONS[ReleaseState.halted] == frozenset()
+def test_halted_release_goes_only_back_to_active_when_an_operator_resumes_it() -> None:
+    # Issue 20: a halt is no longer final, but it never pauses nor skips the resume.
+    assert RELEASE_TRANSITIONS[ReleaseState.halted] == frozenset({ReleaseState.active})

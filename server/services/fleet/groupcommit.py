@@ -54,6 +54,7 @@ from server.services.fleet.ingest import (
     event_columns,
     standing_rows,
 )
+from server.services.fleet.offers import StandingMap
 from server.services.fleet.reports import Batch, HealthReport, ShadowReport, UpdateReport
 
 STORE = """
@@ -68,9 +69,10 @@ live AS (
     RETURNING d.id, d.active_versions, seen.at),
 new AS (
     INSERT INTO telemetry_events (report_id, device_id, release_id, model, version, kind,
-                                  kl_micro, latency_p99_us, samples, payload, received_at)
+                                  kl_micro, latency_p99_us, samples, payload, received_at,
+                                  standing)
     SELECT r.report_id, r.device_id, r.release_id, r.model, r.version, r.kind, r.kl_micro,
-           r.latency_p99_us, r.samples, r.payload, live.at
+           r.latency_p99_us, r.samples, r.payload, live.at, r.standing
     FROM ROWS FROM (
         unnest(string_to_array(%(report_id)s::text, ',')),
         unnest(string_to_array(%(device_id)s::text, ',')),
@@ -81,9 +83,10 @@ new AS (
         unnest(string_to_array(%(kl_micro)s::text, ',', 'null')::bigint[]),
         unnest(string_to_array(%(latency_p99_us)s::text, ',', 'null')::bigint[]),
         unnest(string_to_array(%(samples)s::text, ',', 'null')::integer[]),
-        json_array_elements(%(payload)s::json)
+        json_array_elements(%(payload)s::json),
+        unnest(string_to_array(%(standing)s::text, ',', 'null'))
     ) AS r(report_id, device_id, release_id, model, version, kind, kl_micro, latency_p99_us,
-           samples, payload)
+           samples, payload, standing)
     JOIN live ON live.id = r.device_id
     ON CONFLICT (report_id) DO NOTHING
     RETURNING report_id, device_id)
@@ -107,9 +110,9 @@ def _standing_upserts() -> tuple[str, str]:
     table = db.DeviceRelease.__table__
     shadow = ["device_id", "release_id", "downloaded", "rolled_back", "verdict", "shadow_at",
               "samples", "kl_mean_micro", "kl_max_micro", "active_p50_us", "candidate_p50_us",
-              "candidate_p99_us", "updated_at"]
+              "candidate_p99_us", "updated_at", "passed_at"]
     event = ["device_id", "release_id", "event", "event_at", "updated_at", "downloaded",
-             "rolled_back"]
+             "rolled_back", "passed_at"]
 
     def upsert(stmt: Any, columns: list[str]) -> str:
         compiled = stmt.compile(dialect=dialect, column_keys=columns)
@@ -134,6 +137,7 @@ def _standing_upserts() -> tuple[str, str]:
 class _Pending:
     batch: Batch
     release_of: ReleaseMap
+    standing: StandingMap
     received: datetime
     done: asyncio.Future[IngestResult]
 
@@ -158,11 +162,13 @@ class GroupCommitter:
         self._drainer: asyncio.Task[None] | None = None
         self.stats = GroupStats()
 
-    async def store(self, batch: Batch, release_of: ReleaseMap,
-                    received: datetime) -> IngestResult:
-        """Stores the batch in the next group's transaction; returns once it committed."""
+    async def store(self, batch: Batch, release_of: ReleaseMap, received: datetime, *,
+                    standing: StandingMap) -> IngestResult:
+        """Stores the batch in the next group's transaction; returns once it committed.
+        `standing`: every report's (`Offers.classify`); only counted ones reach the
+        standings."""
         done: asyncio.Future[IngestResult] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(batch, release_of, received, done))
+        self._pending.append(_Pending(batch, release_of, standing, received, done))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
         return await done
@@ -295,14 +301,15 @@ def _store_params(group: list[_Pending]) -> dict[str, Any]:
         release_of = p.release_of
         reports.extend(p.batch.reports)
         columns.extend((r.id, device, release_of[(r.model, r.version, r.channel)], r.model,
-                        r.version, *event_columns(r)) for r in p.batch.reports)
-    ids, device_ids, releases, models, versions, kinds, kls, latencies, samples = zip(
+                        r.version, *event_columns(r), p.standing[r.id] or "null")
+                       for r in p.batch.reports)
+    ids, device_ids, releases, models, versions, kinds, kls, latencies, samples, standing = zip(
         *columns, strict=True)
     return {"devices": Json(devices, dumps=_dumps), "report_id": _texts(ids),
             "device_id": _texts(device_ids), "release_id": _numbers(releases),
             "model": _texts(models), "version": _texts(versions), "kind": _texts(kinds),
             "kl_micro": _numbers(kls), "latency_p99_us": _numbers(latencies),
-            "samples": _numbers(samples),
+            "samples": _numbers(samples), "standing": _texts(standing),
             "payload": to_json(reports, exclude_none=True).decode()}
 
 
@@ -325,7 +332,7 @@ def _outcome(p: _Pending, active_before: dict[str, str], new_ids: set[str]
     """The result, the standings rows and the new active versions (None: unchanged)."""
     new = [r for r in p.batch.reports if r.id in new_ids]
     active = active_versions(dict(active_before), new)
-    standings = standing_rows(p.batch.device_id, new, p.release_of, p.received)
+    standings = standing_rows(p.batch.device_id, new, p.release_of, p.received, p.standing)
     result = IngestResult(len(new), len(p.batch.reports) - len(new), standings.judged)
     return result, standings, (active if active != active_before else None)
 

@@ -1,5 +1,6 @@
-"""Device identity: a device enrols its own Ed25519 public key once (with an `enroll` token),
-and its telemetry is then verified against that key. Revocation is checked in the telemetry
+"""Device identity: a device enrols its own Ed25519 public key once (with an `enroll` token,
+within its limits: server/services/fleet/enrolment.py; or an operator registers it), and its
+telemetry is then verified against that key. Revocation is checked in the telemetry
 transaction itself, so it takes effect on the next report; the key, which never changes for
 an enrolled device, is cached per process as a ready `VerifyKey`."""
 
@@ -22,6 +23,8 @@ from server.db import audit
 from server.db import models as db
 from server.db.types import utcnow
 from server.errors import AuthenticationError, ConflictError, InvalidInputError, NotFoundError
+from server.services.fleet.attestation import Attestor
+from server.services.fleet.enrolment import Grant, check_grant
 
 DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")  # the manifests name rule
 PUBLIC_KEY = re.compile(r"[0-9a-f]{64}")
@@ -60,9 +63,13 @@ def check_device_id(device_id: str, field: str = "device_id") -> None:
 
 
 def enroll(factory: sessionmaker[Session], device_id: str, public_key: str,
-           profile: dict[str, Any], *, actor: str) -> Enrolment:
-    """Registers the device's key. The same id with the same key again is a no-op (the
-    device retried); with another key it is refused (409): a key is never replaced."""
+           profile: dict[str, Any], *, actor: str, grant: Grant,
+           attestor: Attestor | None = None, evidence: str | None = None) -> Enrolment:
+    """Registers the device's key, if `grant` allows a new device (enrolment.check_grant).
+    The same id with the same key again is a no-op (the device retried, or enrols after an
+    operator registered it); with another key it is refused (409): a key is never replaced.
+    With an `attestor` and `evidence`, the provider's verdict is checked first (403 when it
+    refuses) and recorded."""
     check_device_id(device_id)
     if not PUBLIC_KEY.fullmatch(public_key):
         raise InvalidInputError("public_key must be the raw Ed25519 key as 64 lowercase hex",
@@ -70,20 +77,27 @@ def enroll(factory: sessionmaker[Session], device_id: str, public_key: str,
     VerifyKey(bytes.fromhex(public_key))  # a 32-byte key always loads; fails loudly otherwise
     keyid = key_id(bytes.fromhex(public_key))
     clean = {name: profile.get(name) for name in PROFILE_FIELDS if profile.get(name)}
+    attested_by = None
+    if attestor is not None and evidence is not None:
+        attestor.verify(device_id=device_id, public_key=public_key, evidence=evidence)
+        attested_by = attestor.name
     for attempt in range(2):
         with factory() as session:
             row = session.get(db.Device, device_id, with_for_update=True)
             if row is not None and row.public_key is not None:
                 return _again(row, public_key)
             now = utcnow()
+            check_grant(session, grant, device_id, now)
             if row is None:
                 row = db.Device(id=device_id, first_seen_at=now, last_seen_at=now,
                                 active_versions={})
                 session.add(row)
             row.profile, row.public_key, row.keyid, row.enrolled_at = (
                 clean, public_key, keyid, now)
+            row.enrolled_by_token_id, row.attested_by = grant.token_id, attested_by
             audit.record(session, actor, "device.enroll", f"device:{device_id}", keyid=keyid,
-                         profile=clean)
+                         profile=clean, by_operator=grant.operator,
+                         **({"attested_by": attested_by} if attested_by else {}))
             try:
                 session.commit()
             except IntegrityError:  # a concurrent enrolment of the same id won the insert

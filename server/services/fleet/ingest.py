@@ -8,7 +8,10 @@ staleness and stored in one transaction:
 - every report as one `telemetry_events` row, bulk inserted with ON CONFLICT (report_id) DO
   NOTHING — a report sent twice is stored once and counted as a duplicate;
 - the device's standing per release (`device_releases`), one upsert per release, from the
-  new reports only: what rollout health and the guard count, each device once.
+  new reports only: what rollout health and the guard count, each device once. Only the
+  reports that stand as `counted` (server/services/fleet/standing.py: the release was
+  offered to the device, the verdict agrees with its figures) reach it; every report's
+  standing is stored with its `telemetry_events` row.
 
 No ORM object is made per report: Core inserts of plain dicts.
 """
@@ -32,6 +35,7 @@ from server.db import models as db
 from server.errors import AuthenticationError, InvalidInputError, ServiceError
 from server.observability.metrics import count_telemetry
 from server.services.fleet.identity import DEVICE_ID, DeviceKeys, DeviceUnknownError
+from server.services.fleet.offers import Offers, StandingMap
 from server.services.fleet.reports import (
     Batch,
     HealthReport,
@@ -122,12 +126,14 @@ def dialect_statements(dialect: str) -> _Statements:
         "candidate_p50_us", "candidate_p99_us")}
     shadow = ins.on_conflict_do_update(
         index_elements=["device_id", "release_id"],
-        set_={**latest, "downloaded": True, "updated_at": ins.excluded.updated_at})
+        set_={**latest, "downloaded": True, "updated_at": ins.excluded.updated_at,
+              "passed_at": func.coalesce(t.c.passed_at, ins.excluded.passed_at)})
     ins = insert(t)
     newer = ins.excluded.event_at >= func.coalesce(t.c.event_at, -1)
     event = ins.on_conflict_do_update(
         index_elements=["device_id", "release_id"],
-        set_={"event": case((newer, ins.excluded.event), else_=t.c.event),
+        set_={"passed_at": func.coalesce(t.c.passed_at, ins.excluded.passed_at),
+              "event": case((newer, ins.excluded.event), else_=t.c.event),
               "event_at": case((newer, ins.excluded.event_at), else_=t.c.event_at),
               "downloaded": or_(t.c.downloaded, ins.excluded.downloaded),
               "rolled_back": or_(t.c.rolled_back, ins.excluded.rolled_back),
@@ -155,6 +161,7 @@ class TelemetryIngest:
                  max_skew_s: int, clock: Callable[[], float] = time.time) -> None:
         self.factory = factory
         self.keys = DeviceKeys(factory)
+        self.offers = Offers(factory)
         self.limiter = RateLimiter(rate_per_s, burst)
         self.max_skew_s = max_skew_s
         self.clock = clock
@@ -251,8 +258,9 @@ class TelemetryIngest:
                 raise DeviceRevokedAuthError(f"device {batch.device_id!r} was revoked",
                                              fix="enrol the installation under a new device id")
             release_of = self.load_releases(batch, conn)
+            standing = self.offers.classify(batch, release_of, conn)
             rows = [event_row(batch.device_id, r, release_of[(r.model, r.version, r.channel)],
-                              received) for r in batch.reports]
+                              received, standing[r.id]) for r in batch.reports]
             stmt = dialect_statements(conn.dialect.name).events
             new_ids = set(conn.execute(stmt, rows).scalars()) if rows else set()
             new = [r for r in batch.reports if r.id in new_ids]
@@ -260,7 +268,7 @@ class TelemetryIngest:
             if active != active_before:
                 conn.execute(update(db.Device).where(db.Device.id == batch.device_id)
                              .values(active_versions=active))
-            standings = standing_rows(batch.device_id, new, release_of, received)
+            standings = standing_rows(batch.device_id, new, release_of, received, standing)
             upserts = dialect_statements(conn.dialect.name)
             if standings.shadow:
                 conn.execute(upserts.shadow_standing, standings.shadow)
@@ -292,12 +300,14 @@ def accepted_reports(result: IngestResult) -> int:
 
 
 def event_row(device_id: str, r: UpdateReport | ShadowReport | HealthReport,
-              release_id: int | None, received: datetime) -> dict[str, Any]:
+              release_id: int | None, received: datetime,
+              standing: str | None = None) -> dict[str, Any]:
     kind, kl, latency, samples = event_columns(r)
     return {"report_id": r.id, "device_id": device_id, "release_id": release_id,
             "model": r.model, "version": r.version, "kind": kind, "kl_micro": kl,
             "latency_p99_us": latency, "samples": samples,
-            "payload": r.model_dump(exclude_none=True), "received_at": received}
+            "payload": r.model_dump(exclude_none=True), "received_at": received,
+            "standing": standing}
 
 
 def event_columns(r: UpdateReport | ShadowReport | HealthReport
@@ -334,15 +344,15 @@ class Standings:
 
 def standing_rows(device_id: str,
                   reports: Iterable[UpdateReport | ShadowReport | HealthReport],
-                  release_of: ReleaseMap, now: datetime) -> Standings:
-    """The device's row per release from its new reports (latest shadow summary, latest
-    update event)."""
+                  release_of: ReleaseMap, now: datetime, standing: StandingMap) -> Standings:
+    """The device's row per release from its new counted reports (latest shadow summary,
+    latest update event); the others are left out (stored, never counted)."""
     shadows: dict[int, ShadowReport] = {}
     events: dict[int, list[UpdateReport]] = {}
     judged: set[int] = set()
     for r in reports:
         rid = release_of[(r.model, r.version, r.channel)]
-        if rid is None:
+        if rid is None or standing.get(r.id) != "counted":
             continue
         if isinstance(r, ShadowReport):
             if rid not in shadows or r.at >= shadows[rid].at:
@@ -358,7 +368,8 @@ def standing_rows(device_id: str,
                     "samples": s.samples, "kl_mean_micro": s.kl_mean_micro,
                     "kl_max_micro": s.kl_max_micro, "active_p50_us": s.active_p50_us,
                     "candidate_p50_us": s.candidate_p50_us,
-                    "candidate_p99_us": s.candidate_p99_us, "updated_at": now}
+                    "candidate_p99_us": s.candidate_p99_us, "updated_at": now,
+                    "passed_at": now if s.verdict == "passed" else None}
                    for rid, s in shadows.items()]
     event_rows = []
     for rid, evs in events.items():
@@ -368,6 +379,7 @@ def standing_rows(device_id: str,
                 last = e
         event_rows.append({"device_id": device_id, "release_id": rid, "event": last.event,
                            "event_at": last.at, "updated_at": now,
+                           "passed_at": now if last.event == "activated" else None,
                            "downloaded": any(e.event in ("downloaded", "verified", "activated")
                                              for e in evs),
                            "rolled_back": any(e.event == "rolled_back" for e in evs)})

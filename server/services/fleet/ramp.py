@@ -1,8 +1,9 @@
 """The ramp tick: every rollout whose next ramp step is due takes it — if the fleet says it
 is healthy (docs/shadow.md "Ramp schedules"): the guard's own judgement of the devices'
-standings is "pass", i.e. at least `min_devices` reporting devices and a failed share below
-`max_fail_share` (the latency budget counting as a failure). A rollout still waiting for
-reports, or failing, keeps its share; the guard halts the failing ones.
+counted standings is "pass", i.e. at least `min_devices` reporting devices, a failed share
+below `max_fail_share` (the latency budget counting as a failure) and the promotion
+evidence (enough passed devices, spread over time, no unexplained failure). A rollout
+still waiting for reports, or failing, keeps its share; the guard halts the failing ones.
 
 It runs in every API process: periodically (`ramp_loop`, every `ramp_check_seconds`) and
 after each telemetry batch that brought a verdict, for the rollouts that batch touched. The
@@ -21,7 +22,7 @@ from server.db import models as db
 from server.publish.publisher import Publisher
 from server.publish.ramp import RampStep, advance_ramp, due_ramps
 from server.services.fleet.guard import judge
-from server.services.fleet.health import rule_of, standings
+from server.services.fleet.health import rule_of, standings, thresholds_of
 
 log = logging.getLogger("modelfleet.fleet.ramp")
 
@@ -55,7 +56,8 @@ class RampTicker:
         with self.factory() as session:
             release = session.get(db.Release, rollout_id)
             assert release is not None
-            verdict = judge(rule_of(release), standings(session, rollout_id))
+            verdict = judge(rule_of(release), standings(session, rollout_id),
+                            thresholds_of(release))
         if verdict.decision != "pass":
             log.debug("rollout %d holds its ramp step: %s", rollout_id, verdict.reason)
             return None

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from server.publish.publisher import Publisher
+from server.services.fleet.attestation import Attestor
 from server.services.fleet.groupcommit import GroupCommitter
 from server.services.fleet.guard import FleetGuard
 from server.services.fleet.ingest import (
@@ -36,6 +37,8 @@ class Fleet:
     guard: FleetGuard
     ramp: RampTicker
     committer: GroupCommitter | None = None  # PostgreSQL with group commit on
+    # The attestation provider (server/services/fleet/attestation.py); None: off.
+    attestor: Attestor | None = None
 
     async def receive(self, device_id: str | None, signature: str | None,
                       body: bytes) -> IngestResult:
@@ -54,7 +57,10 @@ class Fleet:
             release_of = ingest.cached_releases(batch)
             if release_of is None:  # at most once per model version every few seconds
                 release_of = await run_in_threadpool(ingest.load_releases, batch)
-            result = await committer.store(batch, release_of, received)
+            standing = ingest.offers.cached(batch, release_of)
+            if standing is None:  # once per device, and per release every few seconds
+                standing = await run_in_threadpool(ingest.offers.classify, batch, release_of)
+            result = await committer.store(batch, release_of, received, standing=standing)
         accepted_reports(result)
         if result.judged:
             await run_in_threadpool(self.guard.evaluate, result.judged)
