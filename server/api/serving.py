@@ -19,18 +19,12 @@ from starlette.types import Receive, Scope, Send
 from server.api.deps import BlobStoreDep, ManifestCacheDep, SessionDep, ShortSessionDep
 from server.api.errors import NOT_FOUND
 from server.publish.errors import ChannelNotFoundError
-from server.publish.httpcache import (
-    IMMUTABLE_CACHE_CONTROL,
-    RangeNotSatisfiable,
-    etag_for,
-    if_none_match,
-    parse_range,
-)
+from server.publish.httpcache import RangeNotSatisfiable, etag_for, if_none_match, parse_range
 from server.publish.manifest_cache import MANIFEST_CACHE_CONTROL, ManifestCache
 from server.publish.rollouts import CHANNEL_NAME
 from server.services import serving
 
-IMMUTABLE = IMMUTABLE_CACHE_CONTROL
+IMMUTABLE = "public, max-age=31536000, immutable"
 SHA256_PATTERN = "^[0-9a-f]{64}$"
 PREFIX = "/v1/channels/"
 SUFFIX = "/manifest"
