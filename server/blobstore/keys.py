@@ -18,9 +18,10 @@ two versions with one artifact share it. Private to the server:
     manifests/<channel>/<serial>.json                every signed manifest of a channel
 
 Keys are part of the stored data (rows keep them): change them only with a migration. Rows
-made before the `v1/` layout keep their old keys (`artifacts/<model>/…/<sha256>/<file>`,
-`patches/<sha256>`) and stay readable through them; publishing copies each one it offers to its
-`v1/` key, and `modelfleet bucket sync` copies all of them (server/publish/bucket.py).
+made before the `v1/` layout name older keys (`artifacts/<model>/…/<sha256>/<file>`,
+`patches/<sha256>`) and stay readable through them; publishing copies each blob it offers to
+its `v1/` key and points the row there, `modelfleet bucket sync` does it for all of them
+(server/publish/bucket.py). The old blobs are left in place.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 `sync` writes every read path the bucket lacks or holds stale: each signed root, each
 channel's current manifest, and a copy at `v1/artifacts/<sha256>` / `v1/patches/<sha256>` of
-every artifact and patch stored under an older key (the backfill after upgrading: rows keep
-their keys, so nothing is moved or deleted). Idempotent; safe while the server runs.
+every artifact and patch stored under an older key, the row then pointed at the copy (the
+backfill after upgrading; the old blobs are left in place). Idempotent; safe while the server
+runs.
 
 `nginx` prints an nginx configuration for devices: `--blob-dir` serves a local blob directory,
 `--upstream` caches an S3 bucket (server/publish/nginxconf.py).

@@ -13,9 +13,10 @@ When each path is written:
 - `v1/root/<n>.json`: when `modelfleet keys init/rotate` stores the root, and by `sync_served`
   (so the API's first loop run writes the roots it imported from DATA_DIR/roots at start).
 - `v1/artifacts/<sha>`, `v1/patches/<sha>`: where the build runner and the patch job store
-  them. Rows older than that layout keep their old key (still read through it); before a
-  manifest is signed, each artifact and patch it offers is copied to its `v1/` key
-  (`serve_offered`), and `sync_served(blobs=True)` copies all of them.
+  them. For a row older than that layout (still read through its old key), before a
+  manifest offering it is signed, the blob is copied to its `v1/` key and the row pointed
+  there (`serve_offered`; a failed copy is logged and retried at the next publish, never
+  blocking one); `sync_served(blobs=True)` does it for every row.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, select
+from sqlalchemy import Row, Select, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 import manifests
-from server.blobstore import BlobNotFoundError, BlobStore
+from server.blobstore import BlobNotFoundError, BlobStore, BlobStoreError
 from server.blobstore.interface import Source
 from server.blobstore.keys import (
     ARTIFACT_PATTERN,
@@ -107,24 +109,46 @@ class ManifestWriter:
             return True
 
 
-def _copy(store: BlobStore, src: str, dst: str, path: ReadPath, sha256: str) -> None:
-    put_served(store, dst, path, store.iter_range(src), expected_sha256=sha256)
+def _read_key(path: ReadPath, sha256: str) -> str:
+    return artifact_key(sha256) if path is ARTIFACT else patch_key(sha256)
 
 
-def ensure_served(store: BlobStore, path: ReadPath, sha256: str, blob_key: str) -> bool:
-    """Copies a blob stored under an older key to its read key, unless it is there; True if
-    it copied."""
-    key = artifact_key(sha256) if path is ARTIFACT else patch_key(sha256)
-    if blob_key == key or store.exists(key):
-        return False
-    _copy(store, blob_key, key, path, sha256)
-    log.info("copied %s to %s for devices reading the bucket", blob_key, key)
-    return True
+BlobTable = type[db.Artifact] | type[db.Patch]
+
+
+def _to_read_keys(session: Session, store: BlobStore, path: ReadPath, table: BlobTable,
+                  rows: Sequence[Row[int, str, str]], *, tolerant: bool) -> int:
+    """Copies each (id, sha256, blob_key) row's blob to its read key unless it is there, then
+    points the row at it (same bytes: content-addressed; the old blob is left as it is), so
+    the next publish needs no I/O for it. `tolerant`: a failed copy is logged, not raised —
+    a publish (a halt) must not wait on the bucket. Returns how many blobs it copied."""
+    copied = 0
+    for row_id, sha, old in rows:
+        key = _read_key(path, sha)
+        try:
+            if not store.exists(key):
+                put_served(store, key, path, store.iter_range(old), expected_sha256=sha)
+                copied += 1
+                log.info("copied %s to %s for devices reading the bucket", old, key)
+        except BlobStoreError:
+            if not tolerant:
+                raise
+            log.exception("could not copy %s to %s: devices reading the bucket cannot fetch "
+                          "it until the next publish or `modelfleet bucket sync`", old, key)
+            continue
+        session.execute(update(table).where(table.id == row_id).values(blob_key=key))
+    return copied
+
+
+def _legacy(table: BlobTable, shas: set[str] | None = None) -> Select[int, str, str]:
+    query = select(table.id, table.sha256, table.blob_key).where(
+        table.blob_key.not_like(READ_API_PREFIX + "%")).order_by(table.id)
+    return query if shas is None else query.where(table.sha256.in_(sorted(shas)))
 
 
 def serve_offered(session: Session, store: BlobStore, doc: manifests.Manifest) -> int:
     """Before `doc` is signed: every artifact and patch it offers readable at its `v1/` key.
-    One query per table; no blob I/O when all were stored at their read keys."""
+    One query per table, and no blob I/O once every row names its read key."""
     artifacts: set[str] = set()
     patches: set[str] = set()
     for entry in doc.models.values():
@@ -134,15 +158,9 @@ def serve_offered(session: Session, store: BlobStore, doc: manifests.Manifest) -
                 patches.update(p.sha256 for p in art.patches)
     copied = 0
     for path, table, shas in ((ARTIFACT, db.Artifact, artifacts), (PATCH, db.Patch, patches)):
-        if not shas:
-            continue
-        rows = session.execute(select(table.sha256, table.blob_key)
-                               .where(table.sha256.in_(sorted(shas)))).all()
-        done: set[str] = set()
-        for sha, key in rows:
-            if sha not in done:
-                copied += ensure_served(store, path, sha, key)
-                done.add(sha)
+        if shas:
+            rows = session.execute(_legacy(table, shas)).all()
+            copied += _to_read_keys(session, store, path, table, rows, tolerant=True)
     return copied
 
 
@@ -209,9 +227,10 @@ def sync_served(factory: sessionmaker[Session], store: BlobStore, writer: Manife
         counts = {ARTIFACT.kind: 0, PATCH.kind: 0}
         if blobs:
             for path, table in ((ARTIFACT, db.Artifact), (PATCH, db.Patch)):
-                for sha, key in session.execute(select(table.sha256, table.blob_key)
-                                                .order_by(table.id)):
-                    counts[path.kind] += ensure_served(store, path, sha, key)
+                rows = session.execute(_legacy(table)).all()
+                counts[path.kind] = _to_read_keys(session, store, path, table, rows,
+                                                  tolerant=False)
+                session.commit()  # per table: an interrupted backfill keeps what it did
     if roots or channels:
         log.info("bucket: wrote roots %s, rewrote the manifests of %s", roots, channels)
     return SyncReport(roots, channels, counts[ARTIFACT.kind], counts[PATCH.kind])

@@ -46,6 +46,26 @@ def test_publishing_copies_what_the_manifest_offers_to_its_read_keys_before_nami
     for sha in shas.values():
         assert hashlib.sha256(read(blob_store, f"v1/artifacts/{sha}")).hexdigest() == sha
     assert read(blob_store, "v1/channels/prod/manifest") == newest_manifest(factory, blob_store)
+    with factory() as s:  # the rows now name the copies: the next publish needs no I/O
+        keys = set(s.scalars(select(db.Artifact.blob_key)))
+    assert keys == {f"v1/artifacts/{sha}" for sha in shas.values()}
+
+
+def test_a_failed_bucket_copy_never_blocks_a_halt(
+        factory, pub: Publisher, blob_store: LocalBlobStore, make_version,  # type: ignore[no-untyped-def]
+        caplog: pytest.LogCaptureFixture) -> None:
+    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    make_version("clf", "1.0")
+    shas = make_version("clf", "2.0")
+    for sha in shas.values():
+        blob_store.delete(f"artifacts/{sha}")  # lost from the store: the copy must fail
+    ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor=ACTOR)
+    view = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "2.0", 10),
+                            actor=ACTOR)
+    assert "could not copy" in caplog.text
+    halted = ro.halt_rollout(factory, pub, view.record.id, actor=ACTOR)
+    assert halted.serial == view.serial + 1
+    assert read(blob_store, "v1/channels/prod/manifest") == newest_manifest(factory, blob_store)
 
 
 def test_crossed_writes_keep_the_newest_serial_in_the_bucket(
@@ -101,8 +121,13 @@ def test_bucket_sync_backfills_data_stored_before_the_read_layout(data_dir: Path
                            blob_key="patches/" + "ab" * 32))
             s.commit()
         manifest = newest_manifest(c.session_factory, store)  # type: ignore[arg-type]
-        for key in store.list_keys("v1/"):  # what a server before the v1/ layout left
+        # What a server before the v1/ layout left: no v1/ keys, rows naming the old ones.
+        for key in store.list_keys("v1/"):
             store.delete(key)
+        with c.session_factory() as s:
+            for row in s.scalars(select(db.Artifact)):
+                row.blob_key = f"artifacts/{row.sha256}"
+            s.commit()
     result = CliRunner().invoke(cli, ["bucket", "sync", "--data-dir", str(data_dir)])
     assert result.exit_code == 0, result.output
     assert "roots written: [1]" in result.output and "artifacts copied: 2" in result.output
