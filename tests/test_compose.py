@@ -185,3 +185,27 @@ def test_the_check_fails_when_something_is_renamed(break_it: Any, expected: str)
     break_it(broken)
     problems = compose_problems(broken)
     assert any(expected in p for p in problems), problems
+
+
+def test_the_device_cache_serves_the_bucket_the_api_writes_with_the_rendered_config() -> None:
+    """Devices poll nginx in front of the bucket: its config is what server/publish/nginxconf.py
+    renders for the bucket the API writes to, the bucket lets anyone read v1/ (and only v1/),
+    and manifests send devices to the cache for artifacts and patches."""
+    from server.publish.nginxconf import caching_proxy
+
+    services = COMPOSE["services"]
+    cache = services["device-cache"]
+    env = services["api"]["environment"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in cache["volumes"]}
+    conf = REPO / mounts["/etc/nginx/conf.d/default.conf"]
+    rendered = caching_proxy(f"{env['MODELFLEET_S3_ENDPOINT_URL']}/{env['MODELFLEET_S3_BUCKET']}",
+                             "8080", "/var/cache/nginx/devices")
+    body = "".join(line + "\n" for line in conf.read_text().splitlines()
+                   if not line.startswith("#"))
+    assert body == rendered, "regenerate deploy/nginx/device-cache.conf (see its header)"
+    assert mounts["/var/cache/nginx"] in COMPOSE["volumes"]
+    assert cache["ports"] == ["8080:8080"]
+    assert cache["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
+    bucket = env["MODELFLEET_S3_BUCKET"]
+    assert f"mc anonymous set download local/{bucket}/v1" in services["minio-init"]["entrypoint"]
+    assert env["MODELFLEET_PUBLIC_BASE_URL"].endswith(":-http://localhost:8080}")

@@ -9,6 +9,12 @@ Contract every implementation passes (tests/server/test_blobstore_contract.py):
 - `open`/`iter_range` stream out in chunks; `stat` gives the length; `delete` is idempotent.
 - `presigned_url` returns a time-limited GET URL when the backend can serve directly
   (S3), else None (local: serve through the API).
+- `content_type` and `cache_control` are the HTTP headers the blob is served with by a backend
+  that serves it itself (S3 object metadata: every GET, HEAD and 304 carries them). A local
+  directory stores bytes only: the HTTP server in front of it sets both by path (the nginx
+  configuration of server/publish/nginxconf.py). Replacing a local blob always advances its
+  modification time, so mtime-based validators (nginx's ETag and Last-Modified) change with
+  every put, even twice in one second with the same length.
 """
 
 from __future__ import annotations
@@ -134,10 +140,12 @@ class BlobStore(Protocol):
         max_bytes: int | None = None,
         expected_sha256: str | None = None,
         content_type: str = "application/octet-stream",
+        cache_control: str | None = None,
     ) -> BlobInfo:
         """Stores `source` under `key` atomically (replacing any old blob) and returns its
-        sha256 and length. Raises BlobTooLargeError, BlobDigestMismatchError,
-        InvalidBlobKeyError, BlobBackendError — in every case nothing new is visible."""
+        sha256 and length (`content_type`, `cache_control`: see the module docstring).
+        Raises BlobTooLargeError, BlobDigestMismatchError, InvalidBlobKeyError,
+        BlobBackendError — in every case nothing new is visible."""
         ...
 
     def open(self, key: str) -> BinaryIO:

@@ -2,7 +2,12 @@
 
 Layout under `root`: `objects/<key>` holds published blobs, `tmp/` holds in-flight writes on
 the same filesystem so publishing is one `os.replace` (atomic on POSIX); the file is fsynced
-first so a crash never leaves a published prefix.
+first so a crash never leaves a published prefix. `objects/` is what an HTTP server serves to
+devices (its `v1/` keys are the read API, server/blobstore/keys.py); content type and cache
+headers are that server's (server/publish/nginxconf.py), so `put` ignores them here. A
+replacement's mtime is set past the old file's by at least a second: nginx's ETag is
+mtime-plus-length, and two manifests of one length published within a second must not share
+it (a device would be told 304 and keep the older one).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class LocalBlobStore:
         max_bytes: int | None = None,
         expected_sha256: str | None = None,
         content_type: str = "application/octet-stream",
+        cache_control: str | None = None,
     ) -> BlobInfo:
         path = self._path(key)
         counter = HashingCounter(key, max_bytes)
@@ -68,6 +74,7 @@ class LocalBlobStore:
                 os.fsync(out.fileno())
             digest = counter.check(expected_sha256)
             path.parent.mkdir(parents=True, exist_ok=True)
+            _advance_mtime(tmp_name, path)
             os.replace(tmp_name, path)
         except BlobStoreError:
             _unlink_quietly(tmp_name)
@@ -155,6 +162,18 @@ def _read_range(f: BinaryIO, start: int, stop: int, chunk_size: int) -> Iterator
                 return
             remaining -= len(chunk)
             yield chunk
+
+
+def _advance_mtime(new: str, old: Path) -> None:
+    """Give `new` (about to replace `old`) an mtime in a later whole second than `old`'s."""
+    try:
+        before = int(old.stat().st_mtime)
+    except FileNotFoundError:
+        return
+    now = os.stat(new).st_mtime
+    if int(now) <= before:
+        later = before + 1
+        os.utime(new, (later, later))
 
 
 def _unlink_quietly(name: str) -> None:

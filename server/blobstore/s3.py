@@ -109,8 +109,12 @@ class S3BlobStore:
         max_bytes: int | None = None,
         expected_sha256: str | None = None,
         content_type: str = "application/octet-stream",
+        cache_control: str | None = None,
     ) -> BlobInfo:
         full = self._full(key)
+        # Object metadata S3 returns as HTTP headers on every GET, HEAD and 304.
+        http = {"ContentType": content_type,
+                **({"CacheControl": cache_control} if cache_control else {})}
         counter = HashingCounter(key, max_bytes)
         chunks = iter_source(source, min(CHUNK_SIZE, self.part_size))
         buffer = bytearray()
@@ -123,9 +127,8 @@ class S3BlobStore:
                 more = True
                 break
         if not more:
-            return self._put_small(key, full, counter, bytes(buffer), expected_sha256,
-                                   content_type)
-        return self._multipart(key, full, counter, buffer, chunks, expected_sha256, content_type)
+            return self._put_small(key, full, counter, bytes(buffer), expected_sha256, http)
+        return self._multipart(key, full, counter, buffer, chunks, expected_sha256, http)
 
     def _put_small(
         self,
@@ -134,12 +137,11 @@ class S3BlobStore:
         counter: HashingCounter,
         body: bytes,
         expected_sha256: str | None,
-        content_type: str,
+        http: dict[str, str],
     ) -> BlobInfo:
         digest = counter.check(expected_sha256)
         self._call("put", key, lambda: self._s3.put_object(
-            Bucket=self.bucket, Key=full, Body=body, ContentType=content_type,
-            Metadata={"sha256": digest},
+            Bucket=self.bucket, Key=full, Body=body, Metadata={"sha256": digest}, **http,
         ))
         return BlobInfo(key=key, length=counter.length, sha256=digest)
 
@@ -151,10 +153,10 @@ class S3BlobStore:
         buffer: bytearray,
         chunks: Iterator[bytes],
         expected_sha256: str | None,
-        content_type: str,
+        http: dict[str, str],
     ) -> BlobInfo:
         created = self._call("multipart start", key, lambda: self._s3.create_multipart_upload(
-            Bucket=self.bucket, Key=full, ContentType=content_type,
+            Bucket=self.bucket, Key=full, **http,
         ))
         upload_id = created["UploadId"]
         parts: list[dict[str, Any]] = []

@@ -3,7 +3,8 @@
 `init` writes the offline root keys and the online release key (files with mode 0600) and the
 self-signed root v1 that apps pin; `rotate` writes root N+1 signed by a threshold of root N's
 keys and of its own. Both import the new root into the server's database so the API serves it
-at /v1/root/<N>.json (the server also imports DATA_DIR/roots at start).
+at /v1/root/<N>.json, and write it to the blob store's v1/root/<N>.json for devices reading the
+bucket (the server also imports DATA_DIR/roots at start and writes what the bucket lacks).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def _import_into_database(data_dir: Path, keys_dir: Path | None) -> str:
     them at start), so it is reported, not raised."""
     try:
         from server.db.migrate import upgrade
+        from server.publish.bucket import write_roots
         from server.publish.keys import KeyPaths
         from server.publish.rootstore import sync_roots
         from server.settings import Settings
@@ -51,7 +53,9 @@ def _import_into_database(data_dir: Path, keys_dir: Path | None) -> str:
         with core(settings) as c, c.session_factory() as session:
             added = sync_roots(session, KeyPaths.for_data_dir(data_dir, keys_dir))
             session.commit()
-        return f"stored root version(s) {added or 'none new'} in the server database"
+            served = write_roots(session, c.blob_store)
+        return (f"stored root version(s) {added or 'none new'} in the server database, "
+                f"{served or 'none new'} in the bucket")
     except Exception as e:  # reported, not raised: the server imports them at start too
         return f"warning: roots not stored in the database yet ({e}); the server imports " \
             "them at start"

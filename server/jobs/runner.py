@@ -35,7 +35,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.blobstore.interface import BlobBackendError, BlobStore
-from server.blobstore.keys import artifact_key
 from server.compile.errors import CompileError, TransientCompileError
 from server.compile.pipeline import BuildOutcome, BuildSpec
 from server.compile.sandbox import Builder, SandboxPolicy
@@ -57,6 +56,7 @@ from server.delta import DeltaPolicy
 from server.jobs.lease import Lease, RetryPolicy
 from server.jobs.patch_runner import patch_before_ready
 from server.observability.metrics import BUILD_JOBS
+from server.publish.bucket import store_artifact
 
 __all__ = ["BuildRunner", "RetryPolicy", "wait_for"]
 
@@ -151,9 +151,9 @@ class BuildRunner:
 
     def _attempt(self, build_id: int, work: Path, job_log: _JobLog) -> None:
         try:
-            spec, names = self._prepare(build_id, work)
+            spec = self._prepare(build_id, work)
             outcomes = self._pipeline_factory(job_log).build(spec, work / "out")
-            self._finish(build_id, names, outcomes, job_log)
+            self._finish(build_id, outcomes, job_log)
         except (TransientCompileError, BlobBackendError) as e:
             job_log(f"transient failure: {e}")
             self._retry_or_fail(build_id, str(e), job_log)
@@ -165,7 +165,7 @@ class BuildRunner:
             log.error("build %s crashed:\n%s", build_id, traceback.format_exc())
             self._fail(build_id, f"internal error: {type(e).__name__}: {e}", job_log)
 
-    def _prepare(self, build_id: int, work: Path) -> tuple[BuildSpec, tuple[str, str]]:
+    def _prepare(self, build_id: int, work: Path) -> BuildSpec:
         with self._sf() as s:
             build = s.get(Build, build_id)
             assert build is not None
@@ -173,7 +173,7 @@ class BuildRunner:
             assert version is not None
             model = s.get(Model, version.model_id)
             assert model is not None
-            model_name, task = model.name, model.task
+            task = model.task
             uploads = {u.kind: u for u in s.scalars(
                 select(SourceUpload).where(SourceUpload.version_id == version.id))}
             meta = version.metadata_json
@@ -183,7 +183,7 @@ class BuildRunner:
             platform, settings = build.platform, dict(build.compile_settings or {})
             # The model's task decides which outputs the numeric gate checks top-k on.
             settings["task"] = task.value
-            variant, ver = build.variant, version.version
+            variant = build.variant
         paths: dict[UploadKind, Path] = {}
         suffix = {UploadKind.model: {"onnx": ".onnx", "pt2": ".pt2"}.get(
             version.source_format, ".pt"), UploadKind.calibration: ".npz",
@@ -199,21 +199,17 @@ class BuildRunner:
             settings=pipeline_settings(platform, settings),
             calibration_path=paths.get(UploadKind.calibration),
             reference_path=paths.get(UploadKind.reference))
-        return spec, (str(model_name), ver)
+        return spec
 
-    def _finish(self, build_id: int, names: tuple[str, str], outcomes: list[BuildOutcome],
-                job_log: _JobLog) -> None:
-        model_name, version = names
+    def _finish(self, build_id: int, outcomes: list[BuildOutcome], job_log: _JobLog) -> None:
         stored: list[tuple[BuildOutcome, str]] = []
         for o in outcomes:
             if o.artifact is None:
                 continue
-            # Content-addressed: a worker that lost its claim can never overwrite the blob
-            # a newer owner recorded (same bytes land on the same key, other bytes elsewhere).
-            key = artifact_key(model_name, version, o.platform, o.variant,
-                               o.artifact.sha256, o.artifact.path.name)
+            # Content-addressed, at its read key (v1/artifacts/<sha256>): a worker that lost
+            # its claim can never overwrite the blob a newer owner recorded.
             with o.artifact.path.open("rb") as f:
-                self._store.put(key, f, expected_sha256=o.artifact.sha256)
+                key = store_artifact(self._store, o.artifact.sha256, f)
             stored.append((o, key))
             job_log(f"stored {o.platform}/{o.variant} as {key}")
         ok = bool(outcomes) and all(o.state == "ready" for o in outcomes)

@@ -52,7 +52,7 @@ def build_manifest(
 
 
 def join_url(base_url: str, path: str) -> str:
-    """`path` (no leading slash, e.g. 'v1/artifacts/<sha>') under base_url, or left relative.
+    """`path` (no leading slash, e.g. `v1/artifacts/<sha>`) under base_url, or left relative.
 
     With no public base URL the manifest carries the path relative to the server's base URL,
     which devices resolve against the URL they fetched the manifest's server from.

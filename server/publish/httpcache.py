@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# What never changes under its URL (a root version, content-addressed blobs): cache for a year.
+IMMUTABLE_CACHE_CONTROL = "public, max-age=31536000, immutable"
+
 
 def etag_for(sha256: str) -> str:
     return f'"{sha256}"'

@@ -31,11 +31,11 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.blobstore import BlobStore
-from server.blobstore.keys import patch_key
 from server.db import audit
 from server.db import models as db
 from server.db.types import utcnow
 from server.delta import DeltaPolicy, make_patches
+from server.publish.bucket import store_patch
 from server.publish.publisher import PublishedManifest, Publisher, publish_channel
 
 log = logging.getLogger("modelfleet.publish.patches")
@@ -106,9 +106,8 @@ def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_i
                               for b in bases]
                 by_sha = {b.sha256: b for b in bases}
                 for result in make_patches(new_path, base_paths, tmp / "work", policy):
-                    key = patch_key(result.sha256)
                     with open(result.path, "rb") as f:
-                        store.put(key, f, expected_sha256=result.sha256)
+                        key = store_patch(store, result.sha256, f)
                     added += _insert_patch(
                         session, from_artifact_id=by_sha[result.from_sha256].id,
                         to_artifact_id=art.id, algorithm=result.algorithm,

@@ -8,8 +8,10 @@ is retried from scratch in a fresh transaction. A serial is therefore never sign
 different contents as far as anyone can observe: the per-serial blob is written before commit
 but only referenced after commit, and the channel's "current" blob is replaced after commit.
 
-Blob keys: manifests/<channel>/<serial>.json (immutable) and manifests/<channel>.json (current,
-for a CDN or bucket that serves devices directly).
+Blob keys: manifests/<channel>/<serial>.json (every serial, private) and the read path
+v1/channels/<channel>/manifest (the current one, served to devices by the bucket, nginx or a
+CDN as by the API: server/publish/bucket.py). Before signing, every artifact and patch the
+manifest offers is made readable at its v1/ key, so the bucket never names a file it lacks.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from sqlalchemy.orm import Session, sessionmaker
 import manifests
 from manifests.manifest import Mode
 from server.blobstore import BlobStore
-from server.blobstore.keys import current_manifest_key, manifest_key
+from server.blobstore.keys import artifact_key, channel_manifest_key, manifest_key, patch_key
 from server.db import audit
 from server.db import models as db
 from server.publish import records
+from server.publish.bucket import ManifestWriter, serve_offered
 from server.publish.builder import build_manifest, join_url
 from server.publish.errors import (
     ChannelNotFoundError,
@@ -48,11 +51,12 @@ PUBLISH_ATTEMPTS = 8
 
 
 def artifact_path(sha256: str) -> str:
-    return f"v1/artifacts/{sha256}"
+    """The artifact's URL path under the server's base URL: its read key in the bucket too."""
+    return artifact_key(sha256)
 
 
 def patch_path(sha256: str) -> str:
-    return f"v1/patches/{sha256}"
+    return patch_key(sha256)
 
 
 @dataclass
@@ -67,6 +71,8 @@ class Publisher:
     # Called after each publish committed (the "published" event): the manifest cache drops
     # the channel's entry here, wherever the publish came from (route, patch job, re-sign).
     subscribers: list[Callable[[PublishedManifest], None]] = field(default_factory=list)
+    # Writes v1/channels/<c>/manifest after commit, the newest serial winning in-process.
+    current: ManifestWriter = field(default_factory=ManifestWriter)
 
     def subscribe(self, callback: Callable[[PublishedManifest], None]) -> None:
         self.subscribers.append(callback)
@@ -87,6 +93,7 @@ class PublishedManifest:
     length: int
     expires: int
     blob_key: str
+    data: bytes = field(default=b"", repr=False, compare=False)  # the signed bytes
 
 
 def load_rollout_records(session: Session, channel_id: int, base_url: str
@@ -190,6 +197,7 @@ def sign_and_store(session: Session, pub: Publisher, channel: db.Channel) -> Pub
     expires = pub.clock() + pub.lifetime_seconds
     doc = build_manifest(channel=channel.name, serial=serial, expires=expires,
                          rollouts=load_rollout_records(session, channel.id, pub.base_url))
+    serve_offered(session, pub.blob_store, doc)
     signed = sign_envelope(doc.to_bytes(), manifests.MANIFEST_PAYLOAD_TYPE, [pub.signer])
     if len(signed) > MANIFEST_MAX_BYTES:
         raise ManifestTooLargeError(
@@ -203,7 +211,7 @@ def sign_and_store(session: Session, pub: Publisher, channel: db.Channel) -> Pub
     session.add(db.SignedManifest(channel_id=channel.id, serial=serial, blob_key=key,
                                   sha256=sha, length=info.length, expires=expires))
     session.flush()  # the unique (channel_id, serial) constraint fires here, not at commit
-    return PublishedManifest(channel.name, serial, sha, info.length, expires, key)
+    return PublishedManifest(channel.name, serial, sha, info.length, expires, key, signed)
 
 
 def publish_change(
@@ -242,15 +250,17 @@ def publish_change(
 
 
 def update_current(pub: Publisher, published: PublishedManifest) -> None:
-    """After commit (so it never runs ahead): point manifests/<channel>.json at the new bytes,
-    then announce the publish to the publisher's subscribers (the manifest cache)."""
+    """After commit (so it never runs ahead): write the new bytes to
+    v1/channels/<channel>/manifest, then announce the publish to the publisher's subscribers
+    (the manifest cache)."""
     try:
-        with pub.blob_store.open(published.blob_key) as f:
-            data = f.read(MANIFEST_MAX_BYTES + 1)
-        pub.blob_store.put(current_manifest_key(published.channel), [data],
-                           content_type="application/json")
-    except Exception:  # the DB is the source of truth; the next publish repairs the pointer
-        log.exception("could not update %s", current_manifest_key(published.channel))
+        data = published.data
+        if not data:  # made by hand, without its bytes
+            with pub.blob_store.open(published.blob_key) as f:
+                data = f.read(MANIFEST_MAX_BYTES + 1)
+        pub.current.write(pub.blob_store, published.channel, published.serial, data)
+    except Exception:  # the DB is the source of truth; the re-sign loop's sync repairs it
+        log.exception("could not update %s", channel_manifest_key(published.channel))
     pub.announce(published)
 
 

@@ -2,7 +2,9 @@
 serial) well before devices would freeze on an expired one.
 
 `resign_due` is the whole decision, driven by the publisher's clock (tests inject one);
-`resign_loop` runs it periodically inside the API process. Each channel is re-signed on its
+`resign_loop` runs it periodically inside the API process, each time followed by the bucket's
+`sync_served` (server/publish/bucket.py: roots imported at start, a current manifest whose
+write failed or crossed another process's). Each channel is re-signed on its
 own: a channel that cannot be signed (a corrupt row, a manifest over the size cap) is logged
 and audited as `manifest.resign_failed`, and the channels after it are still re-signed — one
 bad channel must not let every other channel expire on devices. Several API replicas may all run
@@ -19,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server.db import audit
 from server.db import models as db
+from server.publish.bucket import sync_served
 from server.publish.publisher import (
     Audited,
     PublishedManifest,
@@ -118,4 +121,9 @@ async def resign_loop(factory: sessionmaker[Session], pub: Publisher) -> None:
             await asyncio.to_thread(resign_due, factory, pub)
         except Exception:  # keep trying: an outage must not end re-signing for good
             log.exception("re-signing failed; retrying in %.0f s", interval)
+        try:
+            await asyncio.to_thread(sync_served, factory, pub.blob_store, pub.current)
+        except Exception:  # the API still serves devices; the bucket is retried next time
+            log.exception("bringing the bucket's read paths up to date failed; retrying in "
+                          "%.0f s", interval)
         await asyncio.sleep(interval)

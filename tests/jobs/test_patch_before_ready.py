@@ -32,7 +32,7 @@ class PatchOutageStore(LocalBlobStore):
         self.refused = 0
 
     def put(self, key: str, *args: Any, **kw: Any) -> Any:
-        if key.startswith("patches/"):
+        if key.startswith("v1/patches/"):
             self.refused += 1
             raise BlobBackendError("storage unavailable (injected)")
         return super().put(key, *args, **kw)

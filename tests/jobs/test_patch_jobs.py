@@ -165,7 +165,7 @@ class FlakyStore(LocalBlobStore):
         self.fail = fail
 
     def put(self, key: str, *args: Any, **kw: Any) -> Any:
-        if key.startswith("patches/") and self.fail > 0:
+        if key.startswith("v1/patches/") and self.fail > 0:
             self.fail -= 1
             raise BlobBackendError("storage unavailable (injected)")
         return super().put(key, *args, **kw)

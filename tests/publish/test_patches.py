@@ -70,7 +70,7 @@ def test_patches_come_from_the_last_k_published_and_apply_to_the_new_bytes(
         assert patch.url.endswith(f"/v1/patches/{patch.sha256}")
         base_data = next(d for d in datas if hashlib.sha256(d).hexdigest() == patch.from_sha256)
         (tmp_path / "base").write_bytes(base_data)
-        with blob_store.open(f"patches/{patch.sha256}") as f:
+        with blob_store.open(f"v1/patches/{patch.sha256}") as f:
             (tmp_path / "patch").write_bytes(f.read())
         apply_patch(patch.algorithm, tmp_path / "base", tmp_path / "patch", tmp_path / "out",
                     max_output=art.length)

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 import manifests
-from server.blobstore.keys import current_manifest_key
+from server.blobstore.keys import channel_manifest_key
 from server.db import models as db
 from server.observability.metrics import ROLLOUT_HALTS
 from server.publish import publisher as publisher_module
@@ -47,7 +47,7 @@ def test_new_channel_gets_a_signed_empty_manifest_with_serial_1(factory, pub, bl
     m, data = current(factory, blob_store, root)
     assert (published.serial, m.serial, m.models) == (1, 1, {})
     assert m.expires == NOW + 86_400
-    with blob_store.open(current_manifest_key("prod")) as f:
+    with blob_store.open(channel_manifest_key("prod")) as f:
         assert f.read() == data  # the bytes a CDN or bucket serves as they are
 
 

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 import manifests
 from server.app import create_app
 from server.auth import create_token
-from server.blobstore.keys import current_manifest_key
+from server.blobstore.keys import channel_manifest_key
 from server.blobstore.s3 import S3BlobStore
 from server.db.migrate import upgrade
 from server.settings import Settings
@@ -48,7 +48,7 @@ def test_artifacts_redirect_to_presigned_s3_urls_and_manifest_bytes_sit_in_the_b
         assert art.url == f"https://api.example/v1/artifacts/{shas['ios']}"
         # a CDN or the bucket itself can serve the current manifest, byte for byte
         obj = s3_bucket.client().get_object(Bucket=s3_bucket.bucket,
-                                            Key=current_manifest_key("prod"))
+                                            Key=channel_manifest_key("prod"))
         assert obj["Body"].read() == served
         r = client.get(f"/v1/artifacts/{art.sha256}", follow_redirects=False)
         assert r.status_code == 302

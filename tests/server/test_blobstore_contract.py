@@ -130,6 +130,46 @@ def test_put_replaces_an_existing_blob(store: BlobStore) -> None:
     assert read_all(store, "k") == b"new content"
 
 
+def http_headers(store: BlobStore, key: str) -> dict[str, str] | None:
+    """The Content-Type and Cache-Control a GET of the blob answers with where the backend
+    serves it itself (S3); None for a local directory (its HTTP server sets them by path)."""
+    url = store.presigned_url(key)
+    if url is None:
+        return None
+    with urllib.request.urlopen(url) as r:
+        return {"type": r.headers["Content-Type"], "cache": r.headers["Cache-Control"]}
+
+
+@pytest.mark.parametrize("size", [100, 2 * PART + 1])  # one PutObject, and multipart
+def test_put_records_the_content_type_and_cache_control_served_with_the_blob(
+        store: BlobStore, size: int) -> None:
+    data = os.urandom(size)
+    store.put("v1/patches/x", chunks_of(data, 1024 * 1024), content_type="application/json",
+              cache_control="public, max-age=60, must-revalidate")
+    assert read_all(store, "v1/patches/x") == data
+    headers = http_headers(store, "v1/patches/x")
+    if headers is not None:
+        assert headers == {"type": "application/json",
+                           "cache": "public, max-age=60, must-revalidate"}
+    store.put("v1/patches/x", [b"plain"])  # a put without them: the defaults, no stale header
+    headers = http_headers(store, "v1/patches/x")
+    if headers is not None:
+        assert headers == {"type": "application/octet-stream", "cache": None}
+
+
+def test_local_replacement_always_changes_the_mtime_validator(tmp_path: Path) -> None:
+    """nginx's ETag is mtime plus length: two manifests of one length published within one
+    second must still differ, or a device is told 304 and keeps the older one."""
+    store = LocalBlobStore(tmp_path / "blobs")
+    path = tmp_path / "blobs" / "objects" / "v1" / "channels" / "prod" / "manifest"
+    seen = set()
+    for body in (b"serial-1", b"serial-2", b"serial-3"):  # same length, same second
+        store.put("v1/channels/prod/manifest", [body])
+        st = path.stat()
+        seen.add((int(st.st_mtime), st.st_size))
+    assert len(seen) == 3
+
+
 @pytest.mark.parametrize("size", [1000, 2 * PART + 1])
 def test_oversize_put_stores_nothing_and_keeps_old_blob(store: BlobStore, size: int) -> None:
     store.put("k", [b"old"])
