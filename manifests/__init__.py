@@ -52,6 +52,7 @@ from .rollout import (
     select_release,
 )
 from .root import RELEASE_ROLE, ROOT_ROLE, PublicKey, Role, Root
+from .sealed import Sealed, SealedError
 from .strictjson import MAX_SAFE_INTEGER, JSONObject, JSONValue
 from .trust import (
     MANIFEST_MAX_SIZE,
@@ -96,6 +97,8 @@ __all__ = [
     "Rollout",
     "Root",
     "RootRotationError",
+    "Sealed",
+    "SealedError",
     "ShadowThresholds",
     "Signature",
     "SignatureError",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import tempfile
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -18,6 +19,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
+from manifests import sealed
 from server.blobstore import BlobStore
 from server.blobstore.keys import source_key
 from server.compile.shapes import declared_shape_conflicts
@@ -33,6 +35,7 @@ from server.db.models import (
 )
 from server.errors import ConflictError, InvalidInputError, NotFoundError
 from server.jobs.interface import JobQueue
+from server.publish.protection import ContentKeys
 from server.services.npzcheck import check_npz_arrays
 from server.services.sourcefiles import (
     check_onnx_self_contained,
@@ -226,6 +229,7 @@ def upload_version(
     metadata_raw: str,
     files: list[UploadedFile],
     limits: Limits,
+    content_keys: ContentKeys | None = None,
 ) -> tuple[ModelVersion, bool]:
     """(version, created). Identical re-upload → (existing, False); a different file or
     metadata under an existing version → ConflictError. Raises InvalidInputError,
@@ -266,18 +270,26 @@ def upload_version(
 
     keys: list[str] = []
     try:
+        version = ModelVersion(
+            model_id=model.id, version=meta.version, state=VersionState.uploaded,
+            metadata_json=metadata_json, source_format=formats["model"], created_by=actor,
+            protected=meta.protected,
+        )
+        session.add(version)
+        session.flush()
+        seal_key = None
+        if meta.protected:  # even the sources rest sealed (docs/security.md)
+            if content_keys is None:
+                raise InvalidInputError(
+                    "this server cannot protect versions (no content-key store)",
+                    field="metadata.protected", fix="upload without \"protected\"")
+            seal_key = content_keys.key_for(session, version.id, create=True)
         for f in files:
             key = source_key(model.name, meta.version, f.field)
             # Key first: if put fails midway the store has published nothing, and deleting
             # a key that was never written is harmless.
             keys.append(key)
-            store.put(key, f.file, max_bytes=lengths[f.field], expected_sha256=digests[f.field])
-        version = ModelVersion(
-            model_id=model.id, version=meta.version, state=VersionState.uploaded,
-            metadata_json=metadata_json, source_format=formats["model"], created_by=actor,
-        )
-        session.add(version)
-        session.flush()
+            put_source(store, key, f.file, lengths[f.field], digests[f.field], seal_key)
         for f, key in zip(files, keys, strict=True):
             session.add(SourceUpload(
                 version_id=version.id, kind=UploadKind(f.field), filename=f.filename[:255],
@@ -332,6 +344,22 @@ def _enqueue(queue: JobQueue, version_id: int) -> None:
         # The version is committed in state `uploaded`; a re-upload or the worker's sweep
         # enqueues it again. Failing the request now would make the client retry for nothing.
         log.exception("could not enqueue compile of version %s", version_id)
+
+
+def put_source(store: BlobStore, key: str, file: BinaryIO, length: int, sha256: str,
+               seal_key: bytes | None) -> None:
+    """Stores an uploaded file as given, or sealed under `seal_key` (a protected version)."""
+    if seal_key is None:
+        store.put(key, file, max_bytes=length, expected_sha256=sha256)
+        return
+    file.seek(0)
+    with tempfile.TemporaryFile() as out:
+        done = sealed.seal_file(seal_key, file, out)
+        if done[:2] != (sha256, length):
+            raise ConflictError(f"the upload of {key} changed while it was sealed",
+                                fix="upload again")
+        out.seek(0)
+        store.put(key, out, max_bytes=done[3], expected_sha256=done[2])
 
 
 def _delete_quietly(store: BlobStore, keys: list[str]) -> None:
