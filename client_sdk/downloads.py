@@ -11,10 +11,13 @@ resume is only valid while the manifest still promises it; ``gc`` drops stale pa
 from __future__ import annotations
 
 import enum
+import hashlib
+import io
 import os
 import shutil
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import manifests
@@ -31,6 +34,15 @@ from client_sdk.events import Event, EventKind, emit
 from client_sdk.fetcher import Deadline, download_file
 from client_sdk.fsutil import sha256_file
 from client_sdk.install import Member
+from client_sdk.protection import (
+    KeyClient,
+    is_sealed,
+    keystore_for,
+    open_with,
+    read_plain,
+    reseal,
+    store_sealed,
+)
 from client_sdk.selection import Plan
 from client_sdk.transport import Transport
 from manifests import Artifact
@@ -63,6 +75,7 @@ class Downloader:
         self.dir = config.data_dir / "downloads"
         self._stopped = stopped
         self._how: list[tuple[Via, int]] = []  # the last fetch: (via, bytes) per member
+        self._keys: KeyClient | None = None  # content keys, made for the first sealed artifact
 
     def how(self) -> tuple[Via, int]:
         """How the last ``fetch`` got its bytes: PATCH if any member came via a patch, else
@@ -93,20 +106,45 @@ class Downloader:
             if artifact.sha256 in held:
                 self._how.append((Via.HELD, 0))
                 _copy(held[artifact.sha256], target)
-                if sha256_file(target) != artifact.sha256:
+                if artifact.sealed is not None and is_sealed(target):
+                    member = self._held_sealed(plan, member, artifact.sealed, target)
+                elif sha256_file(target) != artifact.sha256:
                     target.unlink(missing_ok=True)
                     raise IntegrityError(f"{plan.model}: the local copy of {member.file} "
                                          "no longer matches its sha256")
             else:  # verified against the signed length and sha256 on the way in
-                self._fetch_artifact(plan, artifact, held, target, deadline)
+                local = self._fetch_artifact(plan, artifact, held, target, deadline)
+                if local is not None:
+                    member = replace(member, local_sha256=local[0], local_length=local[1])
             out.append((member, target))
             self._event(Event(EventKind.VERIFIED, plan.model, plan.release.version,
                               f"{member.file} sha256 {artifact.sha256[:16]}…"))
         self._step("download_done")
         return out
 
+    def _held_sealed(self, plan: Plan, member: Member, expect: manifests.Sealed,
+                     target: Path) -> Member:
+        """A protected artifact the device holds sealed at rest: re-checked by opening it."""
+        plain = read_plain(target, keystore_for(self.config.data_dir))
+        if (hashlib.sha256(plain).hexdigest(), len(plain)) != (expect.plain_sha256,
+                                                               expect.plain_length):
+            target.unlink(missing_ok=True)
+            raise IntegrityError(f"{plan.model}: the local copy of {member.file} no longer "
+                                 "matches its signed plaintext sha256")
+        return replace(member, local_sha256=sha256_file(target),
+                       local_length=target.stat().st_size)
+
+    def _content_key(self, plan: Plan) -> bytes:
+        if self._keys is None:
+            c = self.config
+            self._keys = KeyClient(c.data_dir, c.base_url, self.transport, c.device.device_id,
+                                   c.channel, c.clock, c.request_timeout_seconds)
+        return self._keys.content_key(plan.model, plan.release.version)
+
     def _fetch_artifact(self, plan: Plan, artifact: Artifact, held: dict[str, Path],
-                        target: Path, deadline: Deadline) -> None:
+                        target: Path, deadline: Deadline) -> tuple[str, int] | None:
+        """Gets the artifact into ``target``; for a sealed one, re-sealed under the
+        device-local key: then (sha256, length) of the file on disk."""
         version = plan.release.version
         cap = self.config.limits.max_artifact_bytes
         if artifact.length > cap:
@@ -116,12 +154,13 @@ class Downloader:
             )
         patch = next((p for p in artifact.patches
                       if p.from_sha256 in held and p.length <= cap), None)
+        key = None if artifact.sealed is None else self._content_key(plan)
         if patch is not None:
             try:
-                self._fetch_via_patch(plan, artifact, patch, held[patch.from_sha256], target,
-                                      deadline)
+                local = self._fetch_via_patch(plan, artifact, patch, held[patch.from_sha256],
+                                              target, deadline, key)
                 self._how.append((Via.PATCH, patch.length))
-                return
+                return local
             except DeadlineExceededError:
                 raise
             except ClientSDKError as e:
@@ -139,11 +178,19 @@ class Downloader:
             progress=lambda done, total: self._progress(plan.model, version, "artifact", done,
                                                         total),
         )
-        os.replace(part, target)
         self._how.append((Via.FULL, artifact.length))
+        if artifact.sealed is None or key is None:
+            os.replace(part, target)
+            return None
+        try:
+            return reseal(key, part, keystore_for(self.config.data_dir), target,
+                          artifact.sealed)
+        finally:
+            part.unlink(missing_ok=True)
 
     def _fetch_via_patch(self, plan: Plan, artifact: Artifact, patch: manifests.Patch,
-                         base: Path, target: Path, deadline: Deadline) -> None:
+                         base: Path, target: Path, deadline: Deadline,
+                         key: bytes | None) -> tuple[str, int] | None:
         from client_sdk.patching import PatchError, apply_patch
 
         version = plan.release.version
@@ -154,6 +201,8 @@ class Downloader:
             progress=lambda done, total: self._progress(plan.model, version, "patch", done,
                                                         total),
         )
+        if key is not None and artifact.sealed is not None:
+            return self._patch_sealed(artifact, artifact.sealed, patch, base, part, target, key)
         out = self.dir / f"{artifact.sha256}.patched"
         try:
             apply_patch(patch.algorithm, base, part, out, max_output=artifact.length)
@@ -168,6 +217,32 @@ class Downloader:
             raise PatchFailedError("patched file does not match the signed sha256")
         os.replace(out, target)
         self._step("patch_applied")
+        return None
+
+    def _patch_sealed(self, artifact: Artifact, expect: manifests.Sealed,
+                      patch: manifests.Patch, base: Path, part: Path, target: Path,
+                      key: bytes) -> tuple[str, int]:
+        """A protected release's patch: decrypted, applied to the decrypted base and checked
+        against the signed plaintext sha256 in memory, then sealed at rest."""
+        from client_sdk.patching import PatchError, apply_patch_streams
+
+        store = keystore_for(self.config.data_dir)
+        try:
+            delta = open_with(key, part)
+        finally:
+            part.unlink(missing_ok=True)
+        out = io.BytesIO()
+        try:
+            apply_patch_streams(patch.algorithm, io.BytesIO(read_plain(base, store)), delta, out,
+                                max_output=expect.plain_length)
+        except PatchError as e:
+            raise PatchFailedError(f"{patch.algorithm} patch failed: {e}") from e
+        plain = out.getvalue()
+        if hashlib.sha256(plain).hexdigest() != expect.plain_sha256:
+            raise PatchFailedError("patched model does not match the signed plaintext sha256")
+        local = store_sealed(iter((plain,)), store, target, expect)
+        self._step("patch_applied")
+        return local
 
     def _progress(self, model: str, version: str, what: str, done: int, total: int) -> None:
         if self._stopped():

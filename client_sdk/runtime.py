@@ -55,6 +55,8 @@ from client_sdk.errors import (
 from client_sdk.events import Event, EventCallback, EventKind, emit
 from client_sdk.health import HealthMonitor, Policy
 from client_sdk.install import SHAPE_ROLE_PREFIX, Bundle, BundleStore, Member
+from client_sdk.keystore import KeyStore
+from client_sdk.protection import use_keystore
 from client_sdk.shadow import FAILED, ShadowStore
 from client_sdk.shadow_process import ShadowProcess
 from client_sdk.shadow_worker import Session, ShadowWorker
@@ -201,6 +203,7 @@ class ModelRuntime:
         shadow_background: bool = True,
         shadow_isolation: str = AUTO,
         health: Policy | None = None,
+        keystore: KeyStore | None = None,
     ) -> None:
         """``shadow_queue``: samples waiting for the candidate before new ones are dropped;
         ``shadow_sample_every``: offer one active prediction in N to the candidate (a
@@ -219,8 +222,12 @@ class ModelRuntime:
         factory), ``"thread"``: a worker thread of the app's process
         (``client_sdk.shadow_worker``), ``"auto"``: the process where it can run, else the
         thread;
-        ``health``: when a newly active bundle is rolled back (``client_sdk.health``)."""
+        ``health``: when a newly active bundle is rolled back (``client_sdk.health``);
+        ``keystore``: the device keys of protected models (default: 0600 files under
+        ``data_dir/keys``, client_sdk/keystore.py)."""
         self.data_dir = Path(data_dir)
+        if keystore is not None:  # protected models open with its device-local key
+            use_keystore(self.data_dir, keystore)
         self.store = BundleStore(self.data_dir)
         self._on_event = on_event
         self._threshold = breaker_threshold

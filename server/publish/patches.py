@@ -109,8 +109,9 @@ def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_i
                     continue
                 clear = _Plaintexts(session, store, tmp, content_keys)
                 new_path = clear.get(art)
-                base_paths = [(b.sha256, clear.get(b)) for b in bases]
-                by_sha = {b.sha256: b for b in bases}
+                # server/delta checks each base against its label: the plaintext's sha256
+                base_paths = [(_plain_sha(b), clear.get(b)) for b in bases]
+                by_sha = {_plain_sha(b): b for b in bases}
                 seal_key = clear.key(art)
                 for result in make_patches(new_path, base_paths, tmp / "work", policy):
                     path, sha, length = result.path, result.sha256, result.length
@@ -134,6 +135,10 @@ def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_i
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return added
+
+
+def _plain_sha(art: db.Artifact) -> str:
+    return art.plain_sha256 or art.sha256
 
 
 class _Plaintexts:
