@@ -73,7 +73,7 @@ def _sealed(bundle: Bundle, member: Member) -> Backend:
         raise BackendUnavailableError(
             f"protected {member.format} models are not loaded from memory by this SDK "
             "(the runtime needs a file; docs/security.md)")
-    data = read_plain(bundle.member_path(member), keystore_for(data_dir_of(bundle)))
+    data = read_plain(bundle.member_path(member), member, keystore_for(data_dir_of(bundle)))
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     _one_quiet_thread(opts)

@@ -4,13 +4,15 @@ An artifact the manifest marks ``sealed`` arrives encrypted under its release's 
 (manifests/sealed.py); every signed check (length, sha256) runs on those bytes before anything
 is decrypted. The content key comes from ``POST v1/devices/content-key``, signed with the
 device's Ed25519 identity like its telemetry, sealed by the server to the device's X25519
-key (``box`` in the ``KeyStore``). The device never keeps plaintext on disk: it re-seals the
-model under its device-local key (``at-rest``) as it decrypts, and decrypts it into memory to
-load it (onnxruntime accepts the model as bytes). A patch is applied in memory between
-plaintexts and its result checked against the signed plaintext sha256 before it is sealed.
+key (``box`` in the ``KeyStore``). The device never keeps plaintext on disk: the model stays
+sealed under its content key exactly as served, and the content key is kept only wrapped
+under the device-local key (``at-rest``, in the ``KeyStore``), in the bundle's
+``bundle.json`` (``Member.wrapped_key``). To load it, the model is decrypted into memory
+(onnxruntime accepts the model as bytes). A patch is applied in memory between plaintexts,
+its result checked against the signed plaintext sha256, then sealed under the content key.
 
-The content key itself is never stored: a device that lost its local key, or whose access
-was revoked, fails with a typed ``ProtectionError`` and keeps serving what it had.
+A device that lost its local key, or whose access was revoked, fails with a typed
+``ProtectionError`` and keeps serving what it had.
 """
 
 from __future__ import annotations
@@ -21,20 +23,19 @@ import io
 import json
 import threading
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
 
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, SealedBox
+from nacl.secret import SecretBox
 
 from client_sdk.clock import Clock
-from client_sdk.errors import ContentKeyError, IntegrityError, LocalKeyError
-from client_sdk.fsutil import sha256_file
+from client_sdk.errors import ContentKeyError, LocalKeyError
 from client_sdk.identity import DeviceIdentity
+from client_sdk.install import Member
 from client_sdk.keystore import KeyStore, default_keystore
 from client_sdk.transport import Transport
-from manifests import Sealed, SealedError, sealed
+from manifests import SealedError, sealed
 
 BOX = "box"
 AT_REST = "at-rest"
@@ -78,64 +79,48 @@ def at_rest_key(store: KeyStore, *, create: bool) -> bytes:
     return secret
 
 
-def is_sealed(path: Path) -> bool:
-    """Whether ``path`` is a sealed file (a protected model at rest on this device)."""
-    with path.open("rb") as f:
-        return f.read(len(sealed.MAGIC)) == sealed.MAGIC
+def wrap(store: KeyStore, content_key: bytes) -> str:
+    """The content key wrapped (``SecretBox``) under the device-local key, as hex: what a
+    bundle member records, so the key is never on disk in the clear."""
+    return SecretBox(at_rest_key(store, create=True)).encrypt(content_key).hex()
 
 
-def _unsealed(key: bytes, source: BinaryIO, what: str) -> Iterator[bytes]:
+def unwrap(store: KeyStore, wrapped: str) -> bytes:
     try:
-        yield from sealed.unseal(key, source)
-    except SealedError as e:
-        raise LocalKeyError(f"{what} does not open: {e}") from None
+        return SecretBox(at_rest_key(store, create=False)).decrypt(bytes.fromhex(wrapped))
+    except (CryptoError, ValueError):
+        raise LocalKeyError("the device-local key does not open this model's content key "
+                            "(the key store was reset?); run an update to fetch it again"
+                            ) from None
 
 
-def read_plain(path: Path, store: KeyStore) -> bytes:
-    """The plaintext of a file on the device: itself, or decrypted into memory when sealed."""
-    if not is_sealed(path):
+def read_plain(path: Path, member: Member, store: KeyStore) -> bytes:
+    """The plaintext of a member file: itself, or (protected) decrypted into memory."""
+    if member.wrapped_key is None:
         return path.read_bytes()
-    key = at_rest_key(store, create=False)
+    key = unwrap(store, member.wrapped_key)
     with path.open("rb") as f:
-        return b"".join(_unsealed(key, f, str(path.name)))
+        try:
+            return b"".join(sealed.unseal(key, f))
+        except SealedError as e:
+            raise LocalKeyError(f"{path.name} does not open with its content key: {e}"
+                                ) from None
 
 
-def store_sealed(plain: Iterator[bytes], store: KeyStore, dest: Path,
-                 expect: Sealed) -> tuple[str, int]:
-    """Seals ``plain`` under the device-local key into ``dest`` while checking it hashes to
-    ``expect``; (sha256, length) of the sealed file. IntegrityError (and no file) otherwise."""
+def seal_plain(content_key: bytes, plain: bytes, dest: Path) -> tuple[str, int]:
+    """A plaintext the device rebuilt (a patch's result, checked against the signed
+    plaintext sha256) sealed under its content key into ``dest``; (sha256, length)."""
     h, n = hashlib.sha256(), 0
-
-    def counted() -> Iterator[bytes]:
-        nonlocal n
-        for piece in plain:
-            h.update(piece)
-            n += len(piece)
-            yield piece
-
-    key = at_rest_key(store, create=True)
     try:
         with dest.open("wb") as out:
-            for piece in sealed.seal(key, counted()):
+            for piece in sealed.seal(content_key, [plain]):
+                h.update(piece)
+                n += len(piece)
                 out.write(piece)
-        if (h.hexdigest(), n) != (expect.plain_sha256, expect.plain_length):
-            raise IntegrityError(f"the decrypted model is not the signed plaintext (sha256 "
-                                 f"{h.hexdigest()[:16]}…, {n} bytes)")
     except BaseException:
         dest.unlink(missing_ok=True)
         raise
-    return sha256_file(dest), dest.stat().st_size
-
-
-def reseal(content_key: bytes, source: Path, store: KeyStore, dest: Path,
-           expect: Sealed) -> tuple[str, int]:
-    """A downloaded sealed artifact (verified) re-sealed under the device-local key."""
-    with source.open("rb") as f:
-        try:
-            return store_sealed(sealed.unseal(content_key, f), store, dest, expect)
-        except SealedError as e:
-            raise ContentKeyError(f"the artifact does not open with its content key: {e}"
-                                  ) from None
+    return h.hexdigest(), n
 
 
 def open_with(content_key: bytes, path: Path) -> io.BytesIO:

@@ -215,7 +215,8 @@ def test_bucket_and_device_hold_no_plaintext_weights(updated):
     bundle = store.active("clf")
     assert bundle is not None and bundle.members[0].at_rest
     # ...yet the device's sealed file does hold them, for the device-local key only.
-    assert SECRET in read_plain(bundle.member_path(bundle.members[0]), keystore_for(device))
+    member = bundle.members[0]
+    assert SECRET in read_plain(bundle.member_path(member), member, keystore_for(device))
 
 
 def test_unenrolled_device_gets_no_content_key_and_installs_nothing(updated):
@@ -253,7 +254,7 @@ def test_lost_local_key_is_a_typed_failure_not_a_crash(updated, tmp_path):
     bundle = BundleStore(copy).active("clf")
     assert bundle is not None
     with pytest.raises(LocalKeyError):
-        read_plain(bundle.member_path(bundle.members[0]), keystore_for(copy))
+        read_plain(bundle.member_path(bundle.members[0]), bundle.members[0], keystore_for(copy))
 
 
 def test_revoked_device_gets_no_key_and_keeps_serving_its_model(updated):
