@@ -5,6 +5,7 @@ and the standard library. The normative spec is docs/manifest.md; test vectors f
 languages are in manifests/vectors/, JSON Schemas in manifests/schema/.
 """
 
+from .cohorts import cohort_of
 from .envelope import (
     MANIFEST_PAYLOAD_TYPE,
     MAX_SIGNATURES,
@@ -110,6 +111,7 @@ __all__ = [
     "artifact_matches",
     "artifacts_for",
     "bucket",
+    "cohort_of",
     "compare_versions",
     "filters_match",
     "key_id",

@@ -192,7 +192,8 @@ class ContentKeyOut(BaseModel):
 @router.post("/devices/content-key", response_model=ContentKeyOut,
              responses={**TELEMETRY_ERRORS, **NOT_FOUND, **CONFLICT,
                         403: {"model": ErrorBody, "description": "The release's rule does "
-                              "not offer it to this device (release_not_offered)"}},
+                              "not offer it to this device (release_not_offered)"},
+                        413: {"model": ErrorBody, "description": "Body over 4096 bytes"}},
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": {"type": "object"}}}}})
 async def post_content_key(request: Request, service: FleetDep) -> Response:
