@@ -23,20 +23,24 @@ from client_sdk.errors import (
     BackendUnavailableError,
     ClientSDKError,
     ConfigError,
+    ContentKeyError,
     DeadlineExceededError,
     FetchError,
     InstallError,
     IntegrityError,
+    LocalKeyError,
     MetadataExpiredError,
     ModelNotLoadedError,
     OversizeError,
     PatchFailedError,
+    ProtectionError,
     RuntimeSDKError,
     TelemetryError,
     TrustError,
 )
 from client_sdk.events import Event, EventKind
 from client_sdk.http_transport import UrllibTransport
+from client_sdk.keystore import FileKeyStore, KeyStore
 from client_sdk.runtime import ModelRuntime, Prediction
 from client_sdk.telemetry import Reporter
 from client_sdk.transport import Response, Transport
@@ -51,14 +55,18 @@ __all__ = [
     "ClientSDKError",
     "Clock",
     "ConfigError",
+    "ContentKeyError",
     "DeadlineExceededError",
     "DeviceProfile",
     "Event",
     "EventKind",
     "FetchError",
+    "FileKeyStore",
     "InstallError",
     "IntegrityError",
+    "KeyStore",
     "Limits",
+    "LocalKeyError",
     "MetadataExpiredError",
     "ModelNotLoadedError",
     "ModelResult",
@@ -67,6 +75,7 @@ __all__ = [
     "OversizeError",
     "PatchFailedError",
     "Prediction",
+    "ProtectionError",
     "Reporter",
     "Response",
     "RuntimeSDKError",

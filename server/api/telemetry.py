@@ -5,6 +5,8 @@
 - `POST /v1/devices/register` (scope `rollout`): an operator registers a device's key ahead
   of it — the only way to enrol an id a rollout pins (`device_allow`);
 - `POST /v1/devices/{device_id}/revoke` (scope `rollout`): its reports are refused from now on;
+- `POST /v1/devices/content-key`: no bearer token — signed like telemetry; a protected
+  release's content key sealed to the device (server/services/fleet/content_keys.py);
 - `POST /v1/telemetry`: no bearer token — the device's signature over the exact body bytes
   (`X-Device-Id`, `X-Device-Signature`), verified before the body is parsed; the body is
   capped at `max_telemetry_body_bytes` (256 KiB) before it is read. Served by the raw ASGI
