@@ -16,6 +16,7 @@ and build on what earlier tests in it did (tests/cli/test_release_cli.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -56,9 +57,10 @@ def require_postgres() -> None:
         pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN_DSN}")
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database as a SQLAlchemy URL (psycopg 3 driver)."""
+@contextlib.contextmanager
+def postgres_database() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database as a SQLAlchemy URL (psycopg 3 driver), dropped
+    on exit (for fixtures of any scope)."""
     require_postgres()
     import psycopg
 
@@ -71,6 +73,13 @@ def postgres_url() -> Iterator[str]:
     finally:
         with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database as a SQLAlchemy URL (psycopg 3 driver)."""
+    with postgres_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

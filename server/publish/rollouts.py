@@ -263,7 +263,8 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
                 f"{spec.model} {spec.version} already has rollout {existing.id} on {ch.name} "
                 f"({existing.state.value})",
                 fix=f"change it with PATCH /v1/rollouts/{existing.id}; a halted release "
-                "cannot be restarted — publish a new version",
+                f"is resumed, not restarted: POST /v1/rollouts/{existing.id}/resume with a "
+                "reason",
             )
         release = db.Release(
             channel_id=ch.id, version_id=version.id, share_ppm=share,
@@ -400,7 +401,8 @@ def resume_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: i
 
 def halt_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
                  actor: str, reason: str = "") -> RolloutView:
-    """The rollback: share 0, never offered again. Halting a halted rollout changes nothing."""
+    """The rollback: share 0, no longer offered (until an operator resumes it, with a reason:
+    `resume_rollout`). Halting a halted rollout changes nothing."""
 
     def apply(release: db.Release) -> bool:
         if release.state is db.ReleaseState.halted:
@@ -428,7 +430,8 @@ def promote_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: 
         if release.state is db.ReleaseState.halted:
             raise RolloutStateError(
                 "this rollout is halted (rolled back); a halted release cannot be promoted — "
-                "fix the model and start a new rollout")
+                "resume it first (POST /v1/rollouts/{id}/resume with a reason) or publish a "
+                "fixed version")
         if release.mode is db.RolloutMode.active:
             return False
         release.mode = db.RolloutMode.active

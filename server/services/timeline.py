@@ -3,6 +3,8 @@ the `telemetry_events` of its release counted per time bucket of the server's re
 (device clocks are not trusted for ordering a fleet) — update steps and the bytes they moved
 by `via` (patch | full | held), shadow reports by verdict — and adoption: devices whose first
 `activated` report arrived in the bucket, minus devices whose first `rolled_back` did.
+Only reports that count (`standing` counted: server/services/fleet/standing.py) are
+charted; the health shows the others apart.
 
 Two aggregate queries (GROUP BY bucket), so the answer's size is bounded by the bucket count
 (`MAX_BUCKETS`), never by the number of events; the window is the rollout's life so far."""
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, cast, extract, func, literal_column, select
+from sqlalchemy import BigInteger, Integer, cast, extract, func, literal_column, or_, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -113,6 +115,12 @@ def _index(session: Session, column: Any, start: int, size: int) -> ColumnElemen
     return cast(offset // literal_column(str(int(size)), BigInteger), BigInteger).label("bucket")
 
 
+def _counted() -> ColumnElement[bool]:
+    """Reports that count (NULL: stored before standings existed, migration 0007)."""
+    t = db.TelemetryEvent
+    return or_(t.standing.is_(None), t.standing == "counted")
+
+
 def _count_events(session: Session, rollout_id: int, start: int, size: int,
                   buckets: list[Bucket]) -> None:
     t = db.TelemetryEvent
@@ -123,7 +131,7 @@ def _count_events(session: Session, rollout_id: int, start: int, size: int,
                     t.payload["via"].as_string().label("via"),
                     t.payload["verdict"].as_string().label("verdict"),
                     t.payload["bytes"].as_integer().label("bytes"))
-             .where(t.release_id == rollout_id, t.received_at >= since,
+             .where(t.release_id == rollout_id, t.received_at >= since, _counted(),
                     t.kind.in_(["shadow", *(f"update.{e}" for e in UPDATE_EVENTS)]))
              .subquery())
     c = inner.c
@@ -150,7 +158,7 @@ def _count_adoption(session: Session, rollout_id: int, start: int, size: int,
     t = db.TelemetryEvent
     for kind, attr in (("update.activated", "adopted"), ("update.rolled_back", "rolled_back")):
         first = (select(func.min(t.received_at).label("at"))
-                 .where(t.release_id == rollout_id, t.kind == kind)
+                 .where(t.release_id == rollout_id, t.kind == kind, _counted())
                  .group_by(t.device_id).subquery())
         per_device = select(_index(session, first.c.at, start, size)).subquery()
         query = select(per_device.c.bucket, func.count()).group_by(per_device.c.bucket)

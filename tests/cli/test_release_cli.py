@@ -105,6 +105,13 @@ def test_publish_wait_then_rollout_start_ramp_status_halt_as_json(mf: Run, files
                 if c["name"] == "prod")["live"] == []
     events = doc(mf("audit", "--action", "rollout.halt", "--json"))["events"]
     assert events[0]["target"] == "prod/scaler/1.0.0"
+    # A halt is not final: an operator resumes it, with a reason.
+    refused = mf("rollout", "resume", rid, "--json")
+    assert refused.returncode != 0 and "needs a reason" in refused.stderr, refused.stderr
+    resumed = mf("rollout", "resume", rid, "--reason", "numbers explained", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert doc(resumed)["state"] == "active" and doc(resumed)["serial"] > doc(halted)["serial"]
+    assert doc(resumed)["state_reason"] == "numbers explained"
 
 
 def test_human_output_of_versions_rollouts_and_status(mf: Run, files) -> None:

@@ -49,6 +49,21 @@ def test_tokens_create_refuses_unknown_scope(tmp_path: Path) -> None:
     assert r.returncode == 2 and "unknown scope 'root'" in r.stderr
 
 
+def test_tokens_create_an_enroll_token_with_quota_rate_and_expiry(tmp_path: Path) -> None:
+    out = run("tokens", "create", "--data-dir", str(tmp_path), "--scope", "enroll",
+              "--device-quota", "500", "--enroll-per-hour", "50", "--expires-in", "30d",
+              "--json")
+    doc = json.loads(out.stdout)
+    assert (doc["scopes"], doc["device_quota"], doc["enroll_per_hour"]) == (["enroll"], 500, 50)
+    assert doc["expires_at"] > time.strftime("%Y-%m-%dT", time.gmtime(time.time() + 29 * 86_400))
+    r = run("tokens", "create", "--data-dir", str(tmp_path), "--scope", "publish",
+            "--device-quota", "5", check=False)
+    assert r.returncode == 2 and "for enroll tokens" in r.stderr
+    r = run("tokens", "create", "--data-dir", str(tmp_path), "--scope", "enroll",
+            "--expires-in", "soon", check=False)
+    assert r.returncode == 2 and "not a duration" in r.stderr
+
+
 def test_tokens_revoke(tmp_path: Path) -> None:
     run("tokens", "create", "--data-dir", str(tmp_path), "--scope", "admin")
     assert "revoked token 1" in run("tokens", "revoke", "1", "--data-dir", str(tmp_path)).stdout

@@ -128,7 +128,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             assert r.status_code == 201, r.text
             _seed_version(factory, settings, "clf", "1.0")
             r = client.post("/v1/channels/prod/rollouts", headers=auth, json={
-                "model": "clf", "version": "1.0", "percentage": 50, "shadow": {
+                "model": "clf", "version": "1.0", "percentage": 100, "shadow": {
                     "max_kl_micro": 5_000, "max_latency_p99_us": 8_000, "min_samples": 10}})
             assert r.status_code == 201, r.text
             rollout_id = r.json()["id"]
@@ -158,7 +158,8 @@ def _send_telemetry(client: httpx.Client, enroll: str) -> None:
         reports = [update_report("clf", "1.0", "downloaded") | {"via": via, "bytes": size},
                    update_report("clf", "1.0", "activated") | {"via": "held", "bytes": 0},
                    shadow_report("clf", "1.0", "failed" if i == 5 else "passed",
-                                 kl=800 + 300 * i, candidate_p99=2_000 + 500 * i)]
+                                 kl=9_000 if i == 5 else 800 + 300 * i,  # its figures fail
+                                 candidate_p99=2_000 + 500 * i)]
         body = device.batch(reports)
         r = client.post("/v1/telemetry", content=body, headers=device.headers(body))
         assert r.status_code == 200, r.text
@@ -250,9 +251,25 @@ def test_rollout_page_charts_then_halt_with_a_token_changes_the_serial(page: Any
     assert state["state"] == "halted" and state["state_reason"] == "divergence on pixel-005"
     expect(page.locator("#status")).to_contain_text(f"serial {shown}")
     expect(page.locator("#state-reason")).to_have_text("divergence on pixel-005")
-    expect(page.locator("#halt")).to_be_disabled()  # a halt is final
+    expect(page.locator("#halt")).to_be_disabled()  # halted: only a resume is left
+    expect(page.locator("#ramp")).to_be_disabled()
     SCREENSHOT.parent.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+    # An operator resumes the halt: a reason is required, a new manifest is signed.
+    expect(page.locator("#resume")).to_be_enabled()
+    page.fill("#halt-reason", "the divergence was a bad test device")
+    page.click("#resume")
+    page.click("#confirm-ok")
+    expect(serial).not_to_have_text(str(shown))
+    state = served.client.get(f"/v1/rollouts/{served.rollout_id}", headers=served.ops).json()
+    assert (state["state"], state["percentage"]) == ("active", 100.0), state
+    assert state["state_reason"] == "the divergence was a bad test device"
+    [event] = served.client.get("/v1/audit", params={"action": "rollout.resume"},
+                                headers=served.ops).json()["events"]
+    assert event["details"]["reason"] == "the divergence was a bad test device"
+    assert event["details"]["from"] == "halted"
+    expect(page.locator("#halt")).to_be_enabled()
 
 
 def test_ramp_schedule_shows_its_steps_then_a_manual_ramp_takes_over(page: Any,

@@ -10,9 +10,9 @@ with one token are counted one after another):
 - an expiry (server/auth.py refuses an expired token before this runs);
 - pinned ids: an id a release pins (`device_allow`) cannot be claimed with an app's token —
   whoever enrols it first would own its key and its pinned vote. It must be pre-registered
-  with its public key by an operator (a token with the `rollout` scope: `POST
-  /v1/devices/enroll` or `modelfleet devices register`); the device then enrols with the
-  same key as a no-op (403 `device_id_pinned` otherwise).
+  with its public key by an operator (a token with the `rollout` scope:
+  `POST /v1/devices/register`); the device then enrols with the same key as a no-op (403
+  `device_id_pinned` otherwise).
 - attestation (server/services/fleet/attestation.py): when the device sends evidence and a
   provider is configured, the verdict is recorded (`devices.attested_by`); a channel that
   requires attestation counts only attested devices' reports.
@@ -82,8 +82,8 @@ def check_grant(session: Session, grant: Grant, device_id: str, now: datetime) -
         raise PinnedDeviceError(
             f"device id {device_id!r} is pinned by a rollout and must be registered by an "
             "operator with its public key",
-            fix="register it with a rollout token (modelfleet devices register), then the "
-            "device enrols with that same key")
+            fix="an operator registers it (POST /v1/devices/register with a rollout token "
+            "and the device's public key); the device then enrols with that same key")
     if grant.token_id is None or (grant.device_quota is None and grant.per_hour is None):
         return
     session.get(db.ApiToken, grant.token_id, with_for_update=True)  # one count at a time

@@ -1,8 +1,13 @@
 """The facts a report's standing is judged from (server/services/fleet/standing.py), loaded
 and cached per API process: each release's rule as the manifest offers it (kept for
-RULE_CACHE_SECONDS, like the report → release map, so a rule change counts within seconds)
-and each device's enrolled profile and attestation (cached for good: they are written once,
-at enrolment, and never change)."""
+RULE_CACHE_SECONDS, like the report → release map) and each device's enrolled profile and
+attestation (cached for good: they are written once, at enrolment, and never change).
+
+A cached rule can be older than the manifest a device just received (a ramp step, a new
+pin, in this process or another replica). So a report the cached rule does not offer is
+judged again against the rule read afresh (at most once per RECHECK_SECONDS per release,
+so a device that is really not offered costs no more than that): a device is never
+refused a vote because this process had not yet seen the change that offered it."""
 
 from __future__ import annotations
 
@@ -18,9 +23,16 @@ from server.db import models as db
 from server.publish.preview import profile_from_dict
 from server.publish.publisher import load_artifact_records, release_record
 from server.services.fleet.reports import Batch
-from server.services.fleet.standing import DeviceFacts, ReleaseRule, StandingName, standing_of
+from server.services.fleet.standing import (
+    NOT_OFFERED,
+    DeviceFacts,
+    ReleaseRule,
+    StandingName,
+    standing_of,
+)
 
 RULE_CACHE_SECONDS = 5.0
+RECHECK_SECONDS = 0.5
 # report id -> its standing (None: the report names no known release).
 StandingMap = dict[str, StandingName | None]
 ReleaseIds = Mapping[tuple[str, str, str | None], int | None]
@@ -73,7 +85,8 @@ class Offers:
                 self._rules.pop(release_id, None)
 
     def cached(self, batch: Batch, release_of: ReleaseIds) -> StandingMap | None:
-        """The standings from the cache alone; None when a rule or the device is missing."""
+        """The standings from the cache alone; None when a rule or the device is missing,
+        or when a report comes out not offered (then `classify` checks the rule afresh)."""
         facts = self._facts.get(batch.device_id)
         if facts is None:
             return None
@@ -86,7 +99,8 @@ class Offers:
             if hit is None or hit[0] < now:
                 return None
             rules[rid] = hit[1]
-        return _standings(batch, release_of, rules, facts)
+        out = _standings(batch, release_of, rules, facts)
+        return None if NOT_OFFERED in out.values() else out
 
     def classify(self, batch: Batch, release_of: ReleaseIds,
                  conn: Connection | None = None) -> StandingMap:
@@ -103,18 +117,27 @@ class Offers:
             facts = load_facts(conn, batch.device_id)
             with self._lock:
                 self._facts[batch.device_id] = facts
-        now = self.clock()
-        rules: dict[int, ReleaseRule | None] = {}
         ids = {release_of[(r.model, r.version, r.channel)] for r in batch.reports}
-        for rid in sorted(i for i in ids if i is not None):
-            hit = self._rules.get(rid)
-            if hit is None or hit[0] < now:
-                with Session(bind=conn) as session:
-                    hit = (now + RULE_CACHE_SECONDS, load_rule(session, rid))
-                with self._lock:
-                    self._rules[rid] = hit
-            rules[rid] = hit[1]
-        return _standings(batch, release_of, rules, facts)
+        rules = {rid: self._rule(conn, rid) for rid in sorted(i for i in ids if i is not None)}
+        out = _standings(batch, release_of, rules, facts)
+        stale = {release_of[(r.model, r.version, r.channel)] for r in batch.reports
+                 if out[r.id] == NOT_OFFERED}
+        for rid in sorted(i for i in stale if i is not None):
+            hit = self._rules[rid]
+            if hit[0] - RULE_CACHE_SECONDS + RECHECK_SECONDS <= self.clock():  # loaded a while ago
+                rules[rid] = self._rule(conn, rid, fresh=True)
+        return _standings(batch, release_of, rules, facts) if stale else out
+
+    def _rule(self, conn: Connection, release_id: int, *,
+              fresh: bool = False) -> ReleaseRule | None:
+        now = self.clock()
+        hit = self._rules.get(release_id)
+        if fresh or hit is None or hit[0] < now:
+            with Session(bind=conn) as session:
+                hit = (now + RULE_CACHE_SECONDS, load_rule(session, release_id))
+            with self._lock:
+                self._rules[release_id] = hit
+        return hit[1]
 
 
 def _standings(batch: Batch, release_of: ReleaseIds, rules: Mapping[int, ReleaseRule | None],

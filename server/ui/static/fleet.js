@@ -32,11 +32,18 @@ const fmtInt = (v) => (Number.isInteger(v) ? String(v) : v.toFixed(1));
 const fmtMicro = (v) => (v / 1e6).toFixed(4);
 const fmtUs = (v) => (v >= 1000 ? `${(v / 1000).toFixed(1)} ms` : `${Math.round(v)} µs`);
 
+const COUNTED = ["offered", "downloaded", "shadow", "passed", "failed", "active", "rolled_back"];
+// Devices whose reports were stored but never counted (docs/shadow.md "What a device can
+// influence"), and revoked devices whose votes were removed.
+const NOT_COUNTED = ["not_offered", "forged", "unattested", "revoked"];
+
 function tiles(devices) {
-  const order = ["offered", "downloaded", "shadow", "passed", "failed", "active", "rolled_back"];
-  return h("div", { class: "tiles" }, order.map((k) => h("div", { class: `tile t-${k}` },
-    h("span", { class: "tile-value", "data-count": k }, String(devices[k])),
-    h("span", { class: "tile-label" }, k.replace("_", " ")))));
+  const tile = (k) => h("div", { class: `tile t-${k}` },
+    h("span", { class: "tile-value", "data-count": k }, String(devices[k] ?? 0)),
+    h("span", { class: "tile-label" }, k.replace("_", " ")));
+  return h("div", null, h("div", { class: "tiles" }, COUNTED.map(tile)),
+    h("p", { class: "muted small" }, "not counted (stored, shown apart):"),
+    h("div", { class: "tiles not-counted", id: "not-counted" }, NOT_COUNTED.map(tile)));
 }
 
 function charts(rollout, timeline) {
@@ -110,7 +117,8 @@ function controls(id, onDone) {
   const percent = h("input", { id: "ramp-percentage", type: "number", min: "0", max: "100",
     step: "0.0001", placeholder: "%", "aria-label": "new share in percent" });
   const reason = h("input", { id: "halt-reason", type: "text", maxlength: "2000",
-    placeholder: "reason (kept in the audit log)", "aria-label": "halt reason" });
+    placeholder: "reason (kept in the audit log; needed to resume a halt)",
+    "aria-label": "reason for a halt or a resume" });
   const dialogText = h("p");
   const dialog = h("dialog", { id: "confirm-dialog" }, h("form", { method: "dialog" },
     dialogText, h("menu", null,
@@ -136,7 +144,7 @@ function controls(id, onDone) {
       h("button", { id: "pause", type: "button", onclick: act("Pause", "/pause", () =>
         ({ reason: "" })) }, "Pause"),
       h("button", { id: "resume", type: "button", onclick: act("Resume", "/resume",
-        () => undefined) }, "Resume")),
+        () => (reason.value ? { reason: reason.value } : undefined)) }, "Resume")),
     h("div", { class: "row" }, reason,
       h("button", { id: "halt", type: "button", class: "danger", onclick: act("Halt",
         "/halt", () => ({ reason: reason.value })) }, "Halt (roll back)")),
@@ -162,9 +170,9 @@ export function rolloutPage(root, { id }, { notify }) {
       rollout.state_reason ? h("p", { class: "reason" }, "reason: ",
         h("span", { id: "state-reason" }, rollout.state_reason)) : null,
       rampCard(rollout.ramp));
-      // A halt is final: nothing left to change.
+      // A halted rollout takes only a resume, with a reason (docs/shadow.md).
       for (const el of root.querySelectorAll("#controls input, #controls .row button")) {
-        el.disabled = rollout.state === "halted";
+        el.disabled = rollout.state === "halted" && el.id !== "resume" && el.id !== "halt-reason";
       }
       root.querySelector("#promote").hidden = rollout.mode !== "shadow";
       replace(live, tiles(rollout.health.devices), charts(rollout, timeline),
