@@ -99,6 +99,13 @@ class ContentKeys:
         assert self._kek is not None
         return hashlib.sha256(self._kek).hexdigest()[:16]
 
+    def store(self, session: Session, version_id: int, key: bytes) -> None:
+        """Records `key` (wrapped) as the version's content key, in the caller's
+        transaction (a new version's: its sources were sealed with it before the row)."""
+        session.add(db.ContentKey(version_id=version_id, wrapped=self._box().encrypt(key),
+                                  kek_id=self.kek_id))
+        session.flush()
+
     def key_for(self, session: Session, version_id: int, *, create: bool = False) -> bytes:
         """The version's content key (made and stored wrapped, when `create` and missing;
         the caller commits). KeyStoreError when it is missing or does not unwrap."""
@@ -109,11 +116,9 @@ class ContentKeys:
             key = sealed.new_key()
             try:
                 with session.begin_nested():
-                    session.add(db.ContentKey(version_id=version_id,
-                                              wrapped=self._box().encrypt(key),
-                                              kek_id=self.kek_id))
+                    self.store(session, version_id, key)
                 return key
-            except IntegrityError:  # a concurrent build of the version stored one first
+            except IntegrityError:  # a concurrent caller stored one first
                 row = session.get(db.ContentKey, version_id)
                 assert row is not None
         try:

@@ -268,8 +268,21 @@ def upload_version(
     if existing is not None:
         return _idempotent(existing, wanted, model_name, queue), False
 
+    seal_key = None
+    if meta.protected:  # even the sources rest sealed (docs/security.md)
+        if content_keys is None:
+            raise InvalidInputError(
+                "this server cannot protect versions (no content-key store)",
+                field="metadata.protected", fix="upload without \"protected\"")
+        seal_key = sealed.new_key()
     keys: list[str] = []
     try:
+        for f in files:
+            key = source_key(model.name, meta.version, f.field)
+            # Key first: if put fails midway the store has published nothing, and deleting
+            # a key that was never written is harmless.
+            keys.append(key)
+            put_source(store, key, f.file, lengths[f.field], digests[f.field], seal_key)
         version = ModelVersion(
             model_id=model.id, version=meta.version, state=VersionState.uploaded,
             metadata_json=metadata_json, source_format=formats["model"], created_by=actor,
@@ -277,19 +290,8 @@ def upload_version(
         )
         session.add(version)
         session.flush()
-        seal_key = None
-        if meta.protected:  # even the sources rest sealed (docs/security.md)
-            if content_keys is None:
-                raise InvalidInputError(
-                    "this server cannot protect versions (no content-key store)",
-                    field="metadata.protected", fix="upload without \"protected\"")
-            seal_key = content_keys.key_for(session, version.id, create=True)
-        for f in files:
-            key = source_key(model.name, meta.version, f.field)
-            # Key first: if put fails midway the store has published nothing, and deleting
-            # a key that was never written is harmless.
-            keys.append(key)
-            put_source(store, key, f.file, lengths[f.field], digests[f.field], seal_key)
+        if seal_key is not None and content_keys is not None:
+            content_keys.store(session, version.id, seal_key)
         for f, key in zip(files, keys, strict=True):
             session.add(SourceUpload(
                 version_id=version.id, kind=UploadKind(f.field), filename=f.filename[:255],
