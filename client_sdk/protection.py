@@ -71,7 +71,7 @@ def at_rest_key(store: KeyStore, *, create: bool) -> bytes:
     if secret is None:
         if not create:
             raise LocalKeyError("the device-local key of protected models is missing; "
-                                "run an update to fetch and re-seal them")
+                                "run an update to fetch them again")
         secret = store.put(AT_REST, sealed.new_key())
     if len(secret) != sealed.KEY_BYTES:
         raise LocalKeyError(f"the device-local key is {len(secret)} bytes, not "
