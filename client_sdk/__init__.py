@@ -24,20 +24,24 @@ from client_sdk.errors import (
     BackendUnavailableError,
     ClientSDKError,
     ConfigError,
+    ContentKeyError,
     DeadlineExceededError,
     FetchError,
     InstallError,
     IntegrityError,
+    LocalKeyError,
     MetadataExpiredError,
     ModelNotLoadedError,
     OversizeError,
     PatchFailedError,
+    ProtectionError,
     RuntimeSDKError,
     TelemetryError,
     TrustError,
 )
 from client_sdk.events import Event, EventKind
 from client_sdk.http_transport import UrllibTransport
+from client_sdk.keystore import FileKeyStore, KeyStore
 from client_sdk.loaded import Prediction
 from client_sdk.runtime import ModelRuntime
 from client_sdk.shadow import ShadowConfig
@@ -54,14 +58,18 @@ __all__ = [
     "ClientSDKError",
     "Clock",
     "ConfigError",
+    "ContentKeyError",
     "DeadlineExceededError",
     "DeviceProfile",
     "Event",
     "EventKind",
     "FetchError",
+    "FileKeyStore",
     "InstallError",
     "IntegrityError",
+    "KeyStore",
     "Limits",
+    "LocalKeyError",
     "MetadataExpiredError",
     "ModelNotLoadedError",
     "ModelResult",
@@ -70,6 +78,7 @@ __all__ = [
     "OversizeError",
     "PatchFailedError",
     "Prediction",
+    "ProtectionError",
     "Reporter",
     "Response",
     "RuntimeSDKError",

@@ -16,6 +16,7 @@ import numpy as np
 from client_sdk.compile import (
     COREML_FORMATS,
     FORMAT_ONNX,
+    FORMAT_QNN_CONTEXT,
     QNN_FORMATS,
     compiled_coreml,
     compiled_onnx,
@@ -88,6 +89,39 @@ def _one_quiet_thread(opts: Any) -> None:
     opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
 
 
+def _sealed(bundle: Bundle, member: Member) -> Backend:
+    """A protected model: decrypted into memory and loaded from bytes (onnxruntime CPU and
+    the QNN EP with an embedded context); a runtime that needs a file is not offered it."""
+    import onnxruntime as ort
+
+    from client_sdk.install import data_dir_of
+    from client_sdk.protection import keystore_for, read_plain
+
+    if member.format not in (FORMAT_ONNX, FORMAT_QNN_CONTEXT):
+        raise BackendUnavailableError(
+            f"protected {member.format} models are not loaded from memory by this SDK "
+            "(the runtime needs a file; docs/security.md)")
+    data = read_plain(bundle.member_path(member), member, keystore_for(data_dir_of(bundle)))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    _one_quiet_thread(opts)
+    opts.log_severity_level = 3
+    try:
+        if member.format == FORMAT_ONNX:
+            session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+            return OrtBackend("onnxruntime-cpu", session)
+        from client_sdk import qnn
+
+        qopts = qnn.session_options()
+        _one_quiet_thread(qopts)
+        return OrtBackend("onnxruntime-qnn", ort.InferenceSession(data, qopts))
+    except Exception as e:
+        raise BackendUnavailableError(f"onnxruntime cannot load protected {member.file}: {e}"
+                                      ) from e
+    finally:
+        del data
+
+
 def _cpu(bundle: Bundle, member: Member, compile_missing: bool) -> Backend:
     import onnxruntime as ort
 
@@ -145,6 +179,8 @@ def open_backend(bundle: Bundle, member: Member, *, compile_missing: bool = True
     """Load ``member`` of ``bundle`` on the backend its format needs; ``compile_missing=False``
     (the shadow process: the app's process compiled it) raises ``BackendUnavailableError``
     instead of compiling, so that loading never writes into a bundle."""
+    if member.at_rest:
+        return _sealed(bundle, member)
     if member.format == FORMAT_ONNX:
         return _cpu(bundle, member, compile_missing)
     if member.format in QNN_FORMATS:

@@ -148,6 +148,8 @@ def compiled_coreml(bundle: Bundle, member: Member) -> Path:
 def compile_bundle(bundle: Bundle) -> None:
     """Compile every member this machine can compile (called while staging)."""
     for member in bundle.members:
+        if member.at_rest:
+            continue  # a protected model is decrypted into memory at load, never compiled to disk
         if member.format == FORMAT_ONNX:
             compiled_onnx(bundle, member)
         elif member.format == FORMAT_QNN_SOURCE:

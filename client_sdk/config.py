@@ -18,6 +18,8 @@ from client_sdk.clock import Clock, SystemClock
 from client_sdk.errors import ConfigError
 from client_sdk.events import EventCallback
 from client_sdk.fsutil import check_name
+from client_sdk.keystore import KeyStore
+from client_sdk.protection import use_keystore
 from client_sdk.transport import Transport
 from manifests import DeviceProfile
 
@@ -71,8 +73,13 @@ class UpdaterConfig:
     runtime: ModelRuntime | None = None
     rng: random.Random = field(default_factory=random.Random)
     fault_hook: Callable[[str], None] | None = None
+    # Where protected releases' device keys live (client_sdk/keystore.py); None: 0600 files
+    # under data_dir/keys. The Android Keystore / iOS Keychain plug in here.
+    keystore: KeyStore | None = None
 
     def __post_init__(self) -> None:
+        if self.keystore is not None:
+            use_keystore(self.data_dir, self.keystore)
         parts = urllib.parse.urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(

@@ -11,10 +11,13 @@ resume is only valid while the manifest still promises it; ``gc`` drops stale pa
 from __future__ import annotations
 
 import enum
+import hashlib
+import io
 import os
 import shutil
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import manifests
@@ -31,9 +34,13 @@ from client_sdk.events import Event, EventKind, emit
 from client_sdk.fetcher import Deadline, download_file
 from client_sdk.fsutil import sha256_file
 from client_sdk.install import Member
+from client_sdk.protection import KeyClient, keystore_for, open_with, read_plain, seal_plain, wrap
 from client_sdk.selection import Plan
 from client_sdk.transport import Transport
 from manifests import Artifact
+
+# signed sha256 -> (member, file) of what the device holds (BundleStore.held_members)
+Held = dict[str, tuple[Member, Path]]
 
 
 class Via(enum.Enum):
@@ -63,6 +70,7 @@ class Downloader:
         self.dir = config.data_dir / "downloads"
         self._stopped = stopped
         self._how: list[tuple[Via, int]] = []  # the last fetch: (via, bytes) per member
+        self._keys: KeyClient | None = None  # content keys, made for the first sealed artifact
 
     def how(self) -> tuple[Via, int]:
         """How the last ``fetch`` got its bytes: PATCH if any member came via a patch, else
@@ -82,31 +90,45 @@ class Downloader:
     def _url(self, ref: str) -> str:
         return resolve_url(self.config.base_url, ref)
 
-    def fetch(self, plan: Plan, held: dict[str, Path],
-              deadline: Deadline) -> list[tuple[Member, Path]]:
-        """Get every member's verified bytes into downloads/ (``held``: sha256 → file of what
-        the device already has, reused or patched from); returns (member, file) pairs."""
+    def fetch(self, plan: Plan, held: Held, deadline: Deadline) -> list[tuple[Member, Path]]:
+        """Get every member's verified bytes into downloads/ (``held``: sha256 → (member,
+        file) of what the device already has, reused or patched from); returns (member,
+        file) pairs."""
         out: list[tuple[Member, Path]] = []
         self._how = []
         for member, artifact in plan.artifacts:
             target = self.dir / f"{artifact.sha256}.ready"
             if artifact.sha256 in held:
                 self._how.append((Via.HELD, 0))
-                _copy(held[artifact.sha256], target)
-                if sha256_file(target) != artifact.sha256:
+                have, path = held[artifact.sha256]
+                _copy(path, target)
+                if sha256_file(target) != (have.local_sha256 or artifact.sha256):
                     target.unlink(missing_ok=True)
                     raise IntegrityError(f"{plan.model}: the local copy of {member.file} "
                                          "no longer matches its sha256")
+                if have.at_rest:  # keeps its wrapped key (and its own sha256, if patched)
+                    member = replace(member, wrapped_key=have.wrapped_key,
+                                     local_sha256=have.local_sha256,
+                                     local_length=have.local_length)
             else:  # verified against the signed length and sha256 on the way in
-                self._fetch_artifact(plan, artifact, held, target, deadline)
+                member = self._fetch_artifact(plan, member, artifact, held, target, deadline)
             out.append((member, target))
             self._event(Event(EventKind.VERIFIED, plan.model, plan.release.version,
                               f"{member.file} sha256 {artifact.sha256[:16]}…"))
         self._step("download_done")
         return out
 
-    def _fetch_artifact(self, plan: Plan, artifact: Artifact, held: dict[str, Path],
-                        target: Path, deadline: Deadline) -> None:
+    def _content_key(self, plan: Plan) -> bytes:
+        if self._keys is None:
+            c = self.config
+            self._keys = KeyClient(c.data_dir, c.base_url, self.transport, c.device.device_id,
+                                   c.channel, c.clock, c.request_timeout_seconds)
+        return self._keys.content_key(plan.model, plan.release.version)
+
+    def _fetch_artifact(self, plan: Plan, member: Member, artifact: Artifact, held: Held,
+                        target: Path, deadline: Deadline) -> Member:
+        """Gets the artifact into ``target``; the member as staged (a protected one with its
+        content key wrapped under the device-local key)."""
         version = plan.release.version
         cap = self.config.limits.max_artifact_bytes
         if artifact.length > cap:
@@ -114,14 +136,20 @@ class Downloader:
                 f"{plan.model} {version}: artifact declares {artifact.length} bytes, over this "
                 f"device's cap of {cap} (Limits.max_artifact_bytes)"
             )
+        key = None
+        if artifact.sealed is not None:
+            key = self._content_key(plan)
+            member = replace(member, wrapped_key=wrap(keystore_for(self.config.data_dir), key))
         patch = next((p for p in artifact.patches
                       if p.from_sha256 in held and p.length <= cap), None)
         if patch is not None:
             try:
-                self._fetch_via_patch(plan, artifact, patch, held[patch.from_sha256], target,
-                                      deadline)
+                local = self._fetch_via_patch(plan, artifact, patch, held[patch.from_sha256],
+                                              target, deadline, key)
                 self._how.append((Via.PATCH, patch.length))
-                return
+                if local is None:
+                    return member
+                return replace(member, local_sha256=local[0], local_length=local[1])
             except DeadlineExceededError:
                 raise
             except ClientSDKError as e:
@@ -139,11 +167,15 @@ class Downloader:
             progress=lambda done, total: self._progress(plan.model, version, "artifact", done,
                                                         total),
         )
+        # A sealed artifact stays as served: sealed under its content key (AEAD per chunk,
+        # the sealed bytes' sha256 signed), opened into memory when it is loaded.
         os.replace(part, target)
         self._how.append((Via.FULL, artifact.length))
+        return member
 
     def _fetch_via_patch(self, plan: Plan, artifact: Artifact, patch: manifests.Patch,
-                         base: Path, target: Path, deadline: Deadline) -> None:
+                         base: tuple[Member, Path], target: Path, deadline: Deadline,
+                         key: bytes | None) -> tuple[str, int] | None:
         from client_sdk.patching import PatchError, apply_patch
 
         version = plan.release.version
@@ -154,9 +186,11 @@ class Downloader:
             progress=lambda done, total: self._progress(plan.model, version, "patch", done,
                                                         total),
         )
+        if key is not None and artifact.sealed is not None:
+            return self._patch_sealed(artifact.sealed, patch, base, part, target, key)
         out = self.dir / f"{artifact.sha256}.patched"
         try:
-            apply_patch(patch.algorithm, base, part, out, max_output=artifact.length)
+            apply_patch(patch.algorithm, base[1], part, out, max_output=artifact.length)
         except PatchError as e:
             out.unlink(missing_ok=True)
             raise PatchFailedError(f"{patch.algorithm} patch failed: {e}") from e
@@ -168,6 +202,34 @@ class Downloader:
             raise PatchFailedError("patched file does not match the signed sha256")
         os.replace(out, target)
         self._step("patch_applied")
+        return None
+
+    def _patch_sealed(self, expect: manifests.Sealed, patch: manifests.Patch,
+                      base: tuple[Member, Path], part: Path, target: Path,
+                      key: bytes) -> tuple[str, int]:
+        """A protected release's patch: decrypted, applied to the decrypted base and checked
+        against the signed plaintext sha256 in memory, then sealed under the content key;
+        (sha256, length) of the sealed file."""
+        from client_sdk.patching import PatchError, apply_patch_streams
+
+        try:
+            delta = open_with(key, part)
+        finally:
+            part.unlink(missing_ok=True)
+        plain_base = read_plain(base[1], base[0], keystore_for(self.config.data_dir))
+        out = io.BytesIO()
+        try:
+            apply_patch_streams(patch.algorithm, io.BytesIO(plain_base), delta, out,
+                                max_output=expect.plain_length)
+        except PatchError as e:
+            raise PatchFailedError(f"{patch.algorithm} patch failed: {e}") from e
+        plain = out.getvalue()
+        if (hashlib.sha256(plain).hexdigest(), len(plain)) != (expect.plain_sha256,
+                                                               expect.plain_length):
+            raise PatchFailedError("patched model does not match the signed plaintext sha256")
+        local = seal_plain(key, plain, target)
+        self._step("patch_applied")
+        return local
 
     def _progress(self, model: str, version: str, what: str, done: int, total: int) -> None:
         if self._stopped():

@@ -11,6 +11,10 @@
     ├── PatchFailedError              a patch could not be applied (the updater falls back to full)
     ├── InstallError                  the bundle store on disk could not be written or read
     ├── TelemetryError                the server refused the device's enrolment or reports
+    ├── ProtectionError               a protected release cannot be opened here
+    │   ├── ContentKeyError           the server gave no content key (not enrolled, revoked,
+    │   │                             not offered the release) or it did not open
+    │   └── LocalKeyError             the device-local key is missing or does not open a file
     └── RuntimeSDKError               inference-side failures
         ├── ModelNotLoadedError       no active bundle for that model (nothing installed yet)
         ├── BackendUnavailableError   the backend cannot run here (e.g. Core ML off macOS)
@@ -79,6 +83,18 @@ class InstallError(ClientSDKError):
 
 class TelemetryError(ClientSDKError):
     """The server refused the device's enrolment or reports; the message says why."""
+
+
+class ProtectionError(ClientSDKError):
+    """A protected release cannot be opened on this device (docs/security.md)."""
+
+
+class ContentKeyError(ProtectionError):
+    """The server gave this device no content key for the release, or it did not open."""
+
+
+class LocalKeyError(ProtectionError):
+    """The device-local key (``KeyStore``) is missing or does not open a stored file."""
 
 
 class RuntimeSDKError(ClientSDKError):

@@ -72,14 +72,31 @@ class Member:
     length: int
     target: dict[str, str] = field(default_factory=dict)
     compile_settings: dict[str, Any] = field(default_factory=dict)
+    # A protected release's member (client_sdk/protection.py): the file is sealed under its
+    # content key, which is recorded here wrapped under the device-local key (hex).
+    wrapped_key: str | None = None
+    # When the sealed file is the device's own (a patch's result) rather than the served
+    # bytes: its sha256 and length (``sha256``/``length`` stay the signed ones).
+    local_sha256: str | None = None
+    local_length: int | None = None
+
+    @property
+    def at_rest(self) -> bool:
+        """Sealed on disk (protected): decrypted into memory to load, never compiled."""
+        return self.wrapped_key is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "role": self.role, "format": self.format, "platform": self.platform,
             "variant": self.variant, "file": self.file, "sha256": self.sha256,
             "length": self.length, "target": self.target,
             "compile_settings": self.compile_settings,
         }
+        if self.wrapped_key is not None:
+            d["wrapped_key"] = self.wrapped_key
+        if self.local_sha256 is not None:
+            d["local_sha256"], d["local_length"] = self.local_sha256, self.local_length
+        return d
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Member:
@@ -90,6 +107,9 @@ class Member:
             variant=str(d["variant"]), file=file, sha256=str(d["sha256"]),
             length=int(d["length"]), target=dict(d.get("target", {})),
             compile_settings=dict(d.get("compile_settings", {})),
+            wrapped_key=None if d.get("wrapped_key") is None else str(d["wrapped_key"]),
+            local_sha256=None if d.get("local_sha256") is None else str(d["local_sha256"]),
+            local_length=None if d.get("local_length") is None else int(d["local_length"]),
         )
 
 
@@ -123,6 +143,11 @@ class Pointer:
 
     def kept(self) -> set[str]:
         return {b for b in (self.active, self.previous, self.candidate) if b}
+
+
+def data_dir_of(bundle: Bundle) -> Path:
+    """The device data directory a bundle lives in (``<data_dir>/models/<m>/bundles/<id>``)."""
+    return bundle.path.parents[3]
 
 
 def bundle_id_for(model: str, version: str, members: Sequence[Member]) -> str:
@@ -180,13 +205,17 @@ class BundleStore:
         """True when every member file exists with its recorded length and sha256."""
         for m in bundle.members:
             f = bundle.member_path(m)
-            if not f.is_file() or f.stat().st_size != m.length or sha256_file(f) != m.sha256:
+            sha, length = ((m.local_sha256, m.local_length) if m.local_sha256 is not None
+                           else (m.sha256, m.length))
+            if not f.is_file() or f.stat().st_size != length or sha256_file(f) != sha:
                 return False
         return True
 
-    def held_files(self, model: str, pointer: Pointer | None = None) -> dict[str, Path]:
-        """sha256 → path of the artifact files this device holds for ``model`` (patch bases)."""
-        held: dict[str, Path] = {}
+    def held_members(self, model: str, pointer: Pointer | None = None
+                     ) -> dict[str, tuple[Member, Path]]:
+        """Signed sha256 → (member, path) of the artifact files this device holds for
+        ``model`` (reused, or patch bases)."""
+        held: dict[str, tuple[Member, Path]] = {}
         p = pointer if pointer is not None else self.pointer(model)
         for bid in (p.candidate, p.previous, p.active):
             if bid is None:
@@ -196,7 +225,7 @@ class BundleStore:
             except InstallError:
                 continue
             for m in b.members:
-                held[m.sha256] = b.member_path(m)
+                held[m.sha256] = (m, b.member_path(m))
         return held
 
     def find(self, model: str, bundle_id: str) -> Bundle | None:

@@ -199,7 +199,24 @@ def apply_patch(algorithm: str, base: Path, patch: Path, out: Path, *, max_outpu
         OutputTooLargeError: the result would be larger than ``max_output``.
         OSError: reading ``base``/``patch`` or writing next to ``out`` failed.
     """
-    appliers: dict[str, Callable[[Path, Path, BinaryIO, int], None]] = {
+    _applier(algorithm, max_output)
+    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as sink, open(base, "rb") as b, open(patch, "rb") as p:
+            apply_patch_streams(algorithm, b, p, sink, max_output=max_output)
+            sink.flush()
+            os.fsync(sink.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(out.parent)  # makes the rename durable
+
+
+def _applier(algorithm: str, max_output: int) -> Callable[[BinaryIO, BinaryIO, BinaryIO, int],
+                                                          None]:
+    appliers: dict[str, Callable[[BinaryIO, BinaryIO, BinaryIO, int], None]] = {
         "bsdiff4": _apply_bsdiff4,
         "mfdelta1": _apply_mfdelta1,
     }
@@ -211,18 +228,14 @@ def apply_patch(algorithm: str, base: Path, patch: Path, out: Path, *, max_outpu
         )
     if max_output < 0:
         raise ValueError("max_output must be >= 0")
-    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".part")
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as sink:
-            applier(base, patch, sink, max_output)
-            sink.flush()
-            os.fsync(sink.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(out.parent)  # makes the rename durable
+    return applier
+
+
+def apply_patch_streams(algorithm: str, base: BinaryIO, patch: BinaryIO, sink: BinaryIO, *,
+                        max_output: int) -> None:
+    """``apply_patch`` between open, seekable streams (a protected release's base and patch
+    decrypted into memory: ``io.BytesIO``); writes the result to ``sink`` as it goes."""
+    _applier(algorithm, max_output)(base, patch, sink, max_output)
 
 
 def _read_exact(source: BinaryIO, size: int, what: str) -> bytes:
@@ -251,28 +264,27 @@ def _bz2_bounded(data: bytes, limit: int, what: str) -> bytes:
     return result
 
 
-def _apply_bsdiff4(base: Path, patch: Path, sink: BinaryIO, max_output: int) -> None:
+def _apply_bsdiff4(base: BinaryIO, source: BinaryIO, sink: BinaryIO, max_output: int) -> None:
     # bsdiff4 is the baseline: it needs base, output and blocks in memory at once.
-    with open(patch, "rb") as source:
-        header = _read_exact(source, 32, "bsdiff4 header")
-        if header[:8] != b"BSDIFF40":
-            raise CorruptPatchError("bsdiff4 patch: bad magic (expected BSDIFF40)")
-        sizes = [int(bsdiff4.core.decode_int64(header[i : i + 8])) for i in (8, 16, 24)]
-        len_control, len_diff, len_dst = sizes
-        if min(sizes) < 0:
-            raise CorruptPatchError("bsdiff4 patch: negative length in header")
-        if len_dst > max_output:
-            raise OutputTooLargeError(
-                f"bsdiff4 patch would write {len_dst} bytes, more than max_output={max_output}"
-            )
-        control = _bz2_bounded(
-            _read_exact(source, len_control, "control block"), 24 * (len_dst + 1), "control"
+    header = _read_exact(source, 32, "bsdiff4 header")
+    if header[:8] != b"BSDIFF40":
+        raise CorruptPatchError("bsdiff4 patch: bad magic (expected BSDIFF40)")
+    sizes = [int(bsdiff4.core.decode_int64(header[i : i + 8])) for i in (8, 16, 24)]
+    len_control, len_diff, len_dst = sizes
+    if min(sizes) < 0:
+        raise CorruptPatchError("bsdiff4 patch: negative length in header")
+    if len_dst > max_output:
+        raise OutputTooLargeError(
+            f"bsdiff4 patch would write {len_dst} bytes, more than max_output={max_output}"
         )
-        if len(control) % 24:
-            raise CorruptPatchError("bsdiff4 patch: control block is not a whole number of entries")
-        diff = _bz2_bounded(_read_exact(source, len_diff, "diff block"), len_dst, "diff")
-        extra = _bz2_bounded(source.read(), len_dst, "extra")
-    source_bytes = base.read_bytes()
+    control = _bz2_bounded(
+        _read_exact(source, len_control, "control block"), 24 * (len_dst + 1), "control"
+    )
+    if len(control) % 24:
+        raise CorruptPatchError("bsdiff4 patch: control block is not a whole number of entries")
+    diff = _bz2_bounded(_read_exact(source, len_diff, "diff block"), len_dst, "diff")
+    extra = _bz2_bounded(source.read(), len_dst, "extra")
+    source_bytes = base.read()
     try:
         result = bsdiff4.core.patch(source_bytes, len_dst, control, diff, extra)
     except (ValueError, OverflowError, MemoryError) as e:
@@ -417,55 +429,57 @@ def _hash_file(source: BinaryIO) -> tuple[int, bytes]:
     return size, digest.digest()
 
 
-def _apply_mfdelta1(base: Path, patch: Path, sink: BinaryIO, max_output: int) -> None:
-    with open(patch, "rb") as patch_file, open(base, "rb") as base_file:
-        fields = HEADER.unpack(_read_exact(patch_file, HEADER.size, "mfdelta1 header"))
-        magic, flags, base_length, base_sha, out_length, out_sha, op_count = fields[:7]
-        table_offset, table_length, table_raw_length = fields[7:]
-        if magic != MAGIC or flags != 0:
-            raise CorruptPatchError("not an mfdelta1 patch (bad magic or unknown flags)")
-        if out_length > max_output:
-            raise OutputTooLargeError(
-                f"mfdelta1 patch would write {out_length} bytes, more than max_output={max_output}"
-            )
-        patch_length = os.fstat(patch_file.fileno()).st_size
-        if table_offset < HEADER.size or table_offset + table_length != patch_length:
-            raise CorruptPatchError("mfdelta1 op table is not where the header says")
-        if table_raw_length > MAX_TABLE_LENGTH:
-            raise CorruptPatchError(f"mfdelta1 op table of {table_raw_length} bytes exceeds cap")
-        if _hash_file(base_file) != (base_length, base_sha):
-            raise BaseMismatchError(
-                "the local base is not the file this mfdelta1 patch was made from "
-                f"(expected sha256 {base_sha.hex()}); download the full artifact"
-            )
-        patch_file.seek(table_offset)
-        table = _decompress(
-            zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW),
-            _read_exact(patch_file, table_length, "op table"),
-            table_raw_length,
+def _apply_mfdelta1(base_file: BinaryIO, patch_file: BinaryIO, sink: BinaryIO,
+                    max_output: int) -> None:
+    fields = HEADER.unpack(_read_exact(patch_file, HEADER.size, "mfdelta1 header"))
+    magic, flags, base_length, base_sha, out_length, out_sha, op_count = fields[:7]
+    table_offset, table_length, table_raw_length = fields[7:]
+    if magic != MAGIC or flags != 0:
+        raise CorruptPatchError("not an mfdelta1 patch (bad magic or unknown flags)")
+    if out_length > max_output:
+        raise OutputTooLargeError(
+            f"mfdelta1 patch would write {out_length} bytes, more than max_output={max_output}"
         )
-        patch_file.seek(HEADER.size)
-        reader = _Mfdelta1Reader(base_file, patch_file, base_length, table)
-        digest = hashlib.sha256()
-        written = 0
-        for _ in range(op_count):
-            kind, width, _reserved, length, offset, ref_length, sizes = reader.next_op()
-            if written + length > out_length:
-                raise CorruptPatchError("mfdelta1 ops produce more bytes than the header says")
-            if kind == OP_COPY:
-                end = offset + length
-                if end > base_length:
-                    raise CorruptPatchError("mfdelta1 copy op reads past the base's end")
-                for start in range(offset, end, _IO_BLOCK):
-                    chunk = reader.base_range(start, min(_IO_BLOCK, end - start))
-                    digest.update(chunk)
-                    sink.write(chunk)
-            else:
-                chunk = reader.op(kind, width, length, offset, ref_length, sizes)
+    here = patch_file.tell()
+    patch_length = patch_file.seek(0, os.SEEK_END)
+    patch_file.seek(here)
+    if table_offset < HEADER.size or table_offset + table_length != patch_length:
+        raise CorruptPatchError("mfdelta1 op table is not where the header says")
+    if table_raw_length > MAX_TABLE_LENGTH:
+        raise CorruptPatchError(f"mfdelta1 op table of {table_raw_length} bytes exceeds cap")
+    if _hash_file(base_file) != (base_length, base_sha):
+        raise BaseMismatchError(
+            "the local base is not the file this mfdelta1 patch was made from "
+            f"(expected sha256 {base_sha.hex()}); download the full artifact"
+        )
+    patch_file.seek(table_offset)
+    table = _decompress(
+        zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW),
+        _read_exact(patch_file, table_length, "op table"),
+        table_raw_length,
+    )
+    patch_file.seek(HEADER.size)
+    reader = _Mfdelta1Reader(base_file, patch_file, base_length, table)
+    digest = hashlib.sha256()
+    written = 0
+    for _ in range(op_count):
+        kind, width, _reserved, length, offset, ref_length, sizes = reader.next_op()
+        if written + length > out_length:
+            raise CorruptPatchError("mfdelta1 ops produce more bytes than the header says")
+        if kind == OP_COPY:
+            end = offset + length
+            if end > base_length:
+                raise CorruptPatchError("mfdelta1 copy op reads past the base's end")
+            for start in range(offset, end, _IO_BLOCK):
+                chunk = reader.base_range(start, min(_IO_BLOCK, end - start))
                 digest.update(chunk)
                 sink.write(chunk)
-            written += length
-        if patch_file.tell() != table_offset or reader.table_pos != len(table):
-            raise CorruptPatchError("mfdelta1 patch has unused bytes after its last op")
-        if written != out_length or digest.digest() != out_sha:
-            raise CorruptPatchError("mfdelta1 output does not match the checksum in the patch")
+        else:
+            chunk = reader.op(kind, width, length, offset, ref_length, sizes)
+            digest.update(chunk)
+            sink.write(chunk)
+        written += length
+    if patch_file.tell() != table_offset or reader.table_pos != len(table):
+        raise CorruptPatchError("mfdelta1 patch has unused bytes after its last op")
+    if written != out_length or digest.digest() != out_sha:
+        raise CorruptPatchError("mfdelta1 output does not match the checksum in the patch")

@@ -46,7 +46,9 @@ from client_sdk.errors import BackendError, ClientSDKError, ConfigError, ModelNo
 from client_sdk.events import Event, EventCallback, EventKind, emit
 from client_sdk.health import HealthMonitor, Policy
 from client_sdk.install import Bundle, BundleStore
+from client_sdk.keystore import KeyStore
 from client_sdk.loaded import BackendFactory, LoadedModel, Prediction, prepare_bundle
+from client_sdk.protection import use_keystore
 from client_sdk.shadow import AUTO, PROCESS, Session, Shadow, ShadowConfig, ShadowKeywords
 from client_sdk.shadow_process import ShadowProcess
 from client_sdk.shadow_stats import FAILED, ShadowStore
@@ -72,6 +74,7 @@ class ModelRuntime:
         clock: Clock | None = None,
         shadow_config: ShadowConfig | None = None,
         health: Policy | None = None,
+        keystore: KeyStore | None = None,
         **shadow_keywords: Unpack[ShadowKeywords],
     ) -> None:
         """``shadow_config``: how shadow candidates run (``client_sdk.shadow.ShadowConfig``:
@@ -79,10 +82,14 @@ class ModelRuntime:
         ``shadow_queue``, ``shadow_persist_every``, ``shadow_sample_every``,
         ``shadow_budget``, ``shadow_background`` and ``shadow_isolation`` still work and set
         the ``ShadowConfig`` field of the same name (``queue_size`` for ``shadow_queue``);
-        ``health``: when a newly active bundle is rolled back (``client_sdk.health``)."""
+        ``health``: when a newly active bundle is rolled back (``client_sdk.health``);
+        ``keystore``: the device keys of protected models (default: 0600 files under
+        ``data_dir/keys``, client_sdk/keystore.py)."""
         config = ShadowConfig.from_keywords(shadow_config, shadow_keywords)
         self.shadow_config = config
         self.data_dir = Path(data_dir)
+        if keystore is not None:  # protected models open with its device-local key
+            use_keystore(self.data_dir, keystore)
         self.store = BundleStore(self.data_dir)
         self._on_event = on_event
         self._threshold = breaker_threshold

@@ -30,6 +30,7 @@ from client_sdk.errors import FetchError, TelemetryError
 from client_sdk.fsutil import atomic_write_bytes, atomic_write_json
 from client_sdk.health import HealthMonitor
 from client_sdk.identity import DeviceIdentity
+from client_sdk.protection import box_public_hex, keystore_for
 from client_sdk.shadow_stats import ShadowStore
 from client_sdk.transport import Response, Transport
 from manifests import DeviceProfile
@@ -127,11 +128,15 @@ class Reporter:
                     and d.get("device_id") == self.device.device_id)
 
     def enroll(self, token: str) -> bool:
-        """Enrol once (a no-op when already enrolled); True when this call enrolled."""
-        if self.enrolled():
+        """Enrol once (a no-op when already enrolled with the X25519 key too); True when
+        this call enrolled. A device enrolled by an older agent enrols again with the same
+        Ed25519 key to add its X25519 key (the server keeps the first of each)."""
+        box = box_public_hex(keystore_for(self.data_dir))
+        if self.enrolled() and self._enrolled_box() == box:
             return False
         d = self.device
         body = json.dumps({"device_id": d.device_id, "public_key": self.identity.public_key_hex,
+                           "box_public_key": box,
                            "profile": {"platform": d.platform, "soc": d.soc or None,
                                        "arch": d.arch or None, "os_version": d.os_version or None,
                                        "app_version": d.app_version or None}}).encode()
@@ -142,8 +147,15 @@ class Reporter:
                                  f"{_detail(reply)}")
         atomic_write_json(self._state / "enrolled.json", {
             "device_id": d.device_id, "keyid": self.identity.keyid,
-            "enrolled_at": int(self.clock.time())})
+            "enrolled_at": int(self.clock.time()), "box_public_key": box})
         return True
+
+    def _enrolled_box(self) -> str | None:
+        try:
+            d = json.loads((self._state / "enrolled.json").read_bytes())
+        except (OSError, ValueError):
+            return None
+        return d.get("box_public_key") if isinstance(d, dict) else None
 
     # -- reports -------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from client_sdk.compile import COREML_FORMATS, FORMAT_ONNX, QNN_FORMATS, compile_bundle
 from client_sdk.config import UpdaterConfig
-from client_sdk.downloads import Downloader, Via, resolve_url
+from client_sdk.downloads import Downloader, Held, Via, resolve_url
 from client_sdk.errors import (
     ClientSDKError,
     FetchError,
@@ -243,10 +243,10 @@ class Updater:
 
     # -- step 3: fetch -------------------------------------------------------------------
 
-    def fetch(self, plan: Plan, held: dict[str, Path],
-              deadline: Deadline) -> list[tuple[Member, Path]]:
-        """Get every member's verified bytes into downloads/ (``held``: sha256 → file of what
-        the device already has, reused or patched from); returns (member, file) pairs."""
+    def fetch(self, plan: Plan, held: Held, deadline: Deadline) -> list[tuple[Member, Path]]:
+        """Get every member's verified bytes into downloads/ (``held``: sha256 → (member,
+        file) of what the device already has, reused or patched from); returns (member,
+        file) pairs."""
         self.state = State.DOWNLOADING
         return self.downloader.fetch(plan, held, deadline)
 
@@ -277,7 +277,7 @@ class Updater:
             bundle = self.store.find(model, plan.bundle_id)
             if bundle is None:
                 fetching = True
-                files = self.fetch(plan, self.store.held_files(model, pointer), deadline)
+                files = self.fetch(plan, self.store.held_members(model, pointer), deadline)
                 via, nbytes = self.downloader.how()
                 self._telemetry(plan, "downloaded", via.value, nbytes)
                 self.state = State.INSTALLING

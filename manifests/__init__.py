@@ -5,6 +5,7 @@ and the standard library. The normative spec is docs/manifest.md; test vectors f
 languages are in manifests/vectors/, JSON Schemas in manifests/schema/.
 """
 
+from .cohorts import cohort_of
 from .envelope import (
     MANIFEST_PAYLOAD_TYPE,
     MAX_SIGNATURES,
@@ -52,6 +53,7 @@ from .rollout import (
     select_release,
 )
 from .root import RELEASE_ROLE, ROOT_ROLE, PublicKey, Role, Root
+from .sealed import Sealed, SealedError
 from .strictjson import MAX_SAFE_INTEGER, JSONObject, JSONValue
 from .trust import (
     MANIFEST_MAX_SIZE,
@@ -96,6 +98,8 @@ __all__ = [
     "Rollout",
     "Root",
     "RootRotationError",
+    "Sealed",
+    "SealedError",
     "ShadowThresholds",
     "Signature",
     "SignatureError",
@@ -107,6 +111,7 @@ __all__ = [
     "artifact_matches",
     "artifacts_for",
     "bucket",
+    "cohort_of",
     "compare_versions",
     "filters_match",
     "key_id",

@@ -27,6 +27,7 @@ from typing import ClassVar, Literal, cast
 from . import strictjson
 from ._fields import Fields, is_name, merge_extra, nonempty_string_item, string_item
 from .errors import MalformedError, WrongTypeError
+from .sealed import Sealed
 from .strictjson import JSONObject, JSONValue
 from .versions import VersionRange
 
@@ -78,10 +79,15 @@ class Artifact:
     target: dict[str, str] = field(default_factory=dict)
     patches: list[Patch] = field(default_factory=list)
     extra: JSONObject = field(default_factory=dict)
+    # A protected release's artifact (manifests/sealed.py): url, length and sha256 are the
+    # sealed bytes'; this names the plaintext. Written only when set.
+    sealed: Sealed | None = None
 
     @classmethod
     def from_dict(cls, value: JSONValue, path: str = "artifact") -> Artifact:
         f = Fields(value, path)
+        raw_sealed = f.optional_object("sealed")
+        sealed = None if raw_sealed is None else Sealed.from_dict(raw_sealed, f"{path}.sealed")
         return cls(
             platform=f.name("platform"),
             variant=f.name("variant", allow_empty=True),
@@ -93,17 +99,21 @@ class Artifact:
             target=f.mapping("target", string_item, required=False),
             patches=f.array("patches", Patch.from_dict, required=False),
             extra=f.extra(),
+            sealed=sealed,
         )
 
     def to_dict(self) -> JSONObject:
         settings: JSONObject = dict(self.compile_settings)
         target: JSONObject = dict(self.target)
         patches: list[JSONValue] = [p.to_dict() for p in self.patches]
-        return merge_extra({
+        known: JSONObject = {
             "platform": self.platform, "variant": self.variant, "format": self.format,
             "url": self.url, "length": self.length, "sha256": self.sha256,
             "compile_settings": settings, "target": target, "patches": patches,
-        }, self.extra)
+        }
+        if self.sealed is not None:
+            known["sealed"] = self.sealed.to_dict()
+        return merge_extra(known, self.extra)
 
     def patch_from(self, base_sha256: str) -> Patch | None:
         """The first patch that applies to a local file with hash ``base_sha256``, if any."""

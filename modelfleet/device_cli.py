@@ -8,10 +8,11 @@
     modelfleet device status --data-dir DIR
 
 After each cycle the agent uploads its pending telemetry (signed by the device key; metrics
-only): it enrols once with ``--enroll-token`` (a token of scope ``enroll``); without one and
-never enrolled it still updates, it just cannot report (the reports wait in the bounded
-outbox). ``predict`` answers with the active bundle and feeds the candidate (shadow mode),
-persisting its statistics before it exits.
+only): it enrols once with ``--enroll-token`` (a token of scope ``enroll``), before the first
+cycle, with its Ed25519 and X25519 keys; without one and never enrolled it still updates
+unprotected releases, it just cannot report (the reports wait in the bounded outbox) and gets
+no protected release's content key (docs/security.md). ``predict`` answers with the active
+bundle and feeds the candidate (shadow mode), persisting its statistics before it exits.
 
 JSON on stdout: ``outcome``, ``serial``, ``active``, and per model in ``models`` (and
 ``candidates``) its ``outcome``, ``version``, ``sha256``, ``reason``, ``error``, ``via``
@@ -196,6 +197,9 @@ def update(
         payload, code, reason = _report(e, _store(data_dir))
         _fail(code, reason, payload)
         return
+    # Before the cycle: a protected release's content key needs an enrolled device.
+    enrolled_first = bool(enroll_token) and bool(
+        _upload(cfg, enroll_token, send=False).get("enrolled_now"))
     if once:
         try:
             outcome: UpdateResult | ClientSDKError = updater.check_once()
@@ -203,6 +207,8 @@ def update(
             outcome = e
         payload, code, reason = _report(outcome, updater.store)
         payload["telemetry"] = _upload(cfg, enroll_token)
+        if enrolled_first:
+            payload["telemetry"]["enrolled_now"] = True
         if code:
             _fail(code, reason, payload)
         typer.echo(json.dumps(payload, sort_keys=True))
@@ -222,8 +228,9 @@ def update(
     typer.echo(json.dumps({"stopped": True, "active": _active(updater.store)}, sort_keys=True))
 
 
-def _upload(cfg: UpdaterConfig, token: str) -> dict[str, Any]:
-    """Enrol (once, with ``token``), collect and send the telemetry; never fails the cycle."""
+def _upload(cfg: UpdaterConfig, token: str, *, send: bool = True) -> dict[str, Any]:
+    """Enrol (once, with ``token``), collect and send the telemetry (``send=False``: only
+    enrol); never fails the cycle."""
     from client_sdk import ClientSDKError, SystemClock, UrllibTransport
     from client_sdk.telemetry import Reporter
 
@@ -231,7 +238,9 @@ def _upload(cfg: UpdaterConfig, token: str) -> dict[str, Any]:
         rep = Reporter(cfg.data_dir, cfg.base_url, cfg.transport or UrllibTransport(),
                        cfg.device, SystemClock(), channel=cfg.channel,
                        timeout=cfg.request_timeout_seconds)
-        enrolled_now = rep.enroll(token) if token and not rep.enrolled() else False
+        enrolled_now = rep.enroll(token) if token else False  # a no-op once done
+        if not send:
+            return {"enrolled": rep.enrolled(), "enrolled_now": enrolled_now}
         rep.collect()
         r = rep.flush()
     except ClientSDKError as e:

@@ -33,6 +33,7 @@ from server.jobs.runner import BuildRunner
 from server.publish.keys import KeyPaths
 from server.publish.manifest_cache import ManifestCache
 from server.publish.patches import PatchScheduler
+from server.publish.protection import KEK_FILE, ContentKeys
 from server.publish.publisher import PublishedManifest, Publisher
 from server.publish.signer import LocalKeySigner
 from server.services.fleet.service import Fleet, make_fleet
@@ -61,7 +62,8 @@ def make_publisher(settings: Settings, blob_store: BlobStore) -> Publisher:
     return Publisher(blob_store=blob_store,
                      signer=LocalKeySigner(key_paths(settings).release_key_path),
                      base_url=manifest_base_url(settings),
-                     lifetime_seconds=settings.manifest_lifetime_seconds)
+                     lifetime_seconds=settings.manifest_lifetime_seconds,
+                     content_keys=content_keys(settings))
 
 
 @dataclass
@@ -76,6 +78,11 @@ class Core:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def content_keys(settings: Settings) -> ContentKeys:
+    """Protected versions' content keys, wrapped under KEYS_DIR/content.kek."""
+    return ContentKeys(key_paths(settings).keys_dir / KEK_FILE)
 
 
 def build_core(settings: Settings, *, blob_store: BlobStore | None = None) -> Core:
@@ -144,7 +151,8 @@ def make_job_queue(base: Core) -> JobQueue:
                                      base.session_factory)
     worker_id = InProcessJobQueue.worker_name()
     runner = BuildRunner(base.session_factory, base.blob_store, worker_id=worker_id,
-                         pipeline_factory=sandboxed_builds(base.settings))
+                         pipeline_factory=sandboxed_builds(base.settings),
+                         content_keys=base.publisher.content_keys)
     patches = PatchRunner(base.session_factory, lambda: base.publisher, worker_id=worker_id)
     queue = InProcessJobQueue(runner, patches)
     queue.start()  # picks up builds left queued or abandoned by an earlier process
@@ -186,7 +194,8 @@ def build_worker(settings: Settings, *, heartbeat_s: float = 10.0,
     name = worker_id(role)
     runner = BuildRunner(base.session_factory, base.blob_store, worker_id=name,
                          heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s,
-                         pipeline_factory=sandboxed_builds(settings)) \
+                         pipeline_factory=sandboxed_builds(settings),
+                         content_keys=base.publisher.content_keys) \
         if role in ("all", "compile") else None
     patches = PatchRunner(base.session_factory, lambda: base.publisher, worker_id=name,
                           heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s) \

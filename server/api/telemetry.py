@@ -5,6 +5,8 @@
 - `POST /v1/devices/register` (scope `rollout`): an operator registers a device's key ahead
   of it — the only way to enrol an id a rollout pins (`device_allow`);
 - `POST /v1/devices/{device_id}/revoke` (scope `rollout`): its reports are refused from now on;
+- `POST /v1/devices/content-key`: no bearer token — signed like telemetry; a protected
+  release's content key sealed to the device (server/services/fleet/content_keys.py);
 - `POST /v1/telemetry`: no bearer token — the device's signature over the exact body bytes
   (`X-Device-Id`, `X-Device-Signature`), verified before the body is parsed; the body is
   capped at `max_telemetry_body_bytes` (256 KiB) before it is read. Served by the raw ASGI
@@ -23,6 +25,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from server.api.deps import EnrollPrincipal, FleetDep, RolloutPrincipal, ServicesDep
 from server.api.errors import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND, ErrorBody
@@ -51,6 +54,10 @@ class EnrollIn(BaseModel):
     device_id: str = Field(max_length=128, examples=["pixel-7-0042"])
     public_key: str = Field(max_length=64, description="raw Ed25519 public key, 64 lowercase hex")
     profile: ProfileIn
+    box_public_key: str | None = Field(
+        default=None, max_length=64,
+        description="raw X25519 public key, 64 lowercase hex: protected releases' content "
+        "keys are sealed to it (optional; agents that predate protection send none)")
     attestation: str | None = Field(
         default=None, max_length=16_384,
         description="the platform's attestation verdict for this id and key (Play Integrity "
@@ -106,7 +113,7 @@ def _enrol(body: EnrollIn, response: Response, principal: Any,
         done = identity.enroll(services.session_factory, body.device_id, body.public_key,
                                body.profile.model_dump(), actor=principal.actor,
                                grant=Grant.of(principal), attestor=services.fleet.attestor,
-                               evidence=body.attestation)
+                               evidence=body.attestation, box_public_key=body.box_public_key)
     except EnrolmentRateError as e:
         return _error(429, e.code, e.message, e.fix, {"Retry-After": str(e.retry_after)})
     if not done.created:
@@ -175,3 +182,33 @@ async def post_telemetry(request: Request, service: FleetDep) -> Response:
     except RateLimitedError as e:
         return _error(429, e.code, e.message, e.fix, {"Retry-After": str(e.retry_after)})
     return JSONResponse({"accepted": result.accepted, "duplicates": result.duplicates})
+
+
+class ContentKeyOut(BaseModel):
+    model: str
+    version: str
+    sealed_key: str = Field(description="standard base64 of the content key sealed "
+                            "(X25519 SealedBox) to the device's enrolled box_public_key")
+
+
+@router.post("/devices/content-key", response_model=ContentKeyOut,
+             responses={**TELEMETRY_ERRORS, **NOT_FOUND, **CONFLICT,
+                        403: {"model": ErrorBody, "description": "The release's rule does "
+                              "not offer it to this device (release_not_offered)"},
+                        413: {"model": ErrorBody, "description": "Body over 4096 bytes"}},
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": {"type": "object"}}}}})
+async def post_content_key(request: Request, service: FleetDep) -> Response:
+    """A protected release's content key, sealed to the device (docs/security.md): signed
+    like telemetry; body {device_id, channel, model, version, sent_at}. Only enrolled,
+    unrevoked devices the release's rule offers it to get it."""
+    grants = service.key_grants
+    if grants is None:
+        return _error(404, "not_found", "this server protects no releases", None)
+    body = await request.body()
+    if len(body) > 4096:
+        return _error(413, "payload_too_large", "a key request is at most 4096 bytes", None)
+    got = await run_in_threadpool(grants.grant, request.headers.get("x-device-id"),
+                                  request.headers.get("x-device-signature"), body)
+    return JSONResponse({"model": got.model, "version": got.version,
+                         "sealed_key": got.sealed_key})

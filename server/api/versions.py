@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from server.api.deps import (
     BlobStoreDep,
     JobQueueDep,
+    PublisherDep,
     PublishPrincipal,
     SessionDep,
     SettingsDep,
@@ -137,6 +138,7 @@ def upload_version(
     store: BlobStoreDep,
     queue: JobQueueDep,
     settings: SettingsDep,
+    publisher: PublisherDep,
     principal: PublishPrincipal,
     response: Response,
     calibration: Annotated[UploadFile | None, File(description="Calibration inputs (.npz)")]
@@ -157,6 +159,7 @@ def upload_version(
         files=files, limits=Limits(settings.max_model_bytes, settings.max_npz_bytes,
                                    settings.max_metadata_bytes,
                                    max_npz_unpacked_bytes=settings.max_npz_unpacked_bytes),
+        content_keys=publisher.content_keys,
     )
     if not created:
         response.status_code = 200

@@ -131,6 +131,9 @@ class ModelVersion(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
     created_by: Mapped[str] = mapped_column(String(128), default="")
+    # Protected (docs/security.md): its artifacts and patches are stored and served sealed
+    # under its content key (ContentKey), given only to devices the rule offers it to.
+    protected: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     model: Mapped[Model] = relationship(back_populates="versions")
     uploads: Mapped[list[SourceUpload]] = relationship(back_populates="version")
@@ -213,6 +216,22 @@ class Artifact(Base):
     blob_key: Mapped[str] = mapped_column(String(512))
     target: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     compile_settings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # A protected version's artifact: sha256/length above are the sealed bytes'; these the
+    # plaintext's (NULL: stored in the clear).
+    plain_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    plain_length: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class ContentKey(Base):
+    """A protected version's content key, wrapped (XSalsa20-Poly1305 secretbox) under the
+    server's key-encryption key (server/services/protection.py); never stored in the clear."""
+
+    __tablename__ = "content_keys"
+
+    version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"), primary_key=True)
+    wrapped: Mapped[bytes] = mapped_column(LargeBinary)
+    kek_id: Mapped[str] = mapped_column(String(64))  # sha256 hex of the wrapping key, first 16
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
@@ -390,6 +409,9 @@ class Device(Base):
                                                              index=True)
     # The attestation provider that vouched for it at enrolment (NULL: not attested).
     attested_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Its X25519 public key (64 hex), enrolled beside the Ed25519 one: protected releases'
+    # content keys are sealed to it. NULL: an agent that predates protection.
+    box_public_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class DeviceRelease(Base):

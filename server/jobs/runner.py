@@ -34,6 +34,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from manifests import sealed
 from server.blobstore.interface import BlobBackendError, BlobStore
 from server.compile.errors import CompileError, TransientCompileError
 from server.compile.pipeline import BuildOutcome, BuildSpec
@@ -57,6 +58,7 @@ from server.jobs.lease import Lease, RetryPolicy
 from server.jobs.patch_runner import patch_before_ready
 from server.observability.metrics import BUILD_JOBS
 from server.publish.bucket import store_artifact
+from server.publish.protection import ContentKeys, SealedFile, seal_file
 
 __all__ = ["BuildRunner", "RetryPolicy", "wait_for"]
 
@@ -91,8 +93,10 @@ class BuildRunner:
                  pipeline_factory: Callable[[Callable[[str], None]], Builder] | None = None,
                  retry: RetryPolicy | None = None, heartbeat_s: float = 5.0,
                  stale_after_s: float = 120.0, max_build_s: float = 3600.0,
-                 patch_policy: DeltaPolicy | None = None) -> None:
+                 patch_policy: DeltaPolicy | None = None,
+                 content_keys: ContentKeys | None = None) -> None:
         self._sf = session_factory
+        self._content_keys = content_keys  # protected versions: unseal sources, seal artifacts
         # Which bases count (the K of patch_bases) when deciding a version must patch first.
         self._patch_first = patch_before_ready((patch_policy or DeltaPolicy()).k)
         self._store = store
@@ -151,9 +155,9 @@ class BuildRunner:
 
     def _attempt(self, build_id: int, work: Path, job_log: _JobLog) -> None:
         try:
-            spec = self._prepare(build_id, work)
+            spec, seal_key = self._prepare(build_id, work)
             outcomes = self._pipeline_factory(job_log).build(spec, work / "out")
-            self._finish(build_id, outcomes, job_log)
+            self._finish(build_id, seal_key, outcomes, job_log)
         except (TransientCompileError, BlobBackendError) as e:
             job_log(f"transient failure: {e}")
             self._retry_or_fail(build_id, str(e), job_log)
@@ -165,7 +169,7 @@ class BuildRunner:
             log.error("build %s crashed:\n%s", build_id, traceback.format_exc())
             self._fail(build_id, f"internal error: {type(e).__name__}: {e}", job_log)
 
-    def _prepare(self, build_id: int, work: Path) -> BuildSpec:
+    def _prepare(self, build_id: int, work: Path) -> tuple[BuildSpec, bytes | None]:
         with self._sf() as s:
             build = s.get(Build, build_id)
             assert build is not None
@@ -184,6 +188,12 @@ class BuildRunner:
             # The model's task decides which outputs the numeric gate checks top-k on.
             settings["task"] = task.value
             variant = build.variant
+            seal_key = None
+            if version.protected:
+                if self._content_keys is None:
+                    raise CompileError("version is protected but this worker has no content "
+                                       "keys (give it the keys directory's content.kek)")
+                seal_key = self._content_keys.key_for(s, version.id)
         paths: dict[UploadKind, Path] = {}
         suffix = {UploadKind.model: {"onnx": ".onnx", "pt2": ".pt2"}.get(
             version.source_format, ".pt"), UploadKind.calibration: ".npz",
@@ -191,7 +201,11 @@ class BuildRunner:
         for kind, up in uploads.items():
             dest = work / f"{kind.value}{suffix[kind]}"
             with self._store.open(up.blob_key) as src, dest.open("wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
+                if seal_key is None:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                else:  # a protected version's sources rest sealed too
+                    for piece in sealed.unseal(seal_key, src):
+                        out.write(piece)
             paths[kind] = dest
         spec = BuildSpec(
             source_path=paths[UploadKind.model], source_format=fmt,
@@ -199,26 +213,35 @@ class BuildRunner:
             settings=pipeline_settings(platform, settings),
             calibration_path=paths.get(UploadKind.calibration),
             reference_path=paths.get(UploadKind.reference))
-        return spec
+        return spec, seal_key
 
-    def _finish(self, build_id: int, outcomes: list[BuildOutcome], job_log: _JobLog) -> None:
-        stored: list[tuple[BuildOutcome, str]] = []
+    def _finish(self, build_id: int, seal_key: bytes | None, outcomes: list[BuildOutcome],
+                job_log: _JobLog) -> None:
+        stored: list[tuple[BuildOutcome, str, SealedFile | None]] = []
         for o in outcomes:
             if o.artifact is None:
                 continue
+            path, sha = o.artifact.path, o.artifact.sha256
+            done = None
+            if seal_key is not None:  # gated in the clear; stored and served sealed
+                path = path.with_name(path.name + ".sealed")
+                with o.artifact.path.open("rb") as f, path.open("wb") as out:
+                    done = seal_file(seal_key, f, out)
+                sha = done.sha256
             # Content-addressed, at its read key (v1/artifacts/<sha256>): a worker that lost
             # its claim can never overwrite the blob a newer owner recorded.
-            with o.artifact.path.open("rb") as f:
-                key = store_artifact(self._store, o.artifact.sha256, f)
-            stored.append((o, key))
-            job_log(f"stored {o.platform}/{o.variant} as {key}")
+            with path.open("rb") as f:
+                key = store_artifact(self._store, sha, f)
+            stored.append((o, key, done))
+            job_log(f"stored {o.platform}/{o.variant} as {key}"
+                    + (" (sealed)" if done else ""))
         ok = bool(outcomes) and all(o.state == "ready" for o in outcomes)
         with self._sf() as s:
             build = self.lease.owned(s, build_id)
             if build is None:
                 job_log("lost the claim to another worker; results discarded")
                 return
-            for o, key in stored:
+            for o, key, done in stored:
                 row = s.scalar(select(Artifact).where(
                     Artifact.version_id == build.version_id, Artifact.platform == o.platform,
                     Artifact.variant == o.variant))
@@ -229,6 +252,10 @@ class BuildRunner:
                 assert o.artifact is not None
                 row.build_id, row.format, row.blob_key = build.id, o.format, key
                 row.sha256, row.length = o.artifact.sha256, o.artifact.length
+                row.plain_sha256 = row.plain_length = None
+                if done is not None:
+                    row.sha256, row.length = done.sha256, done.length
+                    row.plain_sha256, row.plain_length = done.plain_sha256, done.plain_length
                 row.target, row.compile_settings = o.target, o.compile_settings
             build.gates_report = {"outcomes": [o.to_dict() for o in outcomes]}
             error = "" if ok else "; ".join(

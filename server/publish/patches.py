@@ -36,6 +36,8 @@ from server.db import models as db
 from server.db.types import utcnow
 from server.delta import DeltaPolicy, make_patches
 from server.publish.bucket import store_patch
+from server.publish.errors import KeyStoreError
+from server.publish.protection import ContentKeys, seal_file, unseal_path
 from server.publish.publisher import PublishedManifest, Publisher, publish_channel
 
 log = logging.getLogger("modelfleet.publish.patches")
@@ -85,9 +87,12 @@ def _insert_patch(session: Session, **values: object) -> int:
 
 
 def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_id: int, *,
-                     policy: DeltaPolicy | None = None, workdir: Path | None = None) -> int:
+                     policy: DeltaPolicy | None = None, workdir: Path | None = None,
+                     content_keys: ContentKeys | None = None) -> int:
     """Make and store the missing patches to every artifact of `version_id`; returns how many
-    were added."""
+    were added. A protected version's patches are made between plaintexts and sealed under
+    its content key; none is made from a protected base to an unprotected artifact (the
+    patch would give the base away)."""
     policy = policy or DeltaPolicy()
     tmp = Path(tempfile.mkdtemp(prefix="mf-patches-", dir=workdir))
     added = 0
@@ -98,27 +103,66 @@ def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_i
             for art in artifacts:
                 done = set(session.scalars(select(db.Patch.from_artifact_id)
                                            .where(db.Patch.to_artifact_id == art.id)))
-                bases = [b for b in patch_bases(session, art, policy.k) if b.id not in done]
+                bases = [b for b in patch_bases(session, art, policy.k) if b.id not in done
+                         and (art.plain_sha256 is not None or b.plain_sha256 is None)]
                 if not bases:
                     continue
-                new_path = _download(store, art.blob_key, tmp / f"new-{art.id}")
-                base_paths = [(b.sha256, _download(store, b.blob_key, tmp / f"base-{b.id}"))
-                              for b in bases]
-                by_sha = {b.sha256: b for b in bases}
+                clear = _Plaintexts(session, store, tmp, content_keys)
+                new_path = clear.get(art)
+                # server/delta checks each base against its label: the plaintext's sha256
+                base_paths = [(_plain_sha(b), clear.get(b)) for b in bases]
+                by_sha = {_plain_sha(b): b for b in bases}
+                seal_key = clear.key(art)
                 for result in make_patches(new_path, base_paths, tmp / "work", policy):
-                    with open(result.path, "rb") as f:
-                        key = store_patch(store, result.sha256, f)
+                    path, sha, length = result.path, result.sha256, result.length
+                    if seal_key is not None:
+                        path = result.path.with_name(result.path.name + ".sealed")
+                        with result.path.open("rb") as f, path.open("wb") as out:
+                            sealed_file = seal_file(seal_key, f, out)
+                        sha, length = sealed_file.sha256, sealed_file.length
+                    with open(path, "rb") as f:
+                        key = store_patch(store, sha, f)
                     added += _insert_patch(
                         session, from_artifact_id=by_sha[result.from_sha256].id,
                         to_artifact_id=art.id, algorithm=result.algorithm,
-                        sha256=result.sha256, length=result.length, blob_key=key)
+                        sha256=sha, length=length, blob_key=key)
                 session.commit()  # per artifact: a crash later keeps what is done
-                for path in (new_path, *(p for _, p in base_paths)):
-                    path.unlink(missing_ok=True)
+                for p in tmp.iterdir():
+                    if p.is_file():
+                        p.unlink(missing_ok=True)
             session.commit()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return added
+
+
+def _plain_sha(art: db.Artifact) -> str:
+    return art.plain_sha256 or art.sha256
+
+
+class _Plaintexts:
+    """Artifacts as plaintext work files (a sealed one decrypted with its version's key)."""
+
+    def __init__(self, session: Session, store: BlobStore, tmp: Path,
+                 content_keys: ContentKeys | None) -> None:
+        self.session, self.store, self.tmp, self.content_keys = session, store, tmp, content_keys
+
+    def key(self, art: db.Artifact) -> bytes | None:
+        if art.plain_sha256 is None:
+            return None
+        if self.content_keys is None:
+            raise KeyStoreError(f"artifact {art.sha256} is sealed but this process has no "
+                                "content keys", fix="give it the keys directory's content.kek")
+        return self.content_keys.key_for(self.session, art.version_id)
+
+    def get(self, art: db.Artifact) -> Path:
+        path = _download(self.store, art.blob_key, self.tmp / f"art-{art.id}")
+        key = self.key(art)
+        if key is None:
+            return path
+        clear = unseal_path(key, path, self.tmp / f"plain-{art.id}")
+        path.unlink()
+        return clear
 
 
 def channels_offering(session: Session, version_id: int) -> list[str]:
@@ -136,7 +180,8 @@ def patch_and_republish(factory: sessionmaker[Session], pub: Publisher, version_
 
     Without new patches nothing is re-published, unless `republish` (a retried job: the
     attempt that stored the patches may have died before re-signing)."""
-    added = generate_patches(factory, pub.blob_store, version_id, policy=policy)
+    added = generate_patches(factory, pub.blob_store, version_id, policy=policy,
+                             content_keys=pub.content_keys)
     if not added and not republish:
         return []
     with factory() as session:

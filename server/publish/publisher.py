@@ -41,6 +41,7 @@ from server.publish.errors import (
     ManifestTooLargeError,
     SerialConflictError,
 )
+from server.publish.protection import ContentKeys
 from server.publish.signer import Signer, sign_envelope
 
 log = logging.getLogger("modelfleet.publish")
@@ -73,6 +74,8 @@ class Publisher:
     subscribers: list[Callable[[PublishedManifest], None]] = field(default_factory=list)
     # Writes v1/channels/<c>/manifest after commit, the newest serial winning in-process.
     current: ManifestWriter = field(default_factory=ManifestWriter)
+    # Protected versions' content keys (server/publish/protection.py); None: none can be.
+    content_keys: ContentKeys | None = None
 
     def subscribe(self, callback: Callable[[PublishedManifest], None]) -> None:
         self.subscribers.append(callback)
@@ -163,7 +166,8 @@ def load_artifact_records(session: Session, version_id: int, base_url: str
             compile_settings={k: v for k, v in (a.compile_settings or {}).items()
                               if isinstance(v, str | int | bool)},
             target={k: str(v) for k, v in (a.target or {}).items()},
-            patches=patches,
+            patches=patches, sealed=None if a.plain_sha256 is None else manifests.Sealed(
+                plain_sha256=a.plain_sha256, plain_length=int(a.plain_length or 0)),
         ))
     return tuple(out)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import tempfile
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -18,6 +19,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
+from manifests import sealed
 from server.blobstore import BlobStore
 from server.blobstore.keys import source_key
 from server.db import audit
@@ -32,6 +34,7 @@ from server.db.models import (
 )
 from server.errors import ConflictError, InvalidInputError, NotFoundError
 from server.jobs.interface import JobQueue
+from server.publish.protection import ContentKeys
 from server.services.graph_inputs import (
     check_declared_inputs,
     check_input_names,
@@ -193,6 +196,7 @@ def upload_version(
     metadata_raw: str,
     files: list[UploadedFile],
     limits: Limits,
+    content_keys: ContentKeys | None = None,
 ) -> tuple[ModelVersion, bool]:
     """(version, created). Identical re-upload → (existing, False); a different file or
     metadata under an existing version → ConflictError. Raises InvalidInputError,
@@ -231,6 +235,13 @@ def upload_version(
     if existing is not None:
         return _idempotent(existing, wanted, model_name, queue), False
 
+    seal_key = None
+    if meta.protected:  # even the sources rest sealed (docs/security.md)
+        if content_keys is None:
+            raise InvalidInputError(
+                "this server cannot protect versions (no content-key store)",
+                field="metadata.protected", fix="upload without \"protected\"")
+        seal_key = sealed.new_key()
     keys: list[str] = []
     try:
         for f in files:
@@ -238,13 +249,16 @@ def upload_version(
             # Key first: if put fails midway the store has published nothing, and deleting
             # a key that was never written is harmless.
             keys.append(key)
-            store.put(key, f.file, max_bytes=lengths[f.field], expected_sha256=digests[f.field])
+            put_source(store, key, f.file, lengths[f.field], digests[f.field], seal_key)
         version = ModelVersion(
             model_id=model.id, version=meta.version, state=VersionState.uploaded,
             metadata_json=metadata_json, source_format=formats["model"], created_by=actor,
+            protected=meta.protected,
         )
         session.add(version)
         session.flush()
+        if seal_key is not None and content_keys is not None:
+            content_keys.store(session, version.id, seal_key)
         for f, key in zip(files, keys, strict=True):
             session.add(SourceUpload(
                 version_id=version.id, kind=UploadKind(f.field), filename=f.filename[:255],
@@ -299,6 +313,22 @@ def _enqueue(queue: JobQueue, version_id: int) -> None:
         # The version is committed in state `uploaded`; a re-upload or the worker's sweep
         # enqueues it again. Failing the request now would make the client retry for nothing.
         log.exception("could not enqueue compile of version %s", version_id)
+
+
+def put_source(store: BlobStore, key: str, file: BinaryIO, length: int, sha256: str,
+               seal_key: bytes | None) -> None:
+    """Stores an uploaded file as given, or sealed under `seal_key` (a protected version)."""
+    if seal_key is None:
+        store.put(key, file, max_bytes=length, expected_sha256=sha256)
+        return
+    file.seek(0)
+    with tempfile.TemporaryFile() as out:
+        done = sealed.seal_file(seal_key, file, out)
+        if done[:2] != (sha256, length):
+            raise ConflictError(f"the upload of {key} changed while it was sealed",
+                                fix="upload again")
+        out.seek(0)
+        store.put(key, out, max_bytes=done[3], expected_sha256=done[2])
 
 
 def _delete_quietly(store: BlobStore, keys: list[str]) -> None:

@@ -58,6 +58,8 @@ class VersionMetadataIn(BaseModel):
     platforms: dict[str, CompileSettings] | list[str]
     inputs: Annotated[list[InputSpec], Field(min_length=1, max_length=64)]
     notes: Annotated[str, Field(max_length=4000)] = ""
+    # Stored and served sealed; its content key only for devices offered it (security.md).
+    protected: bool = False
 
 
 class VersionMetadata(BaseModel):
@@ -68,6 +70,7 @@ class VersionMetadata(BaseModel):
     inputs: list[dict[str, Any]]  # each: name, dtype, shapes {variant: shape}
     variants: list[str]
     notes: str = ""
+    protected: bool = False
 
 
 class UndeclaredInputsError(InvalidInputError):
@@ -151,7 +154,7 @@ def _first_error(e: ValidationError) -> InvalidInputError:
     elif kind == "missing":
         fix = f"add the required field {field}"
     elif kind == "extra_forbidden":
-        fix = f"remove {field}; allowed fields: version, platforms, inputs, notes"
+        fix = f"remove {field}; allowed fields: version, platforms, inputs, notes, protected"
     return InvalidInputError(f"{field}: {err['msg']}", field=field, fix=fix)
 
 
@@ -207,4 +210,4 @@ def _normalise(m: VersionMetadataIn) -> VersionMetadata:
         for s in m.inputs
     ]
     return VersionMetadata(version=m.version, platforms=platforms, inputs=inputs,
-                           variants=variants, notes=m.notes)
+                           variants=variants, notes=m.notes, protected=m.protected)

@@ -21,6 +21,7 @@ EXPECTED = {
     "IntegrityError", "PatchFailedError", "InstallError", "RuntimeSDKError",
     "ModelNotLoadedError", "BackendUnavailableError", "BackendError", "__version__",
     "Reporter", "TelemetryError", "Via", "ShadowConfig",
+    "ProtectionError", "ContentKeyError", "LocalKeyError", "KeyStore", "FileKeyStore",
 }
 
 

@@ -64,16 +64,22 @@ def check_device_id(device_id: str, field: str = "device_id") -> None:
 
 def enroll(factory: sessionmaker[Session], device_id: str, public_key: str,
            profile: dict[str, Any], *, actor: str, grant: Grant,
-           attestor: Attestor | None = None, evidence: str | None = None) -> Enrolment:
+           attestor: Attestor | None = None, evidence: str | None = None,
+           box_public_key: str | None = None) -> Enrolment:
     """Registers the device's key, if `grant` allows a new device (enrolment.check_grant).
     The same id with the same key again is a no-op (the device retried, or enrols after an
     operator registered it); with another key it is refused (409): a key is never replaced.
     With an `attestor` and `evidence`, the provider's verdict is checked first (403 when it
-    refuses) and recorded."""
+    refuses) and recorded. `box_public_key`: the device's X25519 key, which protected
+    releases' content keys are sealed to (optional: older agents send none; one that enrolled
+    without may add it later by enrolling again with the same Ed25519 key)."""
     check_device_id(device_id)
     if not PUBLIC_KEY.fullmatch(public_key):
         raise InvalidInputError("public_key must be the raw Ed25519 key as 64 lowercase hex",
                                 field="public_key", fix="send bytes(verify_key).hex()")
+    if box_public_key is not None and not PUBLIC_KEY.fullmatch(box_public_key):
+        raise InvalidInputError("box_public_key must be the raw X25519 key as 64 lowercase hex",
+                                field="box_public_key", fix="send bytes(public_key).hex()")
     VerifyKey(bytes.fromhex(public_key))  # a 32-byte key always loads; fails loudly otherwise
     keyid = key_id(bytes.fromhex(public_key))
     clean = {name: profile.get(name) for name in PROFILE_FIELDS if profile.get(name)}
@@ -85,7 +91,12 @@ def enroll(factory: sessionmaker[Session], device_id: str, public_key: str,
         with factory() as session:
             row = session.get(db.Device, device_id, with_for_update=True)
             if row is not None and row.public_key is not None:
-                return _again(row, public_key)
+                again = _again(row, public_key, box_public_key)
+                if box_public_key is not None and row.box_public_key is None:
+                    row.box_public_key = box_public_key
+                    audit.record(session, actor, "device.box_key", f"device:{device_id}")
+                    session.commit()
+                return again
             now = utcnow()
             check_grant(session, grant, device_id, now)
             if row is None:
@@ -95,6 +106,7 @@ def enroll(factory: sessionmaker[Session], device_id: str, public_key: str,
             row.profile, row.public_key, row.keyid, row.enrolled_at = (
                 clean, public_key, keyid, now)
             row.enrolled_by_token_id, row.attested_by = grant.token_id, attested_by
+            row.box_public_key = box_public_key
             audit.record(session, actor, "device.enroll", f"device:{device_id}", keyid=keyid,
                          profile=clean, by_operator=grant.operator,
                          **({"attested_by": attested_by} if attested_by else {}))
@@ -108,8 +120,9 @@ def enroll(factory: sessionmaker[Session], device_id: str, public_key: str,
     raise AssertionError("unreachable")
 
 
-def _again(row: db.Device, public_key: str) -> Enrolment:
-    if row.public_key != public_key:
+def _again(row: db.Device, public_key: str, box_public_key: str | None) -> Enrolment:
+    if row.public_key != public_key or (
+            box_public_key is not None and row.box_public_key not in (None, box_public_key)):
         raise DeviceKeyMismatchError(
             f"device {row.id!r} is enrolled with another key (keyid {row.keyid})",
             fix="a device keeps its first key; give a new installation a new device id, or "

@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from server.publish.publisher import Publisher
 from server.services.fleet.attestation import Attestor
+from server.services.fleet.content_keys import KeyGrants
 from server.services.fleet.groupcommit import GroupCommitter
 from server.services.fleet.guard import FleetGuard
 from server.services.fleet.ingest import (
@@ -39,6 +40,8 @@ class Fleet:
     committer: GroupCommitter | None = None  # PostgreSQL with group commit on
     # The attestation provider (server/services/fleet/attestation.py); None: off.
     attestor: Attestor | None = None
+    # Content keys of protected releases for offered devices (content_keys.py); None: off.
+    key_grants: KeyGrants | None = None
 
     async def receive(self, device_id: str | None, signature: str | None,
                       body: bytes) -> IngestResult:
@@ -87,5 +90,8 @@ def make_fleet(settings: Settings, factory: sessionmaker[Session],
                              max_skew_s=settings.telemetry_max_skew_seconds)
     guard = FleetGuard(factory, publisher, webhook_url=settings.halt_webhook_url)
     dsn = libpq_dsn(settings.resolved_database_url) if settings.telemetry_group_commit else None
+    grants = None if publisher.content_keys is None else KeyGrants(
+        factory, ingest.keys, publisher.content_keys,
+        max_skew_s=settings.telemetry_max_skew_seconds)
     return Fleet(ingest, guard, RampTicker(factory, publisher),
-                 GroupCommitter(dsn) if dsn is not None else None)
+                 GroupCommitter(dsn) if dsn is not None else None, key_grants=grants)
