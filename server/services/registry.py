@@ -39,6 +39,7 @@ from server.services.sourcefiles import (
     detect_model_format,
     digest_file,
     onnx_input_dims,
+    read_onnx,
 )
 from server.services.version_metadata import DEFAULT_VARIANT, parse_metadata, semver_key
 
@@ -246,8 +247,10 @@ def upload_version(
         if f.field == UploadKind.model.value:
             formats[f.field] = detect_model_format(f.file)
             if formats[f.field] == "onnx":
-                check_onnx_self_contained(f.file)
-                graph_dims = onnx_input_dims(f.file)
+                onnx_model = read_onnx(f.file)
+                check_onnx_self_contained(onnx_model)
+                graph_dims = onnx_input_dims(onnx_model)
+                del onnx_model  # the parsed copy: as large as the file
                 _check_input_names(meta.inputs, list(graph_dims))
                 _check_declared_shapes(meta.inputs, graph_dims)
         else:

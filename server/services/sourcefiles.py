@@ -1,24 +1,24 @@
 """Recognising uploaded files by their content, not their name: ONNX, torch ExportedProgram
-(.pt2), TorchScript, and NumPy .npz archives. Reads only headers and zip directories, so a
-multi-GB model is checked without loading it.
+(.pt2), TorchScript, and NumPy .npz archives. The format is told from headers and zip
+directories; an ONNX upload is then parsed by protobuf (`read_onnx`) for its checks.
 """
 
 from __future__ import annotations
 
 import hashlib
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from server.compile.protoframe import is_onnx, read_varint
+import onnx
+from google.protobuf.message import DecodeError
+
+from server.compile.protoframe import is_onnx
 from server.errors import PayloadTooLargeError, UnsupportedFileError
 
 CHUNK = 1024 * 1024
 MODEL_FORMATS = ("onnx", "pt2", "torchscript")
-
-# ModelProto fields (onnx.proto3): number -> wire type (0 varint, 2 length-delimited).
-_ONNX_GRAPH_FIELD = 7
+MAX_ONNX_BYTES = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -71,19 +71,39 @@ def detect_model_format(f: BinaryIO) -> str:
     return fmt
 
 
-def check_onnx_self_contained(f: BinaryIO) -> None:
-    """Refuses an ONNX file that points at external data anywhere a tensor can appear: graph
+def read_onnx(f: BinaryIO) -> onnx.ModelProto:
+    """The uploaded ONNX model, parsed by protobuf (onnx's generated `ModelProto`), never by
+    hand: what protobuf accepts here is what every ONNX loader accepts later — unknown fields
+    and groups skipped, repeated messages merged. The whole file is parsed, so memory is the
+    file's size, bounded by `max_model_bytes` (checked before) and by protobuf's 2 GiB limit
+    on one message (a larger .onnx is refused before it is read); uploads are also limited in
+    number (`max_concurrent_uploads`). Rewinds `f`."""
+    size = f.seek(0, 2)
+    f.seek(0)
+    if size > MAX_ONNX_BYTES:
+        raise UnsupportedFileError(
+            f"file field 'model' is an ONNX file of {size} bytes; a single-file ONNX model "
+            f"is at most {MAX_ONNX_BYTES} bytes (protobuf's limit on one message)",
+            field="model", fix="upload the model as a .pt2 (torch.export.save), or shrink it")
+    try:
+        model: onnx.ModelProto = onnx.ModelProto.FromString(f.read())
+        return model
+    except DecodeError as e:  # also: nesting past protobuf's recursion limit
+        raise UnsupportedFileError(
+            f"file field 'model' is not a valid ONNX model: {e}", field="model",
+            fix="re-export the model (torch.onnx.export) and check it with "
+            "onnx.checker.check_model") from None
+    finally:
+        f.seek(0)
+
+
+def check_onnx_self_contained(model: onnx.ModelProto) -> None:
+    """Refuses an ONNX model that points at external data anywhere a tensor can appear: graph
     initializers, sparse initializers, `Constant` and other node attributes (t, tensors,
     sparse_tensor(s)), subgraphs (If/Loop/Scan bodies), functions and training graphs. Only
     the .onnx is uploaded, and a `location` such as ../../etc/hostname would make a loader
-    read a file of the compile machine into the model.
-
-    Streams: walks the protobuf by field numbers, seeking over tensor bytes, so a multi-GB
-    model is checked in constant memory."""
-    try:
-        where = _external_data_in(f, "model", f.seek(0, 2), start=0, depth=0)
-    finally:
-        f.seek(0)
+    read a file of the compile machine into the model."""
+    where = _external_tensor(model)
     if where:
         raise UnsupportedFileError(
             f"file field 'model' is an ONNX model whose tensor data points at a separate "
@@ -95,175 +115,74 @@ def check_onnx_self_contained(f: BinaryIO) -> None:
         )
 
 
-def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, int, int, int]]:
-    """(field number, wire type, value or payload offset, payload size) for each protobuf
-    field from the current position to `end`; payloads are skipped, not read."""
-    while f.tell() < end:
-        tag = read_varint(f)
-        if tag is None:
-            return
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value = read_varint(f)
-            if value is None:
-                return
-            yield number, wire, value, 0
-        elif wire == 2:
-            size = read_varint(f)
-            if size is None or f.tell() + size > end:
-                return
-            offset = f.tell()
-            yield number, wire, offset, size
-            f.seek(offset + size)
-        elif wire in (1, 5):
-            f.seek(8 if wire == 1 else 4, 1)
-        else:
-            return
+def _external(tensor: onnx.TensorProto) -> bool:
+    return (tensor.data_location == onnx.TensorProto.EXTERNAL
+            or len(tensor.external_data) > 0)
 
 
-_GRAPH_INITIALIZER = 5
-_TENSOR_EXTERNAL_DATA = 13
-_TENSOR_DATA_LOCATION = 14
-_DATA_LOCATION_EXTERNAL = 1
-MAX_ONNX_NESTING = 64
-# message -> {field number: message type of that (length-delimited) field}, for the fields
-# through which a TensorProto can be reached (onnx.proto3 numbering).
-_TENSOR_PATHS: dict[str, dict[int, str]] = {
-    "model": {7: "graph", 20: "training", 25: "function"},
-    "training": {1: "graph", 2: "graph"},
-    "function": {7: "node"},
-    "graph": {1: "node", 5: "tensor", 15: "sparse"},
-    "node": {5: "attribute"},
-    "attribute": {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 22: "sparse",
-                  23: "sparse"},
-    "sparse": {1: "tensor", 2: "tensor"},
-}
+def _sparse_external(sparse: onnx.SparseTensorProto) -> bool:
+    return _external(sparse.values) or _external(sparse.indices)
 
 
-def _external_data_in(f: BinaryIO, kind: str, end: int, *, start: int, depth: int) -> str:
-    """Where (e.g. "graph > node > attribute > tensor") the first external-data tensor of
-    the `kind` message spanning [start, end) is; "" if none."""
-    if depth > MAX_ONNX_NESTING:
-        raise UnsupportedFileError(
-            f"file field 'model' nests ONNX subgraphs more than {MAX_ONNX_NESTING} deep",
-            field="model", fix="flatten the model's control flow")
-    f.seek(start)
-    if kind == "tensor":
-        for number, wire, value, _ in _fields(f, end):
-            if (number == _TENSOR_EXTERNAL_DATA and wire == 2) or (
-                    (number, wire, value) == (_TENSOR_DATA_LOCATION, 0,
-                                              _DATA_LOCATION_EXTERNAL)):
-                return "tensor"
-        return ""
-    children = _TENSOR_PATHS[kind]
-    for number, wire, offset, size in _fields(f, end):
-        child = children.get(number)
-        if child is None or wire != 2:
+def _external_tensor(model: onnx.ModelProto) -> str:
+    """Where ("graph > node > attribute > tensor") the first external-data tensor is; ""."""
+    graphs: list[tuple[str, onnx.GraphProto]] = [("graph", model.graph)]
+    for training in model.training_info:
+        graphs += [("training > graph", training.initialization),
+                   ("training > graph", training.algorithm)]
+    nodes: list[tuple[str, onnx.NodeProto]] = [
+        ("function > node", n) for function in model.functions for n in function.node]
+    while graphs or nodes:
+        if graphs:
+            where, graph = graphs.pop()
+            if any(_external(t) for t in graph.initializer):
+                return f"{where} > tensor"
+            if any(_sparse_external(t) for t in graph.sparse_initializer):
+                return f"{where} > sparse > tensor"
+            nodes += [(f"{where} > node", n) for n in graph.node]
             continue
-        found = _external_data_in(f, child, offset + size, start=offset, depth=depth + 1)
-        if found:
-            return found if kind == "model" else f"{kind} > {found}"
-        f.seek(offset + size)
+        where, node = nodes.pop()
+        for attribute in node.attribute:
+            at = f"{where} > attribute"
+            if _external(attribute.t) or any(_external(t) for t in attribute.tensors):
+                return f"{at} > tensor"
+            if _sparse_external(attribute.sparse_tensor) or any(
+                    _sparse_external(t) for t in attribute.sparse_tensors):
+                return f"{at} > sparse > tensor"
+            graphs += [(f"{at} > graph", g) for g in (attribute.g, *attribute.graphs)]
     return ""
 
 
-_GRAPH_INPUT = 11
-_VALUE_INFO_NAME = 1
-_TENSOR_NAME = 8
 MAX_NAME_BYTES = 4096
-
-
-def onnx_input_names(f: BinaryIO) -> list[str]:
-    """The model's real inputs: graph inputs that are not initializers (older exporters list
-    weights as inputs too). Streams like `check_onnx_self_contained`."""
-    return list(onnx_input_dims(f))
-
-
-# ValueInfoProto.type = 2 → TypeProto.tensor_type = 1 → shape = 2 → TensorShapeProto.dim = 1
-# → Dimension.dim_value = 1 (varint) | dim_param = 2 (string).
-_VALUE_INFO_TYPE = 2
-_TYPE_TENSOR = 1
-_TENSOR_SHAPE = 2
-_SHAPE_DIM = 1
-_DIM_VALUE, _DIM_PARAM = 1, 2
 MAX_INPUT_DIMS = 64
 
 
-def onnx_input_dims(f: BinaryIO) -> dict[str, list[int | str]]:
+def onnx_input_names(model: onnx.ModelProto) -> list[str]:
+    """The model's real inputs: graph inputs that are not initializers (older exporters list
+    weights as inputs too)."""
+    return list(onnx_input_dims(model))
+
+
+def onnx_input_dims(model: onnx.ModelProto) -> dict[str, list[int | str]]:
     """Each real input's dims in graph order: a size, else its symbolic name ('' unnamed);
-    an input without a declared shape has no dims listed. Streams the graph's input entries
-    only, like `check_onnx_self_contained`, never the weights."""
-    end = f.seek(0, 2)
-    f.seek(0)
+    an input without a declared shape has no dims listed."""
+    initializers = {t.name for t in model.graph.initializer}
     inputs: dict[str, list[int | str]] = {}
-    initializers: set[str] = set()
-    try:
-        for number, wire, offset, size in _fields(f, end):
-            if number != _ONNX_GRAPH_FIELD or wire != 2:
-                continue
-            f.seek(offset)
-            for g_number, g_wire, g_offset, g_size in _fields(f, offset + size):
-                if g_wire != 2 or g_number not in (_GRAPH_INPUT, _GRAPH_INITIALIZER):
-                    continue
-                if g_number == _GRAPH_INITIALIZER:
-                    f.seek(g_offset)
-                    name = _first_string(f, g_offset + g_size, _TENSOR_NAME)
-                    if name is not None:
-                        initializers.add(name)
-                    continue
-                f.seek(g_offset)
-                name = _first_string(f, g_offset + g_size, _VALUE_INFO_NAME)
-                if name is not None:
-                    f.seek(g_offset)
-                    inputs[name] = _value_info_dims(f, g_offset + g_size)
-            f.seek(offset + size)
-    finally:
-        f.seek(0)
-    return {n: d for n, d in inputs.items() if n not in initializers}
-
-
-def _submessage(f: BinaryIO, end: int, field: int) -> tuple[int, int] | None:
-    """(offset, end) of the first length-delimited `field` before `end`."""
-    for number, wire, offset, size in _fields(f, end):
-        if number == field and wire == 2:
-            return offset, offset + size
-    return None
-
-
-def _value_info_dims(f: BinaryIO, end: int) -> list[int | str]:
-    dims: list[int | str] = []
-    span: tuple[int, int] | None = (f.tell(), end)
-    for field in (_VALUE_INFO_TYPE, _TYPE_TENSOR, _TENSOR_SHAPE):
-        assert span is not None
-        f.seek(span[0])
-        span = _submessage(f, span[1], field)
-        if span is None:
-            return dims
-    assert span is not None
-    f.seek(span[0])
-    for number, wire, offset, size in _fields(f, span[1]):
-        if number != _SHAPE_DIM or wire != 2 or len(dims) >= MAX_INPUT_DIMS:
+    for value in model.graph.input:
+        if len(value.name.encode()) > MAX_NAME_BYTES or value.name in initializers:
             continue
-        dim: int | str = ""
-        f.seek(offset)
-        for d_number, d_wire, d_value, d_size in _fields(f, offset + size):
-            # int64 on the wire: -1 (some exporters' "unknown") arrives as 2**64 - 1.
-            if d_number == _DIM_VALUE and d_wire == 0 and 0 < d_value < 1 << 63:
-                dim = d_value
-            elif d_number == _DIM_PARAM and d_wire == 2 and d_size <= MAX_NAME_BYTES:
-                f.seek(d_value)
-                dim = f.read(d_size).decode("utf-8", errors="replace")
-        dims.append(dim)
-        f.seek(offset + size)
-    return dims
-
-
-def _first_string(f: BinaryIO, end: int, field: int) -> str | None:
-    for number, wire, offset, size in _fields(f, end):
-        if number == field and wire == 2 and size <= MAX_NAME_BYTES:
-            f.seek(offset)
-            return f.read(size).decode("utf-8", errors="replace")
-    return None
+        tensor_type = value.type.tensor_type
+        dims: list[int | str] = []
+        if tensor_type.HasField("shape"):
+            for dim in tensor_type.shape.dim[:MAX_INPUT_DIMS]:
+                if dim.HasField("dim_value") and dim.dim_value > 0:
+                    dims.append(dim.dim_value)
+                elif dim.HasField("dim_param") and len(dim.dim_param) <= MAX_NAME_BYTES:
+                    dims.append(dim.dim_param)
+                else:
+                    dims.append("")
+        inputs[value.name] = dims
+    return inputs
 
 
 def _torch_zip_format(f: BinaryIO) -> str | None:
