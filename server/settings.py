@@ -58,8 +58,9 @@ class Settings(BaseSettings):
     # DATA_DIR/keys. In production mount only release.key here (root keys stay offline).
     keys_dir: Path | None = None
 
-    # Manifest polls and telemetry (device traffic) are counted in /metrics but written to the
-    # access log only with this on (server/api/observe.py; `modelfleet serve --log-polls`).
+    # Manifest polls and telemetry (device traffic) are counted in /metrics; their answers
+    # below 400 are written to the access log only with this on (server/api/observe.py;
+    # `modelfleet serve --log-polls`).
     log_polls: bool = False
     # The HTTP server's limits (server/http_server.py): a request head (request line and
     # headers) larger than this is a 431 and the connection closed; a head not complete

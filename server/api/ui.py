@@ -1,5 +1,6 @@
-"""The dashboard: `GET /` and `GET /ui` redirect (307) to `/ui/`; `/ui/` is its page and `/ui/{file}` its
-stylesheet and JavaScript modules, read once from the package data in server/ui/static/.
+"""The dashboard: `GET /` and `GET /ui` redirect (307) to `/ui/`; `/ui/` is its page and
+`/ui/{file}` its stylesheet and JavaScript modules, read once from the package data in
+server/ui/static/.
 Redirects are relative (`Location: /ui/`): never built from the request's Host header.
 
 Every answer carries a strict Content-Security-Policy: scripts only from this origin (no

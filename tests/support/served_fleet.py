@@ -23,7 +23,7 @@ from typing import Any
 from server.settings import Settings
 from tests.fleet.conftest import fleet_settings, open_fleet
 from tests.support.fleet_devices import FleetDevice
-from tests.support.served import free_port, wait_until_up
+from tests.support.served import free_port, tree_status_kib, wait_until_up
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,32 +46,24 @@ class ServedFleet:
 
     def rss_kib(self) -> int:
         """Resident memory of the server's processes (the serve process and its workers)."""
-        return sum(_vm_rss(pid) for pid in _tree(self.proc.pid))
+        return tree_status_kib(self.proc.pid, "VmRSS")
+
+    def events(self) -> int:
+        """Telemetry rows stored."""
+        from sqlalchemy import create_engine, text
+
+        engine = create_engine(self.settings.resolved_database_url)
+        try:
+            with engine.connect() as conn:
+                return int(conn.execute(text("SELECT count(*) FROM telemetry_events"))
+                           .scalar_one())
+        finally:
+            engine.dispose()
 
     def metrics(self) -> str:
         r, _ = parse(self.raw(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n"))
         assert r.status == 200
         return r.body.decode()
-
-
-def _tree(pid: int) -> list[int]:
-    pids, i = [pid], 0
-    while i < len(pids):
-        for task in Path(f"/proc/{pids[i]}/task").iterdir():
-            children = (task / "children").read_text().split()
-            pids.extend(int(c) for c in children)
-        i += 1
-    return pids
-
-
-def _vm_rss(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except FileNotFoundError:
-        pass
-    return 0
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
