@@ -31,6 +31,9 @@ from granian.server import MPServer
 from server.settings import Settings
 
 APP_TARGET = "server.asgi:app"  # each worker builds the app from MODELFLEET_* variables
+# A worker that has not stopped this long after SIGTERM is killed: one stopped while it was
+# still importing the app never sees the signal (its handler is installed after).
+WORKER_KILL_SECONDS = 10
 
 
 def http1_settings(settings: Settings) -> HTTP1Settings:
@@ -57,4 +60,5 @@ def build_server(settings: Settings, *, host: str, port: int, workers: int,
         log_dictconfig=log_config,
         log_access=False,  # the app writes its own access log (server/api/observe.py)
         working_dir=working_dir,
+        workers_kill_timeout=WORKER_KILL_SECONDS,
     )

@@ -40,17 +40,17 @@ def port_in_use(host: str, port: int) -> str | None:
 @contextlib.contextmanager
 def multiprocess_metrics_dir() -> Iterator[Path]:
     """A fresh PROMETHEUS_MULTIPROC_DIR (under the temp directory, TMPDIR) for this run's
-    worker processes: spawned after this, they inherit it and write their counters there;
+    worker processes: forked after this, they inherit it and write their counters there;
     GET /metrics in any of them sums all (server/observability/metrics.py). Fresh, because
     counters left by an earlier run would be summed in; removed afterwards."""
     import os
     import shutil
     import tempfile
 
-    from server.observability.metrics import MULTIPROC_ENV
-
     path = Path(tempfile.mkdtemp(prefix="modelfleet-metrics-"))
-    os.environ[MULTIPROC_ENV] = str(path)  # this process exits when the workers have
+    # prometheus_client's own variable, read once when it is imported: set before anything
+    # here imports it (server.observability.metrics would), so forked workers see it.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
     try:
         yield path
     finally:
@@ -82,20 +82,19 @@ def register(app: typer.Typer) -> None:
                        f"there, or pick another port with --port {port + 1}; with "
                        f"./scripts/serve: PORT={port + 1})", err=True)
             raise typer.Exit(1)
-        settings = migrated_settings(data_dir)
-        fmt = chosen_log_format(log_format, settings)
-        settings = settings.model_copy(update={"log_format": fmt})
-        typer.echo(f"ModelFleet API on http://{host}:{port} (data: {settings.data_dir}, "
-                   f"blobs: {settings.blob_store}, docs: /docs)")
-        # Worker processes build the app themselves, from the environment (server/asgi.py).
-        os.environ["MODELFLEET_DATA_DIR"] = str(settings.data_dir)
-        os.environ["MODELFLEET_LOG_FORMAT"] = fmt
-        if log_polls:
-            os.environ["MODELFLEET_LOG_POLLS"] = "1"
-        server = build_server(settings, host=host, port=port, workers=workers,
-                              log_config=log_config(fmt))
-        if workers == 1:  # one process: its own counters, /metrics needs no shared directory
-            server.serve()
-            return
-        with multiprocess_metrics_dir():
-            server.serve()
+        with contextlib.ExitStack() as stack:
+            if workers > 1:  # before anything imports prometheus_client: workers are forked
+                stack.enter_context(multiprocess_metrics_dir())
+            settings = migrated_settings(data_dir)
+            fmt = chosen_log_format(log_format, settings)
+            settings = settings.model_copy(update={"log_format": fmt})
+            typer.echo(f"ModelFleet API on http://{host}:{port} (data: {settings.data_dir}, "
+                       f"blobs: {settings.blob_store}, docs: /docs)")
+            # Worker processes build the app themselves, from the environment
+            # (server/asgi.py).
+            os.environ["MODELFLEET_DATA_DIR"] = str(settings.data_dir)
+            os.environ["MODELFLEET_LOG_FORMAT"] = fmt
+            if log_polls:
+                os.environ["MODELFLEET_LOG_POLLS"] = "1"
+            build_server(settings, host=host, port=port, workers=workers,
+                         log_config=log_config(fmt)).serve()
