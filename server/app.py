@@ -63,6 +63,9 @@ def create_app(
         # (server/api/docs.py), never from a CDN on the dashboard's origin.
         docs_url=None,
         redoc_url=None,
+        # FastAPI's OpenTelemetry hooks look up the global providers on every request; this
+        # server exports Prometheus counters (server/observability/metrics.py) instead.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     # The one handle on the wiring; routes reach its parts through server/api/deps.py. The
     # plain attributes name the same objects, for tests and embedders that inspect them.

@@ -9,7 +9,7 @@ Prints a markdown table and, with --write-docs, replaces the "## Serving" sectio
 docs/benchmarks.md.
 
     python bench/serve/run.py [--workers 2] [--duration 5] [--rounds 3] [--connections 64]
-                              [--http fastpoll|httptools] [--compare-plain]
+                              [--http httptools] [--compare-plain]
                               [--no-proxy-headers] [--reload-delay 0.3] [--write-docs]
 
 Besides req/s, p99 and server CPU per poll, the table gives the share of the API's polls
@@ -86,8 +86,7 @@ def prepare(data: Path) -> None:
                      actor="bench")
 
 
-HTTP_PROTOCOLS = {"fastpoll": "server.api.fastingest:DeviceProtocol",
-                  "httptools": "httptools"}
+HTTP_PROTOCOLS = {"httptools": "httptools"}
 
 NGINX_CONF = """
 worker_processes {workers};
@@ -179,9 +178,8 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--write-docs", action="store_true")
-    ap.add_argument("--http", choices=sorted(HTTP_PROTOCOLS), default="fastpoll",
-                    help="fastpoll: polls answered in the HTTP protocol (what `modelfleet "
-                    "serve` and docker-compose run); httptools: plain uvicorn")
+    ap.add_argument("--http", choices=sorted(HTTP_PROTOCOLS), default="httptools",
+                    help="httptools: plain uvicorn")
     ap.add_argument("--compare-plain", action="store_true",
                     help="also measure plain uvicorn (--http httptools) in the same rounds")
     ap.add_argument("--no-proxy-headers", action="store_true",
@@ -252,8 +250,7 @@ def main() -> None:
 
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cmd = " ".join(["python bench/serve/run.py", *sys.argv[1:]])
-    proto = {"fastpoll": "`--http server.api.fastingest:DeviceProtocol`",
-             "httptools": "`--http httptools`"}
+    proto = {"httptools": "`--http httptools`"}
     lines = [
         f"Run {date} on this machine ({os.cpu_count()} cores, shared with other work; load "
         f"average {os.getloadavg()[0]:.1f} at the end), loopback, wrk -t{args.threads} "

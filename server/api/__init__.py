@@ -23,8 +23,8 @@ from server.api import (
 )
 
 ROUTERS: list[APIRouter] = [
-    serving.router,
     telemetry.router,
+    serving.router,
     health.router,
     metrics.router,
     audit.router,

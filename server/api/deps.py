@@ -65,7 +65,10 @@ async def get_publisher(services: ServicesDep) -> Publisher:
     return services.publisher
 
 
-async def get_manifest_cache(services: ServicesDep) -> ManifestCache:
+async def get_manifest_cache(request: Request) -> ManifestCache:
+    # Straight from the request, not through ServicesDep: device routes (polls, telemetry)
+    # are most requests, and each nested dependency costs a resolution per request.
+    services: Services = request.app.state.services
     return services.manifest_cache
 
 
@@ -77,7 +80,8 @@ async def get_rollouts(services: ServicesDep) -> RolloutService:
     return services.rollouts
 
 
-async def get_fleet(services: ServicesDep) -> Fleet:
+async def get_fleet(request: Request) -> Fleet:
+    services: Services = request.app.state.services  # as get_manifest_cache
     return services.fleet
 
 
