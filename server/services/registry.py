@@ -247,10 +247,8 @@ def upload_version(
         if f.field == UploadKind.model.value:
             formats[f.field] = detect_model_format(f.file)
             if formats[f.field] == "onnx":
-                onnx_model = read_onnx(f.file)
-                check_onnx_self_contained(onnx_model)
-                graph_dims = onnx_input_dims(onnx_model)
-                del onnx_model  # the parsed copy: as large as the file
+                check_onnx_self_contained(read_onnx(f.file))  # the parsed copy is dropped
+                graph_dims = onnx_input_dims(f.file)
                 _check_input_names(meta.inputs, list(graph_dims))
                 _check_declared_shapes(meta.inputs, graph_dims)
         else:

@@ -1,24 +1,29 @@
 """Recognising uploaded files by their content, not their name: ONNX, torch ExportedProgram
-(.pt2), TorchScript, and NumPy .npz archives. The format is told from headers and zip
-directories; an ONNX upload is then parsed by protobuf (`read_onnx`) for its checks.
+(.pt2), TorchScript, and NumPy .npz archives. Formats are told from headers and zip
+directories; the ONNX external-data check parses the model with protobuf (`read_onnx`), the
+graph inputs are read field by field without loading the weights.
 """
 
 from __future__ import annotations
 
 import hashlib
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
 import onnx
 from google.protobuf.message import DecodeError
 
-from server.compile.protoframe import is_onnx
+from server.compile.protoframe import is_onnx, read_varint
 from server.errors import PayloadTooLargeError, UnsupportedFileError
 
 CHUNK = 1024 * 1024
 MODEL_FORMATS = ("onnx", "pt2", "torchscript")
 MAX_ONNX_BYTES = 2**31 - 1
+
+# ModelProto fields (onnx.proto3): number -> wire type (0 varint, 2 length-delimited).
+_ONNX_GRAPH_FIELD = 7
 
 
 @dataclass(frozen=True)
@@ -153,36 +158,132 @@ def _external_tensor(model: onnx.ModelProto) -> str:
     return ""
 
 
+def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, value or payload offset, payload size) for each protobuf
+    field from the current position to `end`; payloads are skipped, not read."""
+    while f.tell() < end:
+        tag = read_varint(f)
+        if tag is None:
+            return
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value = read_varint(f)
+            if value is None:
+                return
+            yield number, wire, value, 0
+        elif wire == 2:
+            size = read_varint(f)
+            if size is None or f.tell() + size > end:
+                return
+            offset = f.tell()
+            yield number, wire, offset, size
+            f.seek(offset + size)
+        elif wire in (1, 5):
+            f.seek(8 if wire == 1 else 4, 1)
+        else:
+            return
+
+
+_GRAPH_INITIALIZER = 5
+
+
+_GRAPH_INPUT = 11
+_VALUE_INFO_NAME = 1
+_TENSOR_NAME = 8
 MAX_NAME_BYTES = 4096
+
+
+def onnx_input_names(f: BinaryIO) -> list[str]:
+    """The model's real inputs: graph inputs that are not initializers (older exporters list
+    weights as inputs too). Streams like `check_onnx_self_contained`."""
+    return list(onnx_input_dims(f))
+
+
+# ValueInfoProto.type = 2 → TypeProto.tensor_type = 1 → shape = 2 → TensorShapeProto.dim = 1
+# → Dimension.dim_value = 1 (varint) | dim_param = 2 (string).
+_VALUE_INFO_TYPE = 2
+_TYPE_TENSOR = 1
+_TENSOR_SHAPE = 2
+_SHAPE_DIM = 1
+_DIM_VALUE, _DIM_PARAM = 1, 2
 MAX_INPUT_DIMS = 64
 
 
-def onnx_input_names(model: onnx.ModelProto) -> list[str]:
-    """The model's real inputs: graph inputs that are not initializers (older exporters list
-    weights as inputs too)."""
-    return list(onnx_input_dims(model))
-
-
-def onnx_input_dims(model: onnx.ModelProto) -> dict[str, list[int | str]]:
+def onnx_input_dims(f: BinaryIO) -> dict[str, list[int | str]]:
     """Each real input's dims in graph order: a size, else its symbolic name ('' unnamed);
-    an input without a declared shape has no dims listed."""
-    initializers = {t.name for t in model.graph.initializer}
+    an input without a declared shape has no dims listed. Streams the graph's input entries
+    only, like `check_onnx_self_contained`, never the weights."""
+    end = f.seek(0, 2)
+    f.seek(0)
     inputs: dict[str, list[int | str]] = {}
-    for value in model.graph.input:
-        if len(value.name.encode()) > MAX_NAME_BYTES or value.name in initializers:
+    initializers: set[str] = set()
+    try:
+        for number, wire, offset, size in _fields(f, end):
+            if number != _ONNX_GRAPH_FIELD or wire != 2:
+                continue
+            f.seek(offset)
+            for g_number, g_wire, g_offset, g_size in _fields(f, offset + size):
+                if g_wire != 2 or g_number not in (_GRAPH_INPUT, _GRAPH_INITIALIZER):
+                    continue
+                if g_number == _GRAPH_INITIALIZER:
+                    f.seek(g_offset)
+                    name = _first_string(f, g_offset + g_size, _TENSOR_NAME)
+                    if name is not None:
+                        initializers.add(name)
+                    continue
+                f.seek(g_offset)
+                name = _first_string(f, g_offset + g_size, _VALUE_INFO_NAME)
+                if name is not None:
+                    f.seek(g_offset)
+                    inputs[name] = _value_info_dims(f, g_offset + g_size)
+            f.seek(offset + size)
+    finally:
+        f.seek(0)
+    return {n: d for n, d in inputs.items() if n not in initializers}
+
+
+def _submessage(f: BinaryIO, end: int, field: int) -> tuple[int, int] | None:
+    """(offset, end) of the first length-delimited `field` before `end`."""
+    for number, wire, offset, size in _fields(f, end):
+        if number == field and wire == 2:
+            return offset, offset + size
+    return None
+
+
+def _value_info_dims(f: BinaryIO, end: int) -> list[int | str]:
+    dims: list[int | str] = []
+    span: tuple[int, int] | None = (f.tell(), end)
+    for field in (_VALUE_INFO_TYPE, _TYPE_TENSOR, _TENSOR_SHAPE):
+        assert span is not None
+        f.seek(span[0])
+        span = _submessage(f, span[1], field)
+        if span is None:
+            return dims
+    assert span is not None
+    f.seek(span[0])
+    for number, wire, offset, size in _fields(f, span[1]):
+        if number != _SHAPE_DIM or wire != 2 or len(dims) >= MAX_INPUT_DIMS:
             continue
-        tensor_type = value.type.tensor_type
-        dims: list[int | str] = []
-        if tensor_type.HasField("shape"):
-            for dim in tensor_type.shape.dim[:MAX_INPUT_DIMS]:
-                if dim.HasField("dim_value") and dim.dim_value > 0:
-                    dims.append(dim.dim_value)
-                elif dim.HasField("dim_param") and len(dim.dim_param) <= MAX_NAME_BYTES:
-                    dims.append(dim.dim_param)
-                else:
-                    dims.append("")
-        inputs[value.name] = dims
-    return inputs
+        dim: int | str = ""
+        f.seek(offset)
+        for d_number, d_wire, d_value, d_size in _fields(f, offset + size):
+            # int64 on the wire: -1 (some exporters' "unknown") arrives as 2**64 - 1.
+            if d_number == _DIM_VALUE and d_wire == 0 and 0 < d_value < 1 << 63:
+                dim = d_value
+            elif d_number == _DIM_PARAM and d_wire == 2 and d_size <= MAX_NAME_BYTES:
+                f.seek(d_value)
+                dim = f.read(d_size).decode("utf-8", errors="replace")
+        dims.append(dim)
+        f.seek(offset + size)
+    return dims
+
+
+def _first_string(f: BinaryIO, end: int, field: int) -> str | None:
+    for number, wire, offset, size in _fields(f, end):
+        if number == field and wire == 2 and size <= MAX_NAME_BYTES:
+            f.seek(offset)
+            return f.read(size).decode("utf-8", errors="replace")
+    return None
 
 
 def _torch_zip_format(f: BinaryIO) -> str | None:
