@@ -283,7 +283,7 @@ def render(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
 
     date = dt.date.today().isoformat()
     lines = [
-        f"## Fleet telemetry ingestion ({date})",
+        f"### bench/fleet run ({date})",
         "",
         f"`python bench/fleet/run.py --workers {args.workers} --duration {args.duration} "
         f"--rounds {args.rounds} --connections {args.connections} --devices {args.devices}`: "
@@ -308,11 +308,16 @@ def render(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
 
 
 def write_docs(table: str) -> None:
+    """Adds the run at the top of docs/benchmarks.md's telemetry section (the earlier runs
+    stay below it, for comparison)."""
     path = ROOT / "docs" / "benchmarks.md"
     text = path.read_text()
-    pattern = re.compile(r"^## Fleet telemetry ingestion.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(table + "\n\n", text) if pattern.search(text) else (
-        text.rstrip() + "\n\n" + table + "\n")
+    heading = re.compile(r"^## Fleet telemetry ingestion.*\n", re.M)
+    found = heading.search(text)
+    if found is None:
+        text = text.rstrip() + "\n\n## Fleet telemetry ingestion\n\n" + table + "\n"
+    else:
+        text = text[:found.end()] + "\n" + table + "\n" + text[found.end():]
     path.write_text(text)
 
 
