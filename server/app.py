@@ -17,13 +17,10 @@ from starlette.concurrency import run_in_threadpool
 
 from server.api import ROUTERS
 from server.api.errors import install_error_handlers
-from server.api.fasttelemetry import TelemetryRoute
 from server.api.guard import install_request_guard
 from server.api.observe import RequestObserver
-from server.api.serving import ServingFastAPI
 from server.blobstore import BlobStore
 from server.jobs.interface import JobQueue
-from server.observability.metrics import PollFlusher
 from server.publish.errors import PublishError
 from server.publish.resign import resign_loop
 from server.services.fleet.ramp import ramp_loop
@@ -45,24 +42,30 @@ def create_app(
     `modelfleet serve` does it at start). `blob_store`/`job_queue` override the ones the
     settings choose (tests, embedding)."""
     services = build_services(settings, blob_store=blob_store, job_queue=job_queue)
-    flusher = PollFlusher(services.manifest_cache.stats)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        async with background(services), flushing(flusher):
+        async with background(services):
             yield
         await services.fleet.aclose()  # the telemetry group commit's connection
         await run_in_threadpool(services.close)
 
-    # FastAPI, plus manifest polls answered from the process cache first (server/api/serving.py).
-    app = ServingFastAPI(
+    app = FastAPI(
         title="ModelFleet",
         version=API_VERSION,
         description="Model releases and over-the-air updates. Write endpoints need a bearer "
         "token with the right scope (`modelfleet tokens create --scope …`).",
         lifespan=lifespan,
-        manifest_cache=services.manifest_cache,
-        log_polls=settings.log_polls,
+        # No slash redirects: Starlette builds them from the Host header (`Host: evil.example`
+        # → `Location: http://evil.example/…`). A path with a stray slash is a 404.
+        redirect_slashes=False,
+        # The API docs page is served from this package's own copy of swagger-ui
+        # (server/api/docs.py), never from a CDN on the dashboard's origin.
+        docs_url=None,
+        redoc_url=None,
+        # FastAPI's OpenTelemetry hooks look up the global providers on every request; this
+        # server exports Prometheus counters (server/observability/metrics.py) instead.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     # The one handle on the wiring; routes reach its parts through server/api/deps.py. The
     # plain attributes name the same objects, for tests and embedders that inspect them.
@@ -72,19 +75,14 @@ def create_app(
     app.state.session_factory = services.session_factory
     app.state.blob_store = services.blob_store
     app.state.job_queue = services.job_queue
-    app.state.poll_flusher = flusher  # GET /metrics flushes this process's polls first
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
     # Authentication and size caps before any request body is read (server/api/guard.py).
     install_request_guard(app, settings, ROUTERS)
-    # Device telemetry answered before the guard and FastAPI, by the same rules
-    # (server/api/fasttelemetry.py); added last, so it runs first.
-    app.add_middleware(TelemetryRoute, fleet=services.fleet,
-                       cap=settings.max_telemetry_body_bytes)
     # Outermost: request id, request counter and access log around everything, the guard's
     # own refusals included (server/api/observe.py).
-    app.add_middleware(RequestObserver)
+    app.add_middleware(RequestObserver, log_device_requests=settings.log_polls)
     return app
 
 
@@ -112,26 +110,3 @@ async def background(services: Services) -> AsyncIterator[None]:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-
-POLL_FLUSH_SECONDS = 1.0
-
-
-@contextlib.asynccontextmanager
-async def flushing(flusher: PollFlusher) -> AsyncIterator[None]:
-    """Copies the poll counts into the poll counter once a second, so a scrape answered by
-    another worker process is at most that far behind (server/observability/metrics.py)."""
-
-    async def loop() -> None:
-        while True:
-            await asyncio.sleep(POLL_FLUSH_SECONDS)
-            flusher.flush()
-
-    task = asyncio.create_task(loop())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        flusher.flush()

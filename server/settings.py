@@ -58,10 +58,15 @@ class Settings(BaseSettings):
     # DATA_DIR/keys. In production mount only release.key here (root keys stay offline).
     keys_dir: Path | None = None
 
-    # Manifest polls and telemetry answered in the HTTP protocol write no access-log line; with
-    # this on (and uvicorn's access log on) they take the logged ASGI path
-    # (server/api/fastpoll.py, server/api/fastingest.py).
+    # Manifest polls and telemetry (device traffic) are counted in /metrics; their answers
+    # below 400 are written to the access log only with this on (server/api/observe.py;
+    # `modelfleet serve --log-polls`).
     log_polls: bool = False
+    # The HTTP server's limits (server/http_server.py): a request head (request line and
+    # headers) larger than this is a 431 and the connection closed; a head not complete
+    # this long after the connection (or the previous answer) is closed unanswered.
+    max_header_bytes: int = Field(default=64 * 1024, ge=8192)
+    header_read_timeout_seconds: float = Field(default=10.0, gt=0)
     # Log lines as human text or one JSON object per line (server/observability/logs.py);
     # `modelfleet serve|worker --log-format` overrides it. Text by default: a terminal or a
     # `tee` in development stays readable; deployments choose json (docker-compose.yml does).

@@ -2,8 +2,9 @@
 reports/s in batches of 50, 0 lost, with the server's CPU per request.
 
 One run, on loopback: a fresh PostgreSQL database (migrated), signing keys, a released model
-version on channel `prod`, `--devices` enrolled devices (keys made here), then the real app
-under uvicorn (`--workers`, the same protocol as `modelfleet serve`). For each phase, the
+version on channel `prod`, `--devices` enrolled devices (keys made here), then the real
+server as deployed: `modelfleet serve --workers N` (granian, server/http_server.py; the
+ordinary `POST /v1/telemetry` route over the group commit). For each phase, the
 requests are built and signed beforehand (unique report ids, fresh `sent_at`, round-robin
 over the devices so the per-device rate limit is never the bottleneck) and replayed by wrk
 (bench/fleet/requests.lua) for `--duration` seconds; the rows in `telemetry_events` are
@@ -12,7 +13,7 @@ phases; the table gives medians (range in brackets). Server CPU per request = th
 user+system time over the round / requests answered.
 
     python bench/fleet/run.py [--workers 2] [--duration 5] [--rounds 3] [--connections 32]
-                              [--devices 1000] [--http device|asgi] [--write-docs]
+                              [--devices 1000] [--write-docs]
 
 Needs PostgreSQL at 127.0.0.1:5432 (user postgres, trust) and wrk (apt-get install -y wrk).
 """
@@ -149,22 +150,12 @@ def build_requests(devices: list[tuple[str, object]], count: int, per: int, path
             out.write(f"{device_id}\t{sig}\t{body.decode()}\n")
 
 
-# device: telemetry and polls answered in the HTTP protocol (what `modelfleet serve` runs);
-# asgi: the same server with telemetry through uvicorn's ASGI cycle (the raw route), to compare.
-HTTP_PROTOCOLS = {"device": "server.api.fastingest:DeviceProtocol",
-                  "asgi": "server.api.fastpoll:ManifestPollProtocol"}
-
-
-def start_server(url: str, data: Path, port: int, workers: int,
-                 http: str = "device") -> subprocess.Popen[bytes]:
-    env = {**os.environ, "MODELFLEET_DATA_DIR": str(data), "MODELFLEET_DATABASE_URL": url,
-           "PYTHONPATH": str(ROOT)}
+def start_server(url: str, data: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "MODELFLEET_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "bench.serve.app:make_app", "--factory",
-         "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-         "--http", HTTP_PROTOCOLS[http], "--loop", "uvloop",
-         "--no-access-log", "--log-level", "warning"],
-        cwd=ROOT, env=env, start_new_session=True)
+        [sys.executable, "-m", "modelfleet", "serve", "--data-dir", str(data),
+         "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)],
+        cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
 
 
 def rows(url: str) -> int:
@@ -243,9 +234,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--devices", type=int, default=1000)
-    ap.add_argument("--http", choices=sorted(HTTP_PROTOCOLS), default="device",
-                    help="device: telemetry answered in the HTTP protocol (modelfleet serve); "
-                    "asgi: through uvicorn's ASGI cycle, for comparison")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
 
@@ -259,7 +247,7 @@ def main() -> None:
             tmp = Path(tmp_s)
             devices = seed(url, tmp / "data", args.devices)
             port = free_port()
-            server = start_server(url, tmp / "data", port, args.workers, args.http)
+            server = start_server(url, tmp / "data", port, args.workers)
             wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
             # Warm-up: every device's key into the workers' caches, connections pooled.
             phase("warm", 1, port, url, server, devices, tmp,
@@ -295,14 +283,14 @@ def render(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
 
     date = dt.date.today().isoformat()
     lines = [
-        f"## Fleet telemetry ingestion ({date})",
+        f"### bench/fleet run ({date})",
         "",
         f"`python bench/fleet/run.py --workers {args.workers} --duration {args.duration} "
-        f"{'' if args.http == 'device' else '--http ' + args.http + ' '}"
         f"--rounds {args.rounds} --connections {args.connections} --devices {args.devices}`: "
-        "the real app under uvicorn into PostgreSQL 127.0.0.1, signed requests replayed by "
+        "`modelfleet serve` (granian, the ordinary route) into PostgreSQL 127.0.0.1, signed "
+        "requests replayed by "
         "wrk on loopback; medians of the rounds [range]. Server CPU = user+system of the "
-        "uvicorn processes per request answered, PostgreSQL CPU = on-CPU time of the "
+        "server processes per request answered, PostgreSQL CPU = on-CPU time of the "
         "PostgreSQL backends connected to the bench's database per request answered (not the "
         "shared WAL writer and checkpointer); lost = reports answered 200 − rows stored "
         "(counted after each round).",
@@ -320,11 +308,16 @@ def render(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
 
 
 def write_docs(table: str) -> None:
+    """Adds the run at the top of docs/benchmarks.md's telemetry section (the earlier runs
+    stay below it, for comparison)."""
     path = ROOT / "docs" / "benchmarks.md"
     text = path.read_text()
-    pattern = re.compile(r"^## Fleet telemetry ingestion.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(table + "\n\n", text) if pattern.search(text) else (
-        text.rstrip() + "\n\n" + table + "\n")
+    heading = re.compile(r"^## Fleet telemetry ingestion.*\n", re.M)
+    found = heading.search(text)
+    if found is None:
+        text = text.rstrip() + "\n\n## Fleet telemetry ingestion\n\n" + table + "\n"
+    else:
+        text = text[:found.end()] + "\n" + table + "\n" + text[found.end():]
     path.write_text(text)
 
 

@@ -1,5 +1,6 @@
 """HTTP API routers. Each area adds its router module here and appends it to ROUTERS;
-`server.app.create_app` includes them in this order."""
+`server.app.create_app` includes them in this order. Device traffic (manifest polls and
+telemetry) comes first: routing tries routes in order, and those are most requests."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from server.api import (
     audit,
     builds,
     devices,
+    docs,
     health,
     metrics,
     models,
@@ -21,16 +23,17 @@ from server.api import (
 )
 
 ROUTERS: list[APIRouter] = [
+    telemetry.router,
+    serving.router,
     health.router,
     metrics.router,
     audit.router,
     models.router,
     versions.router,
     builds.router,
-    serving.router,
     rollouts.router,
     timeline.router,
     devices.router,
-    telemetry.router,
     ui.router,
+    docs.router,
 ]

@@ -25,11 +25,14 @@ from server.services.rollouts import RolloutService
 from server.settings import Settings
 from server.wiring import Services
 
+# The dependencies that only hand over a wired object are `async def`: FastAPI runs a plain
+# `def` dependency in the thread pool, a thread hop per dependency per request.
+
 # auto_error=False: we answer a missing token ourselves, with a message that says how to fix it.
 bearer = HTTPBearer(auto_error=False, description="API token from `modelfleet tokens create`")
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
@@ -37,7 +40,7 @@ def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def get_settings(services: ServicesDep) -> Settings:
+async def get_settings(services: ServicesDep) -> Settings:
     return services.settings
 
 
@@ -50,31 +53,35 @@ def get_session(services: ServicesDep) -> Iterator[Session]:
         session.close()
 
 
-def get_blob_store(services: ServicesDep) -> BlobStore:
+async def get_blob_store(services: ServicesDep) -> BlobStore:
     return services.blob_store
 
 
-def get_job_queue(services: ServicesDep) -> JobQueue:
+async def get_job_queue(services: ServicesDep) -> JobQueue:
     return services.job_queue
 
 
-def get_publisher(services: ServicesDep) -> Publisher:
+async def get_publisher(services: ServicesDep) -> Publisher:
     return services.publisher
 
 
-def get_manifest_cache(services: ServicesDep) -> ManifestCache:
+async def get_manifest_cache(request: Request) -> ManifestCache:
+    # Straight from the request, not through ServicesDep: device routes (polls, telemetry)
+    # are most requests, and each nested dependency costs a resolution per request.
+    services: Services = request.app.state.services
     return services.manifest_cache
 
 
-def get_patch_scheduler(services: ServicesDep) -> PatchScheduler:
+async def get_patch_scheduler(services: ServicesDep) -> PatchScheduler:
     return services.patch_scheduler
 
 
-def get_rollouts(services: ServicesDep) -> RolloutService:
+async def get_rollouts(services: ServicesDep) -> RolloutService:
     return services.rollouts
 
 
-def get_fleet(services: ServicesDep) -> Fleet:
+async def get_fleet(request: Request) -> Fleet:
+    services: Services = request.app.state.services  # as get_manifest_cache
     return services.fleet
 
 
@@ -93,7 +100,7 @@ FleetDep = Annotated[Fleet, Depends(get_fleet)]
 CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
-def reject_unknown_query_params(request: Request) -> None:
+async def reject_unknown_query_params(request: Request) -> None:
     """Router dependency: a query parameter the route does not declare, or a single-valued one
     given several times, is a 422 naming it — a typo (`?limt=5`) or a mistaken repeat is
     reported instead of silently ignored or silently reduced to its last value."""

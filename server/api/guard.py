@@ -5,6 +5,12 @@ FastAPI reads (and, for multipart, spools to disk) the whole body before any dep
 so the token check in `server.api.deps` comes too late to protect memory and disk. For every
 POST/PUT/PATCH/DELETE the guard, in this order and before a byte of the body is received:
 
+0. refuses a chunked body (`Transfer-Encoding`) with 411 Length Required: only a chunked
+   body can carry trailer fields, and some servers (uvicorn's httptools protocol) append
+   trailers to the very header list the app reads, so `Authorization` or `X-Device-*` sent
+   as a trailer would authenticate the request. Refused here, no trailer reaches
+   authentication whatever server runs the app; every client of this API (the CLI, the
+   device SDK, the dashboard, browsers' form uploads) sends a Content-Length;
 1. finds the route and, when the route needs a token, authenticates the `Authorization`
    header and checks the route's scope with the same machinery (`server.auth`) — a failure is
    a 401/403 sent at once, with `Connection: close`, so the body is never read;
@@ -97,6 +103,23 @@ def _api_routes(routers: Sequence[APIRouter]) -> Iterator[APIRoute]:
                 yield route
 
 
+def _exact_rules(rules: list[RouteRule]) -> dict[tuple[str, str], RouteRule]:
+    """(method, path) → rule for the routes without path parameters that no earlier route
+    would match first: a dict lookup instead of trying every route in order (the rest are
+    matched in order, as the router does)."""
+    exact: dict[tuple[str, str], RouteRule] = {}
+    for i, rule in enumerate(rules):
+        path = rule.route.path
+        if "{" in path:
+            continue
+        if any(earlier.route.path_regex.match(path) for earlier in rules[:i]
+               if set(earlier.route.methods or ()) & set(rule.route.methods or ())):
+            continue
+        for method in rule.route.methods or ():
+            exact.setdefault((method, path), rule)
+    return exact
+
+
 def upload_cap(settings: Settings) -> int:
     """The whole multipart request: the model, both optional .npz files and the metadata."""
     return (settings.max_model_bytes + 2 * settings.max_npz_bytes
@@ -124,7 +147,7 @@ async def _respond(send: Send, status: int, payload: bytes,
 
 
 def declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    """The Content-Length of raw ASGI (or uvicorn protocol) headers, or None."""
+    """The Content-Length of raw ASGI headers, or None."""
     for name, value in headers:
         if name == b"content-length":
             return int(value) if value.isdigit() else None
@@ -150,12 +173,21 @@ class RequestGuard:
         self.pepper = settings.token_pepper
         self.uploads_in_flight = 0
         self._rules: list[RouteRule] | None = None
+        self._exact: dict[tuple[str, str], RouteRule] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in WRITE_METHODS:
             await self.app(scope, receive, send)
             return
         rule = self._rule_for(scope)
+        if rule is not None:
+            scope["route"] = rule.route  # the request's route label, refused or not
+        if header(scope, b"transfer-encoding") is not None:
+            await _respond(send, 411, error_payload(
+                411, "length_required", "a chunked request body is refused: send the body "
+                "with a Content-Length", fix="send Content-Length (a chunked body may carry "
+                "trailer fields, which are never read as request headers here)"))
+            return
         if rule is not None and rule.token:
             refusal = await anyio.to_thread.run_sync(self._authorize, scope, rule)
             if refusal is not None:
@@ -171,6 +203,10 @@ class RequestGuard:
     def _rule_for(self, scope: Scope) -> RouteRule | None:
         if self._rules is None:  # the routes are complete once the first request arrives
             self._rules = [route_rule(r) for r in _api_routes(self.routers)]
+            self._exact = _exact_rules(self._rules)
+        exact = self._exact.get((scope["method"], scope["path"]))
+        if exact is not None:
+            return exact
         for rule in self._rules:
             match, _ = rule.route.matches(scope)
             if match is Match.FULL:
@@ -250,13 +286,13 @@ class RequestGuard:
 
 
 def too_large_payload(cap: int, *, fix: str = "send a smaller request body") -> bytes:
-    """The 413 body for a request body over `cap` (also written by server/api/fastingest.py)."""
+    """The 413 body for a request body over `cap`."""
     return error_payload(413, "payload_too_large",
                          f"request body is larger than the limit of {cap} bytes", fix=fix)
 
 
 def too_deep_payload() -> bytes:
-    """The 422 body for JSON nested deeper than allowed (also server/api/fastingest.py)."""
+    """The 422 body for JSON nested deeper than allowed."""
     return error_payload(422, "invalid_request", f"request body: {depth_error()}",
                          field="body", fix="send the documented request schema (see /docs)")
 

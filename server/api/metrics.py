@@ -24,12 +24,11 @@ router = APIRouter(tags=["health"], dependencies=[StrictQuery])
                        401: {"description": "MODELFLEET_METRICS_TOKEN is set and the "
                              "bearer token is not it"}})
 def get_metrics(request: Request, settings: SettingsDep) -> Response:
-    """Request, poll, job, telemetry and halt counters (Prometheus text format)."""
+    """Request (polls included), job, telemetry and halt counters (Prometheus text format)."""
     wanted = settings.metrics_token
     if wanted:
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {wanted}".encode()):
             raise AuthenticationError("GET /metrics needs the metrics token",
                                       fix="send Authorization: Bearer $MODELFLEET_METRICS_TOKEN")
-    request.app.state.poll_flusher.flush()  # this process's polls up to now
     return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)

@@ -2,73 +2,28 @@
 root versions, and artifact and patch files (Range → 206 / 416 on the local store, a 302 to a
 presigned URL on S3).
 
-Manifest bytes are served exactly as signed and stored, through the one poll path of
-server/publish/manifest_cache.py: `ServingFastAPI` (the app class) answers a cached poll
-before the framework's per-request work (and under uvicorn the protocol shortcut of
-server/api/fastpoll.py earlier still); the route answers the rest and fills the cache.
+Manifest bytes are served exactly as signed and stored, by one route over the per-process
+cache of server/publish/manifest_cache.py. At fleet scale polls should not reach Python at
+all: the publisher writes the same bytes to the bucket, which a CDN or caching proxy serves.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, FastAPI, Path, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import RedirectResponse, StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from server.api.deps import BlobStoreDep, ManifestCacheDep, SessionDep, ShortSessionDep
 from server.api.errors import NOT_FOUND
 from server.publish.errors import ChannelNotFoundError
 from server.publish.httpcache import RangeNotSatisfiable, etag_for, if_none_match, parse_range
-from server.publish.manifest_cache import MANIFEST_CACHE_CONTROL, ManifestCache
+from server.publish.manifest_cache import MANIFEST_CACHE_CONTROL
 from server.publish.rollouts import CHANNEL_NAME
 from server.services import serving
 
 IMMUTABLE = "public, max-age=31536000, immutable"
 SHA256_PATTERN = "^[0-9a-f]{64}$"
-PREFIX = "/v1/channels/"
-SUFFIX = "/manifest"
-
-
-def request_if_none_match(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The If-None-Match header of raw ASGI (or uvicorn protocol) headers, or None."""
-    for name, value in headers:
-        if name == b"if-none-match":
-            return value.decode("latin-1")
-    return None
-
-
-class ServingFastAPI(FastAPI):
-    """FastAPI that answers a manifest poll from the process cache before any per-request
-    framework work (middleware, routing, dependencies) — that is what keeps a 304 cheap. A
-    miss, any other path or method goes through FastAPI as usual."""
-
-    def __init__(self, *args: Any, manifest_cache: ManifestCache, log_polls: bool = False,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.manifest_cache = manifest_cache
-        # Logged polls take the middleware path, where the access log is written.
-        self.log_polls = log_polls
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path: str = scope.get("path", "")
-        if (scope["type"] == "http" and scope["method"] == "GET" and not self.log_polls
-                and path.startswith(PREFIX) and path.endswith(SUFFIX)):
-            cache = self.manifest_cache
-            entry = cache.lookup(path[len(PREFIX):-len(SUFFIX)])
-            if entry is not None:
-                cache.stats.app += 1
-                if entry.not_modified(request_if_none_match(scope["headers"])):
-                    cache.stats.app_304 += 1
-                    await send({"type": "http.response.start", "status": 304,
-                                "headers": entry.headers_304})
-                    await send({"type": "http.response.body", "body": b""})
-                else:
-                    await send({"type": "http.response.start", "status": 200,
-                                "headers": entry.headers_200})
-                    await send({"type": "http.response.body", "body": entry.data})
-                return
-        await super().__call__(scope, receive, send)
 
 
 router = APIRouter(prefix="/v1", tags=["serving"])
@@ -89,10 +44,8 @@ async def get_manifest(channel: str, request: Request, cache: ManifestCacheDep) 
     entry = cache.lookup(channel)
     if entry is None:
         entry = await cache.load(channel)
-    cache.stats.route += 1
     headers = {"ETag": entry.etag, "Cache-Control": MANIFEST_CACHE_CONTROL}
     if entry.not_modified(request.headers.get("if-none-match")):
-        cache.stats.route_304 += 1
         return Response(status_code=304, headers=headers)
     return Response(entry.data, media_type="application/json", headers=headers)
 

@@ -9,9 +9,10 @@
   release's content key sealed to the device (server/services/fleet/content_keys.py);
 - `POST /v1/telemetry`: no bearer token — the device's signature over the exact body bytes
   (`X-Device-Id`, `X-Device-Signature`), verified before the body is parsed; the body is
-  capped at `max_telemetry_body_bytes` (256 KiB) before it is read. Served by the raw ASGI
-  route of server/api/fasttelemetry.py; the route here documents it in the OpenAPI spec and
-  answers under a root path, through the same `Fleet.receive`.
+  capped at `max_telemetry_body_bytes` (256 KiB) by the request guard before it is read
+  (server/api/guard.py), then handed to `Fleet.receive` as the exact bytes. One ordinary
+  route: the rate comes from the devices batching (up to 500 reports a request,
+  client_sdk/telemetry.py) and the group commit (server/services/fleet/groupcommit.py).
 A batch that brought a final verdict, a failure or a rollback is judged by the guard in the
 same request, after its transaction committed, and the rollouts it touched take a due ramp
 step if healthy (server/services/fleet/ramp.py) — both in `Fleet.receive`.
@@ -28,7 +29,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from server.api.deps import EnrollPrincipal, FleetDep, RolloutPrincipal, ServicesDep
-from server.api.errors import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND, ErrorBody
+from server.api.errors import (
+    AUTH_ERRORS,
+    CONFLICT,
+    INVALID,
+    NOT_FOUND,
+    ErrorBody,
+    error_response,
+)
 from server.services.fleet import attestation, identity
 from server.services.fleet.enrolment import EnrolmentRateError, Grant
 from server.services.fleet.ingest import RateLimitedError
@@ -154,9 +162,10 @@ def set_channel_attestation(channel: Annotated[str, Path(max_length=64)], body: 
 
 
 def _error(status: int, code: str, detail: str, fix: str | None,
-           headers: dict[str, str] | None = None) -> JSONResponse:
-    body = ErrorBody(detail=detail, code=code, fix=fix)
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+           headers: dict[str, str] | None = None) -> Response:
+    response = error_response(status, code, detail, fix=fix)
+    response.headers.update(headers or {})
+    return response
 
 
 TELEMETRY_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -175,13 +184,16 @@ TELEMETRY_ERRORS: dict[int | str, dict[str, Any]] = {
 async def post_telemetry(request: Request, service: FleetDep) -> Response:
     """A signed batch of 1–500 reports (docs/shadow.md "Report schema"). Reports already
     stored are skipped and counted as `duplicates`."""
-    body = await request.body()
+    body = await request.body()  # already read (and capped) by the request guard
+    headers = request.headers
     try:
-        result = await service.receive(request.headers.get("x-device-id"),
-                                       request.headers.get("x-device-signature"), body)
+        result = await service.receive(headers.get("x-device-id"),
+                                       headers.get("x-device-signature"), body)
     except RateLimitedError as e:
         return _error(429, e.code, e.message, e.fix, {"Retry-After": str(e.retry_after)})
-    return JSONResponse({"accepted": result.accepted, "duplicates": result.duplicates})
+    # Two integers: no JSON encoder, no response-model validation.
+    return Response(b'{"accepted":%d,"duplicates":%d}' % (result.accepted, result.duplicates),
+                    media_type="application/json")
 
 
 class ContentKeyOut(BaseModel):

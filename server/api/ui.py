@@ -1,5 +1,7 @@
-"""The dashboard: `GET /` redirects (307) to `/ui/`; `/ui/` is its page and `/ui/{file}` its
-stylesheet and JavaScript modules, read once from the package data in server/ui/static/.
+"""The dashboard: `GET /` and `GET /ui` redirect (307) to `/ui/`; `/ui/` is its page and
+`/ui/{file}` its stylesheet and JavaScript modules, read once from the package data in
+server/ui/static/.
+Redirects are relative (`Location: /ui/`): never built from the request's Host header.
 
 Every answer carries a strict Content-Security-Policy: scripts only from this origin (no
 inline script, no eval), no plugins, no framing, and fetches only to this origin — a value
@@ -62,6 +64,7 @@ def _file(name: str) -> Response:
 
 
 @router.get("/")
+@router.get("/ui")
 def root() -> RedirectResponse:
     return RedirectResponse("/ui/", status_code=307)
 

@@ -4,9 +4,9 @@ newer root?" probe. Devices ask for /v1/root/<N+1>.json on every update and a 40
 normal answer (no rotation happened); logged, it looks like an error on each poll.
 
 The access log is the app's own (logger `modelfleet.access`, written by
-server/api/observe.py: route template, duration, request id); uvicorn's is switched off.
-Manifest polls answered from the cache write none unless `--log-polls`
-(server/api/fastpoll.py)."""
+server/api/observe.py: route template, duration, request id); the HTTP server's (granian,
+server/http_server.py) is switched off. Manifest polls and telemetry write none unless
+`--log-polls`."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ ROOT_PROBE = re.compile(r"^/v1/root/\d+\.json$")
 
 
 class QuietRootProbe(logging.Filter):
-    """Drops access records of `GET /v1/root/<N>.json` answered 404 (their args are
-    uvicorn's: client, method, path, http version, status)."""
+    """Drops access records of `GET /v1/root/<N>.json` answered 404 (their args, as
+    server/api/observe.py writes them: client, method, path, http version, status)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
@@ -56,7 +56,7 @@ class StdStreamHandler(logging.Handler):
 
 
 def log_config(fmt: LogFormat = "text", *, level: str = "INFO") -> dict[str, Any]:
-    """dictConfig for a server process (uvicorn applies it in every worker process too):
+    """dictConfig for a server process (granian applies it in every worker process too):
     everything to stderr in `fmt`, the access log to stdout without root-probe 404s."""
     formatter = "json" if fmt == "json" else "text"
     filters = ["request_id"]
@@ -78,9 +78,9 @@ def log_config(fmt: LogFormat = "text", *, level: str = "INFO") -> dict[str, Any
                        "formatter": formatter, "filters": [*filters, "quiet_root_probe"]},
         },
         "loggers": {
-            "uvicorn": {"handlers": ["default"], "level": level, "propagate": False},
-            "uvicorn.error": {"level": level},
-            "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
+            # granian's own records (startup, workers, errors); its access log stays off.
+            "_granian": {"handlers": ["default"], "level": level, "propagate": False},
+            "granian.access": {"handlers": [], "level": "WARNING", "propagate": False},
             "modelfleet.access": {"handlers": ["access"], "level": level, "propagate": False},
         },
         "root": {"handlers": ["default"], "level": level},

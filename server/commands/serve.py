@@ -2,9 +2,10 @@
 
 SQLite file and local blob directory under --data-dir unless MODELFLEET_DATABASE_URL /
 MODELFLEET_BLOB_STORE say otherwise; the schema is migrated (`alembic upgrade head`) first.
-A port already in use is reported at once, before anything else happens. `--workers N`
-runs N API processes sharing one fresh Prometheus multiprocess directory; `--log-format json`
-writes one JSON object per log line (server/observability/logs.py).
+A port already in use is reported at once, before anything else happens. The HTTP server is
+granian with the limits of server/http_server.py; `--workers N` runs N API processes sharing
+one fresh Prometheus multiprocess directory; `--log-format json` writes one JSON object per
+log line (server/observability/logs.py).
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ from server.commands.common import LogFormatOption
 
 
 def port_in_use(host: str, port: int) -> str | None:
-    """Why `host:port` cannot be listened on (as uvicorn would bind it), or None if it can."""
+    """Why `host:port` cannot be listened on (as the server would bind it), or None if it can."""
     try:
         family, kind, proto, _name, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     except socket.gaierror as e:
         return f"cannot resolve {host!r}: {e.strerror}"
     with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
         try:
             sock.bind(address)
         except OSError as e:
@@ -39,17 +40,17 @@ def port_in_use(host: str, port: int) -> str | None:
 @contextlib.contextmanager
 def multiprocess_metrics_dir() -> Iterator[Path]:
     """A fresh PROMETHEUS_MULTIPROC_DIR (under the temp directory, TMPDIR) for this run's
-    worker processes: spawned after this, they inherit it and write their counters there;
+    worker processes: forked after this, they inherit it and write their counters there;
     GET /metrics in any of them sums all (server/observability/metrics.py). Fresh, because
     counters left by an earlier run would be summed in; removed afterwards."""
     import os
     import shutil
     import tempfile
 
-    from server.observability.metrics import MULTIPROC_ENV
-
     path = Path(tempfile.mkdtemp(prefix="modelfleet-metrics-"))
-    os.environ[MULTIPROC_ENV] = str(path)  # this process exits when the workers have
+    # prometheus_client's own variable, read once when it is imported: set before anything
+    # here imports it (server.observability.metrics would), so forked workers see it.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
     try:
         yield path
     finally:
@@ -64,17 +65,16 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int, typer.Option()] = 8000,
         workers: Annotated[int, typer.Option(min=1, max=64, help="API processes")] = 1,
         log_polls: Annotated[bool, typer.Option(
-            "--log-polls", metavar="", help="Access-log manifest polls and telemetry too (slower: "
-            "through the full ASGI path)")] = False,
+            "--log-polls", metavar="", help="Access-log manifest polls and telemetry too "
+            "(one line per device request)")] = False,
         log_format: LogFormatOption = None,
     ) -> None:
         """Start the API on the embedded default (SQLite file + local blob directory)."""
         import os
 
-        import uvicorn
-
         from server.commands.accesslog import log_config
         from server.commands.common import chosen_log_format, migrated_settings
+        from server.http_server import build_server
 
         busy = port_in_use(host, port)
         if busy is not None:
@@ -82,29 +82,19 @@ def register(app: typer.Typer) -> None:
                        f"there, or pick another port with --port {port + 1}; with "
                        f"./scripts/serve: PORT={port + 1})", err=True)
             raise typer.Exit(1)
-        settings = migrated_settings(data_dir)
-        fmt = chosen_log_format(log_format, settings)
-        settings = settings.model_copy(update={"log_format": fmt})
-        typer.echo(f"ModelFleet API on http://{host}:{port} (data: {settings.data_dir}, "
-                   f"blobs: {settings.blob_store}, docs: /docs)")
-        # Fresh manifest polls and device telemetry are answered inside the HTTP protocol,
-        # unlogged unless --log-polls (server/api/fastingest.py); the rest is uvicorn as usual.
-        from server.api.fastingest import DeviceProtocol
-
-        if log_polls:
-            settings = settings.model_copy(update={"log_polls": True})
-        if workers == 1:
-            from server.app import create_app
-
-            uvicorn.run(create_app(settings), host=host, port=port, http=DeviceProtocol,
-                        loop="auto", log_level="info", log_config=log_config(fmt))
-            return
-        # Worker processes build the app themselves, from the environment (server/asgi.py).
-        os.environ["MODELFLEET_DATA_DIR"] = str(settings.data_dir)
-        os.environ["MODELFLEET_LOG_FORMAT"] = fmt
-        if log_polls:
-            os.environ["MODELFLEET_LOG_POLLS"] = "1"
-        with multiprocess_metrics_dir():
-            uvicorn.run("server.asgi:app", host=host, port=port, workers=workers,
-                        http="server.api.fastingest:DeviceProtocol", loop="auto",
-                        log_level="info", log_config=log_config(fmt))
+        with contextlib.ExitStack() as stack:
+            if workers > 1:  # before anything imports prometheus_client: workers are forked
+                stack.enter_context(multiprocess_metrics_dir())
+            settings = migrated_settings(data_dir)
+            fmt = chosen_log_format(log_format, settings)
+            settings = settings.model_copy(update={"log_format": fmt})
+            typer.echo(f"ModelFleet API on http://{host}:{port} (data: {settings.data_dir}, "
+                       f"blobs: {settings.blob_store}, docs: /docs)")
+            # Worker processes build the app themselves, from the environment
+            # (server/asgi.py).
+            os.environ["MODELFLEET_DATA_DIR"] = str(settings.data_dir)
+            os.environ["MODELFLEET_LOG_FORMAT"] = fmt
+            if log_polls:
+                os.environ["MODELFLEET_LOG_POLLS"] = "1"
+            build_server(settings, host=host, port=port, workers=workers,
+                         log_config=log_config(fmt)).serve()

@@ -16,11 +16,15 @@ come whose table mixes in `server.db.models.LeasedJob` — follow the same rules
 
 Every state change but the claim itself goes through the row's checked `transition`; the
 claim's WHERE clause is the check for → running.
+
+A worker's id (`locked_by`) names its host and pid, for operators; what a job shows the
+outside (its log) names the worker by `public_worker_name` instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import threading
 import time
@@ -40,6 +44,13 @@ log = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=Enum)
 J = TypeVar("J", bound=LeasedJob[Any])
+
+
+
+def public_worker_name(worker_id: str) -> str:
+    """An opaque, stable name for a worker id (`w-` and 10 hex digits): the same worker is
+    recognisable across a job's log lines, its host name and pid are not in them."""
+    return "w-" + hashlib.sha256(worker_id.encode()).hexdigest()[:10]
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from server.db.models import (
 )
 from server.db.types import utcnow
 from server.delta import DeltaPolicy
-from server.jobs.lease import Lease, RetryPolicy
+from server.jobs.lease import Lease, RetryPolicy, public_worker_name
 from server.jobs.patch_runner import patch_before_ready
 from server.observability.metrics import BUILD_JOBS
 from server.publish.bucket import store_artifact
@@ -145,7 +145,12 @@ class BuildRunner:
     def run_claimed(self, build_id: int) -> None:
         with self._sf() as s:  # the log shows every attempt; each beat publishes progress
             job_log = _JobLog(s.scalar(select(Build.log).where(Build.id == build_id)) or "")
-        job_log(f"attempt started on worker {self.worker_id}")
+        # The build log is readable without a token: an opaque name there, the worker's
+        # host and pid only in the server's own log.
+        label = public_worker_name(self.worker_id)
+        log.info("build %d: attempt on worker %s (%s in the build log)", build_id,
+                 self.worker_id, label)
+        job_log(f"attempt started on worker {label}")
         work = Path(tempfile.mkdtemp(prefix=f"build-{build_id}-", dir=self._work_root))
         try:
             with self.lease.heartbeat(build_id, lambda: {"log": job_log.text()}):

@@ -1,15 +1,11 @@
-"""The one manifest-poll path: a per-process cache of each channel's signed bytes, and the one
-conditional-request rule (If-None-Match → 304) every poll answerer applies.
-
-Three places answer a `GET /v1/channels/{channel}/manifest`, cheapest first: the uvicorn
-protocol shortcut (server/api/fastpoll.py), the app class before routing
-(`server.api.serving.ServingFastAPI`), and the route. All three call `ManifestCache.lookup`
-and `CachedManifest.not_modified`; only the route, on a miss, waits for `load`.
+"""The manifest-poll cache: a per-process cache of each channel's signed bytes, and the one
+conditional-request rule (If-None-Match → 304) the poll route applies
+(`GET /v1/channels/{channel}/manifest`, server/api/serving.py): `ManifestCache.lookup` and
+`CachedManifest.not_modified`; on a miss the route waits for `load`.
 
 `lookup` returns an entry younger than `max_stale`; an entry older than `ttl` is still
-returned while ONE background reload runs (stale-while-revalidate). Before, the shortcut
-answered only entries younger than `ttl`, so every poll during a reload fell through to the
-slower paths: on slow cores a reload takes long enough that half the polls did.
+returned while ONE background reload runs (stale-while-revalidate), so polls during a slow
+reload are answered from memory instead of queueing behind database reads.
 
 A publish through this process drops the channel's entry at once (the publisher's
 "published" event, wired in server/wiring.py); a reload that started before the publish
@@ -33,14 +29,9 @@ MANIFEST_MAX_STALE_SECONDS = 10.0
 # Devices and CDNs revalidate at most a minute later: a halt reaches the fleet within a
 # minute plus the poll interval, and a revalidation is a cheap 304.
 MANIFEST_CACHE_CONTROL = "public, max-age=60, must-revalidate"
-CACHE_CONTROL_BYTES = MANIFEST_CACHE_CONTROL.encode()
 
 # channel -> (signed bytes, sha256); raises ChannelNotFoundError for an unknown channel.
 ManifestLoader = Callable[[str], tuple[bytes, str]]
-
-
-def _header_lines(headers: tuple[tuple[bytes, bytes], ...]) -> bytes:
-    return b"".join(name + b": " + value + b"\r\n" for name, value in headers)
 
 
 @dataclass(frozen=True)
@@ -48,20 +39,10 @@ class CachedManifest:
     data: bytes
     etag: str
     loaded_at: float
-    # Response headers built once per load, not once per poll: ASGI header lists…
-    headers_304: tuple[tuple[bytes, bytes], ...] = ()
-    headers_200: tuple[tuple[bytes, bytes], ...] = ()
-    # …and the same as HTTP/1.1 header lines, for the protocol shortcut.
-    raw_304: bytes = b""
-    raw_200: bytes = b""
 
     @classmethod
     def of(cls, data: bytes, etag: str, loaded_at: float | None = None) -> CachedManifest:
-        common = ((b"etag", etag.encode()), (b"cache-control", CACHE_CONTROL_BYTES))
-        full = (*common, (b"content-type", b"application/json"),
-                (b"content-length", str(len(data)).encode()))
-        return cls(data, etag, time.monotonic() if loaded_at is None else loaded_at,
-                   common, full, _header_lines(common), _header_lines(full))
+        return cls(data, etag, time.monotonic() if loaded_at is None else loaded_at)
 
     def not_modified(self, if_none_match_header: str | None) -> bool:
         """The conditional-request rule of every poll path: True → answer 304."""
@@ -74,20 +55,10 @@ class CachedManifest:
 
 @dataclass
 class PollStats:
-    """Which path answered each poll (per process): the shortcut's share is the bench figure."""
+    """What the cache did (per process). Polls themselves are counted per status in
+    `modelfleet_http_requests` (server/api/observe.py), like every other request."""
 
-    shortcut: int = 0  # uvicorn protocol (server/api/fastpoll.py)
-    app: int = 0  # ServingFastAPI.__call__, before routing
-    route: int = 0  # the FastAPI route (a miss, HEAD, an entry past max_stale)
-    # How many of each were answered 304 (server/observability/metrics.py exports both).
-    shortcut_304: int = 0
-    app_304: int = 0
-    route_304: int = 0
     reloads: int = 0  # background reloads started
-
-    @property
-    def total(self) -> int:
-        return self.shortcut + self.app + self.route
 
 
 class ManifestCache:

@@ -46,6 +46,7 @@ from server.services.sourcefiles import (
     detect_model_format,
     digest_file,
     onnx_graph_inputs,
+    read_onnx,
 )
 from server.services.version_metadata import (
     UndeclaredInputsError,
@@ -217,7 +218,7 @@ def upload_version(
         if f.field == UploadKind.model.value:
             formats[f.field] = detect_model_format(f.file)
             if formats[f.field] == "onnx":
-                check_onnx_self_contained(f.file)
+                check_onnx_self_contained(read_onnx(f.file))  # the parsed copy is dropped
                 graph = onnx_graph_inputs(f.file)
                 check_input_names(meta.inputs, graph)
                 check_declared_inputs(meta.inputs, graph)

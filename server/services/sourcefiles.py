@@ -1,6 +1,7 @@
 """Recognising uploaded files by their content, not their name: ONNX, torch ExportedProgram
-(.pt2), TorchScript, and NumPy .npz archives. Reads only headers and zip directories, so a
-multi-GB model is checked without loading it.
+(.pt2), TorchScript, and NumPy .npz archives. Formats are told from headers and zip
+directories; the ONNX external-data check parses the model with protobuf (`read_onnx`), the
+graph inputs are read field by field without loading the weights.
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+import onnx
+from google.protobuf.message import DecodeError
+
 from server.compile.protoframe import is_onnx, read_varint
 from server.errors import PayloadTooLargeError, UnsupportedFileError
 
 CHUNK = 1024 * 1024
 MODEL_FORMATS = ("onnx", "pt2", "torchscript")
+MAX_ONNX_BYTES = 2**31 - 1
 
 # ModelProto fields (onnx.proto3): number -> wire type (0 varint, 2 length-delimited).
 _ONNX_GRAPH_FIELD = 7
@@ -71,19 +76,39 @@ def detect_model_format(f: BinaryIO) -> str:
     return fmt
 
 
-def check_onnx_self_contained(f: BinaryIO) -> None:
-    """Refuses an ONNX file that points at external data anywhere a tensor can appear: graph
+def read_onnx(f: BinaryIO) -> onnx.ModelProto:
+    """The uploaded ONNX model, parsed by protobuf (onnx's generated `ModelProto`), never by
+    hand: what protobuf accepts here is what every ONNX loader accepts later — unknown fields
+    and groups skipped, repeated messages merged. The whole file is parsed, so memory is the
+    file's size, bounded by `max_model_bytes` (checked before) and by protobuf's 2 GiB limit
+    on one message (a larger .onnx is refused before it is read); uploads are also limited in
+    number (`max_concurrent_uploads`). Rewinds `f`."""
+    size = f.seek(0, 2)
+    f.seek(0)
+    if size > MAX_ONNX_BYTES:
+        raise UnsupportedFileError(
+            f"file field 'model' is an ONNX file of {size} bytes; a single-file ONNX model "
+            f"is at most {MAX_ONNX_BYTES} bytes (protobuf's limit on one message)",
+            field="model", fix="upload the model as a .pt2 (torch.export.save), or shrink it")
+    try:
+        model: onnx.ModelProto = onnx.ModelProto.FromString(f.read())
+        return model
+    except DecodeError as e:  # also: nesting past protobuf's recursion limit
+        raise UnsupportedFileError(
+            f"file field 'model' is not a valid ONNX model: {e}", field="model",
+            fix="re-export the model (torch.onnx.export) and check it with "
+            "onnx.checker.check_model") from None
+    finally:
+        f.seek(0)
+
+
+def check_onnx_self_contained(model: onnx.ModelProto) -> None:
+    """Refuses an ONNX model that points at external data anywhere a tensor can appear: graph
     initializers, sparse initializers, `Constant` and other node attributes (t, tensors,
     sparse_tensor(s)), subgraphs (If/Loop/Scan bodies), functions and training graphs. Only
     the .onnx is uploaded, and a `location` such as ../../etc/hostname would make a loader
-    read a file of the compile machine into the model.
-
-    Streams: walks the protobuf by field numbers, seeking over tensor bytes, so a multi-GB
-    model is checked in constant memory."""
-    try:
-        where = _external_data_in(f, "model", f.seek(0, 2), start=0, depth=0)
-    finally:
-        f.seek(0)
+    read a file of the compile machine into the model."""
+    where = _external_tensor(model)
     if where:
         raise UnsupportedFileError(
             f"file field 'model' is an ONNX model whose tensor data points at a separate "
@@ -93,6 +118,44 @@ def check_onnx_self_contained(f: BinaryIO) -> None:
             fix="export a single file: torch.onnx.export(..., external_data=False), or "
             "onnx.save(model, path, save_as_external_data=False)",
         )
+
+
+def _external(tensor: onnx.TensorProto) -> bool:
+    return (tensor.data_location == onnx.TensorProto.EXTERNAL
+            or len(tensor.external_data) > 0)
+
+
+def _sparse_external(sparse: onnx.SparseTensorProto) -> bool:
+    return _external(sparse.values) or _external(sparse.indices)
+
+
+def _external_tensor(model: onnx.ModelProto) -> str:
+    """Where ("graph > node > attribute > tensor") the first external-data tensor is; ""."""
+    graphs: list[tuple[str, onnx.GraphProto]] = [("graph", model.graph)]
+    for training in model.training_info:
+        graphs += [("training > graph", training.initialization),
+                   ("training > graph", training.algorithm)]
+    nodes: list[tuple[str, onnx.NodeProto]] = [
+        ("function > node", n) for function in model.functions for n in function.node]
+    while graphs or nodes:
+        if graphs:
+            where, graph = graphs.pop()
+            if any(_external(t) for t in graph.initializer):
+                return f"{where} > tensor"
+            if any(_sparse_external(t) for t in graph.sparse_initializer):
+                return f"{where} > sparse > tensor"
+            nodes += [(f"{where} > node", n) for n in graph.node]
+            continue
+        where, node = nodes.pop()
+        for attribute in node.attribute:
+            at = f"{where} > attribute"
+            if _external(attribute.t) or any(_external(t) for t in attribute.tensors):
+                return f"{at} > tensor"
+            if _sparse_external(attribute.sparse_tensor) or any(
+                    _sparse_external(t) for t in attribute.sparse_tensors):
+                return f"{at} > sparse > tensor"
+            graphs += [(f"{at} > graph", g) for g in (attribute.g, *attribute.graphs)]
+    return ""
 
 
 def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, int, int, int]]:
@@ -122,49 +185,6 @@ def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, int, int, int]]:
 
 
 _GRAPH_INITIALIZER = 5
-_TENSOR_EXTERNAL_DATA = 13
-_TENSOR_DATA_LOCATION = 14
-_DATA_LOCATION_EXTERNAL = 1
-MAX_ONNX_NESTING = 64
-# message -> {field number: message type of that (length-delimited) field}, for the fields
-# through which a TensorProto can be reached (onnx.proto3 numbering).
-_TENSOR_PATHS: dict[str, dict[int, str]] = {
-    "model": {7: "graph", 20: "training", 25: "function"},
-    "training": {1: "graph", 2: "graph"},
-    "function": {7: "node"},
-    "graph": {1: "node", 5: "tensor", 15: "sparse"},
-    "node": {5: "attribute"},
-    "attribute": {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 22: "sparse",
-                  23: "sparse"},
-    "sparse": {1: "tensor", 2: "tensor"},
-}
-
-
-def _external_data_in(f: BinaryIO, kind: str, end: int, *, start: int, depth: int) -> str:
-    """Where (e.g. "graph > node > attribute > tensor") the first external-data tensor of
-    the `kind` message spanning [start, end) is; "" if none."""
-    if depth > MAX_ONNX_NESTING:
-        raise UnsupportedFileError(
-            f"file field 'model' nests ONNX subgraphs more than {MAX_ONNX_NESTING} deep",
-            field="model", fix="flatten the model's control flow")
-    f.seek(start)
-    if kind == "tensor":
-        for number, wire, value, _ in _fields(f, end):
-            if (number == _TENSOR_EXTERNAL_DATA and wire == 2) or (
-                    (number, wire, value) == (_TENSOR_DATA_LOCATION, 0,
-                                              _DATA_LOCATION_EXTERNAL)):
-                return "tensor"
-        return ""
-    children = _TENSOR_PATHS[kind]
-    for number, wire, offset, size in _fields(f, end):
-        child = children.get(number)
-        if child is None or wire != 2:
-            continue
-        found = _external_data_in(f, child, offset + size, start=offset, depth=depth + 1)
-        if found:
-            return found if kind == "model" else f"{kind} > {found}"
-        f.seek(offset + size)
-    return ""
 
 
 _GRAPH_INPUT = 11

@@ -20,6 +20,7 @@ from server.db.session import make_engine, make_session_factory
 from server.db.types import utcnow
 from server.jobs.inprocess import InProcessJobQueue
 from server.jobs.interface import NullJobQueue
+from server.jobs.lease import public_worker_name
 from server.jobs.runner import BuildRunner, RetryPolicy, _JobLog, wait_for
 from server.observability.metrics import BUILD_JOBS
 from tests.jobs.jobs_helpers import make_settings, publish_token, uploader
@@ -268,10 +269,11 @@ def test_hung_compile_stops_heartbeating_and_another_worker_takes_over(registry_
         assert wait_for(lambda: _build(sf).locked_by == "hung", 5, 0.05)
         assert not rescuer.claim(build_id)  # still beating
         # Heartbeats publish the running attempt's log, visible through the API meanwhile.
-        assert wait_for(lambda: "attempt started on worker hung" in _build(sf).log, 2, 0.05)
+        label = public_worker_name("hung")
+        assert wait_for(lambda: f"attempt started on worker {label}" in _build(sf).log, 2, 0.05)
         assert wait_for(lambda: rescuer.process(build_id), 5, 0.2)
     finally:
         t.join()
     b = _build(sf)
     assert b.state == BuildState.succeeded and b.attempts == 2 and b.locked_by is None
-    assert "rescuer" in b.log
+    assert public_worker_name("rescuer") in b.log  # the second attempt, by its public name

@@ -8,6 +8,8 @@
   written in streamed chunks and cached under ~/.cache/modelfleet/security.
 - `onnx_constant_external_data`: an ONNX whose `Constant` node tensor says
   `location=../../etc/hostname`.
+- `onnx_external_data_behind_a_group`: an ONNX whose initializer has an unknown group field
+  (wire types 3/4, which protobuf skips) before its `data_location=EXTERNAL`.
 """
 
 from __future__ import annotations
@@ -145,4 +147,42 @@ def onnx_constant_external_data(out: Path, location: str = "../../etc/hostname")
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
     out.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
                     .SerializeToString())
+    return out
+
+
+def _tag(number: int, wire: int) -> bytes:
+    return _varint(number << 3 | wire)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def onnx_external_data_behind_a_group(out: Path, location: str) -> Path:
+    """y = x + w over x: (1, 4), where the initializer `w` first carries an unknown group
+    field and only then `data_location = EXTERNAL` with `location`. The bytes are framed
+    here: protobuf's own encoder writes unknown fields last, after the known ones."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    head = TensorProto(name="w", dims=[1, 4], data_type=TensorProto.FLOAT).SerializeToString()
+    group = _tag(99, 3) + _tag(1, 0) + _varint(7) + _tag(99, 4)  # field 99: a group
+    external = TensorProto(data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", location), ("offset", "0"), ("length", "16")):
+        entry = external.external_data.add()
+        entry.key, entry.value = key, value
+    tensor = head + group + external.SerializeToString()
+    initializer = _tag(5, 2) + _varint(len(tensor)) + tensor  # GraphProto.initializer
+    # A second ModelProto.graph field: protobuf merges it into the first.
+    extra_graph = _tag(7, 2) + _varint(len(initializer)) + initializer
+    out.write_bytes(model.SerializeToString() + extra_graph)
     return out

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.served import free_port, wait_until_up
+from tests.support.served import free_port, tree_status_kib, wait_until_up
 
 REPO = Path(__file__).resolve().parents[2]
 CHUNK = 64 * 1024
@@ -29,22 +29,16 @@ class Server:
     spool_dir: Path  # the server's TMPDIR: multipart parts are spooled here
 
     def rss_kib(self) -> int:
-        """The server process's resident memory now (VmRSS, KiB)."""
-        return _status_field(self.proc.pid, "VmRSS")
+        """The server's resident memory now (VmRSS, KiB), over its worker processes too."""
+        return tree_status_kib(self.proc.pid, "VmRSS")
 
     def peak_rss_kib(self) -> int:
-        """The server's peak resident memory since it started (VmHWM, KiB)."""
-        return _status_field(self.proc.pid, "VmHWM")
+        """The server's peak resident memory since it started (VmHWM, KiB, each process's
+        peak summed)."""
+        return tree_status_kib(self.proc.pid, "VmHWM")
 
     def files_under_spool(self) -> list[Path]:
         return [p for p in self.spool_dir.rglob("*") if p.is_file()]
-
-
-def _status_field(pid: int, name: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(name + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {name} in /proc/{pid}/status")
 
 
 @contextmanager

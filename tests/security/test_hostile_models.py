@@ -11,6 +11,8 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from tests.security import hostile_models as hostile
@@ -124,3 +126,17 @@ def test_onnx_constant_external_data_pointing_at_host_files_is_refused(
     assert "external-data" in r.json()["detail"]
     assert "attribute > tensor" in r.json()["detail"]
     assert embedded.client.get("/v1/models/extconst/versions/1.0.0").status_code == 404
+
+
+@pytest.mark.parametrize("location", ["../../etc/passwd", "/etc/passwd", "model.onnx"])
+def test_onnx_external_data_behind_an_unknown_group_field_is_refused_at_upload(
+        embedded: Embedded, tmp_path: Path, location: str) -> None:
+    """A hand-written TensorProto reader stopped at the group (wire types 3/4) and never saw
+    the `data_location`; protobuf, which every ONNX loader uses, skips it and sees it."""
+    evil = hostile.onnx_external_data_behind_a_group(tmp_path / "group.onnx", location)
+    loaded = onnx.load_model_from_string(evil.read_bytes())  # what a loader would see
+    assert loaded.graph.initializer[0].data_location == onnx.TensorProto.EXTERNAL
+    r = embedded.upload("extgroup", evil, X)
+    assert r.status_code == 415, r.text
+    assert "external-data" in r.json()["detail"] and "graph > tensor" in r.json()["detail"]
+    assert embedded.client.get("/v1/models/extgroup/versions/1.0.0").status_code == 404

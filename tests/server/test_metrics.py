@@ -1,5 +1,5 @@
 """GET /metrics: Prometheus text with request, job, telemetry and halt counters; the optional
-metrics token; the poll counters' flush."""
+metrics token; manifest polls counted like any request."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from fastapi.testclient import TestClient
 from server.app import create_app
 from server.jobs.interface import NullJobQueue
 from server.observability import metrics
-from server.publish.manifest_cache import PollStats
 from server.settings import Settings
 from tests.support.metrics import sample
 
@@ -60,20 +59,18 @@ def test_metrics_need_no_token_by_default_and_the_token_when_one_is_set(
         scrape(c, Authorization="Bearer scrape-secret-0123456789")
 
 
-def test_poll_flusher_moves_each_count_into_the_counter_once() -> None:
-    stats = PollStats()
-    flusher = metrics.PollFlusher(stats)
-    child = metrics.MANIFEST_POLLS.labels("shortcut", "304")
-    ok = metrics.MANIFEST_POLLS.labels("shortcut", "200")
-    start_304, start_200 = child._value.get(), ok._value.get()
-    stats.shortcut, stats.shortcut_304 = 5, 3
-    flusher.flush()
-    flusher.flush()  # nothing new: nothing added twice
-    assert child._value.get() - start_304 == 3
-    assert ok._value.get() - start_200 == 2
-    stats.shortcut, stats.shortcut_304 = 6, 4
-    flusher.flush()
-    assert child._value.get() - start_304 == 4 and ok._value.get() - start_200 == 2
+def test_manifest_polls_are_counted_under_their_route_like_any_request(
+        client: TestClient) -> None:
+    before = scrape(client)
+    for _ in range(3):
+        assert client.get("/v1/channels/nowhere/manifest").status_code == 404
+    after = scrape(client)
+    route = "/v1/channels/{channel}/manifest"
+    assert (sample(after, "modelfleet_http_requests_total", method="GET", route=route,
+                   status="404")
+            - sample(before, "modelfleet_http_requests_total", method="GET", route=route,
+                     status="404")) == 3
+    assert "modelfleet_manifest_polls" not in after  # one counter for every request
 
 
 def test_telemetry_counts_split_accepted_from_duplicates() -> None:

@@ -1,4 +1,5 @@
-"""Running a real server in tests: a free loopback port, and waiting until it answers."""
+"""Running a real server in tests: a free loopback port, waiting until it answers, and the
+memory of its processes (`modelfleet serve` runs the app in worker processes of its own)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,29 @@ def wait_until_up(url: str, proc: subprocess.Popen[bytes], log: Path,
         except OSError:
             time.sleep(0.2)
     raise AssertionError(f"modelfleet serve did not come up: {log.read_text()[-2000:]}")
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process under it."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        try:
+            for task in Path(f"/proc/{pids[i]}/task").iterdir():
+                pids.extend(int(c) for c in (task / "children").read_text().split())
+        except FileNotFoundError:  # exited meanwhile
+            pass
+        i += 1
+    return pids
+
+
+def tree_status_kib(pid: int, field: str) -> int:
+    """The sum of a /proc status field (VmRSS, VmHWM; KiB) over `pid`'s process tree."""
+    total = 0
+    for each in process_tree(pid):
+        try:
+            lines = Path(f"/proc/{each}/status").read_text().splitlines()
+        except FileNotFoundError:
+            continue
+        total += next((int(line.split()[1]) for line in lines
+                       if line.startswith(field + ":")), 0)
+    return total

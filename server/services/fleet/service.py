@@ -1,8 +1,8 @@
 """The fleet services of one API process: telemetry ingestion, the guard it feeds and the
 ramp schedules that step healthy rollouts.
 
-`Fleet.receive` is the whole of `POST /v1/telemetry` after the body was read (both the raw
-ASGI route, server/api/fasttelemetry.py, and the FastAPI route call it). On PostgreSQL the
+`Fleet.receive` is the whole of `POST /v1/telemetry` after the body was read (the route in
+server/api/telemetry.py calls it). On PostgreSQL the
 checks run on the event loop and the rows go through the process's group commit
 (server/services/fleet/groupcommit.py); on any other database (SQLite, the embedded default)
 the generic path runs in a worker thread, one transaction per request.

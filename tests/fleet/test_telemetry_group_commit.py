@@ -1,7 +1,7 @@
-"""The telemetry fast paths: the raw ASGI route (server/api/fasttelemetry.py) keeps the
-request guard's and the ingest's rules, and PostgreSQL's group commit
+"""The telemetry route's storing paths: PostgreSQL's group commit
 (server/services/fleet/groupcommit.py) stores exactly what the generic path stores, shares
-transactions, and lets one revoked device in a group fail alone."""
+transactions, and lets one revoked device in a group fail alone; replays and bad signatures
+store nothing. The route over a real server: tests/fleet/test_telemetry_served.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
-from starlette.types import Message, Receive, Scope, Send
 
-from server.api.fasttelemetry import TelemetryRoute
 from server.db import models as db
 from server.services.fleet.groupcommit import GroupCommitter
 from server.services.fleet.ingest import DeviceRevokedAuthError
@@ -33,66 +31,12 @@ def _service(fleet: Fleet) -> FleetService:
     return service
 
 
-def _call_route(route: TelemetryRoute, headers: list[tuple[bytes, bytes]],
-                chunks: list[bytes]) -> tuple[list[Message], int]:
-    """Drives the route over ASGI: the messages it sent and how many body chunks it read."""
-    sent: list[Message] = []
-    read = 0
-
-    async def receive() -> Message:
-        nonlocal read
-        read += 1
-        more = read < len(chunks)
-        return {"type": "http.request", "body": chunks[read - 1], "more_body": more}
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-
-    scope: Scope = {"type": "http", "method": "POST", "path": "/v1/telemetry",
-                    "root_path": "", "headers": headers}
-    asyncio.run(route(scope, receive, send))
-    return sent, read
-
-
-async def _never_called(_scope: Scope, _receive: Receive, _send: Send) -> None:
-    raise AssertionError("the raw route passed a telemetry request on to FastAPI")
-
-
-def test_raw_route_serves_telemetry_in_front_of_the_app(fleet: Fleet) -> None:
-    stack: Any = fleet.client.app.middleware_stack  # type: ignore[attr-defined]
-    layers = []
-    while stack is not None and len(layers) < 16:
-        layers.append(type(stack).__name__)
-        stack = getattr(stack, "app", None)
-    assert "TelemetryRoute" in layers
-    assert layers.index("TelemetryRoute") < layers.index("RequestGuard")
-
-
-def test_oversize_body_is_refused_before_a_byte_is_read(fleet: Fleet) -> None:
-    route = TelemetryRoute(_never_called, fleet=_service(fleet), cap=1_000)
-    sent, read = _call_route(route, [(b"content-length", b"5000")], [b"x" * 5000])
-    assert sent[0]["status"] == 413 and read == 0
-    assert (b"connection", b"close") in sent[0]["headers"]
-    assert json.loads(sent[1]["body"])["code"] == "payload_too_large"
-    assert fleet.events() == 0
-
-
-def test_streamed_body_over_the_cap_is_cut_off(fleet: Fleet) -> None:
-    route = TelemetryRoute(_never_called, fleet=_service(fleet), cap=1_000)
-    sent, read = _call_route(route, [], [b"x" * 600, b"x" * 600, b"x" * 600])
-    assert sent[0]["status"] == 413 and read == 2  # stopped at the chunk that passed the cap
-    assert fleet.events() == 0
-
-
-def test_raw_route_refuses_a_bad_signature(fleet: Fleet) -> None:
+def test_route_refuses_a_bad_signature_and_stores_nothing(fleet: Fleet) -> None:
     device = fleet.enroll(FleetDevice("sig-01"))
     body = device.batch([shadow_report("clf", "1.0", "failed")])
     forged = FleetDevice("sig-01").headers(body)  # another key, same device id
-    route = TelemetryRoute(_never_called, fleet=_service(fleet), cap=256 * 1024)
-    headers = [(k.lower().encode(), v.encode()) for k, v in forged.items()]
-    sent, _ = _call_route(route, headers, [body])
-    assert sent[0]["status"] == 401
-    assert json.loads(sent[1]["body"])["code"] == "device_signature_invalid"
+    r = fleet.client.post("/v1/telemetry", content=body, headers=forged)
+    assert r.status_code == 401 and r.json()["code"] == "device_signature_invalid"
     assert fleet.events() == 0
 
 
