@@ -1,0 +1,12 @@
+"""Every module that registers MIL ops, imported here and only here (add a line for a new
+module, e.g. `from server.compile.milexec import ops_onnxmil`)."""
+
+from server.compile.milexec.ops import (  # noqa: F401
+    constexpr,
+    conv,
+    elementwise,
+    gather,
+    linear,
+    reduce,
+    tensor,
+)
