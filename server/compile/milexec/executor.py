@@ -66,7 +66,7 @@ class BlockRunner:
             call = OpCall(type=op.type, name=name, inputs=self._inputs(op, env, name),
                           out_dtypes=[s.dtype for s in specs],
                           out_shapes=[_static(s) for s in specs], blocks=list(op.blocks),
-                          runner=self, attributes=dict(op.attributes))
+                          runner=self, env=env, attributes=dict(op.attributes))
             try:
                 res = fn(call)
             except MilExecError:

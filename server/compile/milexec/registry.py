@@ -72,6 +72,7 @@ class OpCall:
     out_shapes: list[tuple[int, ...] | None]  # None where the program leaves a dim symbolic
     blocks: Sequence[Any] = ()  # the op's nested MIL blocks (cond, while_loop)
     runner: BlockRunner | None = None
+    env: Any = None  # the enclosing scope, for nested blocks
     attributes: dict[str, Any] = field(default_factory=dict)
 
     def __contains__(self, key: str) -> bool:

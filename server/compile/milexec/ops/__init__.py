@@ -3,10 +3,13 @@ module, e.g. `from server.compile.milexec import ops_onnxmil`)."""
 
 from server.compile.milexec.ops import (  # noqa: F401
     constexpr,
+    control,
     conv,
     elementwise,
     gather,
     linear,
+    recurrent,
     reduce,
+    resize,
     tensor,
 )
