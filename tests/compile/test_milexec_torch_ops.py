@@ -35,23 +35,27 @@ def _m(fn: Callable[..., Any], *make: Callable[[], nn.Module]) -> Callable[[], n
     return lambda: Fn(fn, *(m() for m in make))
 
 
+def _layer(make: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    return make
+
+
 IMG = (1, 4, 9, 11)
 SEQ = (2, 5, 8)
 # id, module factory, input shapes, MIL ops the package must hold
 CASES: list[tuple[str, Callable[[], nn.Module], list[tuple[int, ...]], set[str]]] = [
-    ("conv-same", _m(lambda l, x: l[0](x), lambda: nn.Conv2d(4, 6, 3, padding=1)), [IMG],
+    ("conv-same", _layer(lambda: nn.Conv2d(4, 6, 3, padding=1)), [IMG],
      {"conv"}),
-    ("conv-stride-dilation", _m(lambda l, x: l[0](x), lambda: nn.Conv2d(
+    ("conv-stride-dilation", _layer(lambda: nn.Conv2d(
         4, 6, 3, stride=2, dilation=2, padding=(2, 1))), [IMG], {"conv"}),
-    ("conv-grouped", _m(lambda l, x: l[0](x), lambda: nn.Conv2d(4, 8, (3, 1), groups=2,
+    ("conv-grouped", _layer(lambda: nn.Conv2d(4, 8, (3, 1), groups=2,
                                                                padding=(1, 0))), [IMG], {"conv"}),
-    ("conv-depthwise", _m(lambda l, x: l[0](x), lambda: nn.Conv2d(4, 4, 3, groups=4,
+    ("conv-depthwise", _layer(lambda: nn.Conv2d(4, 4, 3, groups=4,
                                                                  stride=2)), [IMG], {"conv"}),
-    ("conv1d", _m(lambda l, x: l[0](x), lambda: nn.Conv1d(5, 3, 4, padding=2)), [SEQ],
+    ("conv1d", _layer(lambda: nn.Conv1d(5, 3, 4, padding=2)), [SEQ],
      {"conv"}),
-    ("conv-transpose", _m(lambda l, x: l[0](x), lambda: nn.ConvTranspose2d(
+    ("conv-transpose", _layer(lambda: nn.ConvTranspose2d(
         4, 6, 3, stride=2, padding=1, output_padding=1)), [IMG], {"conv_transpose"}),
-    ("conv-transpose-grouped", _m(lambda l, x: l[0](x), lambda: nn.ConvTranspose2d(
+    ("conv-transpose-grouped", _layer(lambda: nn.ConvTranspose2d(
         4, 4, 2, stride=2, groups=2)), [IMG], {"conv_transpose"}),
     ("max-pool-ceil", _f(lambda x: F.max_pool2d(x, 3, 2, ceil_mode=True)), [IMG],
      {"max_pool"}),
@@ -60,12 +64,12 @@ CASES: list[tuple[str, Callable[[], nn.Module], list[tuple[int, ...]], set[str]]
      {"avg_pool"}),
     ("avg-pool-exclude-pad-ceil", _f(lambda x: F.avg_pool2d(
         x, 3, 2, padding=1, ceil_mode=True, count_include_pad=False)), [IMG], {"avg_pool"}),
-    ("batch-norm", _m(lambda l, x: l[0](x), lambda: nn.BatchNorm2d(4).eval()), [IMG], set()),
-    ("instance-norm", _m(lambda l, x: l[0](x), lambda: nn.InstanceNorm2d(4, affine=True)),
+    ("batch-norm", _layer(lambda: nn.BatchNorm2d(4).eval()), [IMG], set()),
+    ("instance-norm", _layer(lambda: nn.InstanceNorm2d(4, affine=True)),
      [IMG], set()),
-    ("layer-norm", _m(lambda l, x: l[0](x), lambda: nn.LayerNorm(8)), [SEQ], {"layer_norm"}),
-    ("group-norm", _m(lambda l, x: l[0](x), lambda: nn.GroupNorm(2, 4)), [IMG], set()),
-    ("linear-gelu", _m(lambda l, x: F.gelu(l[0](x)), lambda: nn.Linear(8, 6)), [SEQ],
+    ("layer-norm", _layer(lambda: nn.LayerNorm(8)), [SEQ], {"layer_norm"}),
+    ("group-norm", _layer(lambda: nn.GroupNorm(2, 4)), [IMG], set()),
+    ("linear-gelu", _m(lambda mods, x: F.gelu(mods[0](x)), lambda: nn.Linear(8, 6)), [SEQ],
      {"linear", "gelu"}),
     ("activations", _f(lambda x: torch.cat([F.silu(x), F.elu(x), F.leaky_relu(x, 0.1),
                                             F.softplus(x), torch.sigmoid(x), torch.tanh(x),
@@ -115,12 +119,12 @@ CASES: list[tuple[str, Callable[[], nn.Module], list[tuple[int, ...]], set[str]]
                                               torch.cumsum(x, 1), x[:, [4, 0, 2]].sum(
                                                   1, keepdim=True).expand(2, 5, 8)], -1)),
      [SEQ], {"cumsum"}),
-    ("embedding", _m(lambda l, x: l[0]((x.abs() * 10).long().clamp(max=19)),
+    ("embedding", _m(lambda mods, x: mods[0]((x.abs() * 10).long().clamp(max=19)),
                      lambda: nn.Embedding(20, 6)), [SEQ], {"gather"}),
     # core ATen unrolls recurrent layers; mb.lstm itself is in test_milexec_mil_ops.py
-    ("lstm", _m(lambda l, x: l[0](x)[0], lambda: nn.LSTM(8, 6, batch_first=True)), [SEQ],
+    ("lstm", _m(lambda mods, x: mods[0](x)[0], lambda: nn.LSTM(8, 6, batch_first=True)), [SEQ],
      set()),
-    ("gru", _m(lambda l, x: l[0](x)[0], lambda: nn.GRU(8, 6, batch_first=True)), [SEQ],
+    ("gru", _m(lambda mods, x: mods[0](x)[0], lambda: nn.GRU(8, 6, batch_first=True)), [SEQ],
      set()),
 ]
 
