@@ -130,6 +130,15 @@ def _fill_pool_defaults(program: Any) -> Any:
     return program
 
 
+def _tensor_type(ct: Any, spec: Any) -> Any:
+    """An input as Core ML takes it: integer inputs (token ids) as int32 — left to
+    coremltools they become float16 in an FP16 program, and ids above 2048 lose their low
+    bits (2677 arrives as 2676)."""
+    if str(spec.dtype).startswith(("int", "uint")):
+        return ct.TensorType(name=spec.name, shape=spec.shape, dtype=np.int32)
+    return ct.TensorType(name=spec.name, shape=spec.shape)
+
+
 def _unsupported_op(err: Exception) -> list[str]:
     text = str(err)
     marker = "Unsupported fx node "
@@ -183,7 +192,7 @@ class CoreMLCompiler:
                     program, convert_to="mlprogram", minimum_deployment_target=target,
                     compute_precision=(ct.precision.FLOAT16 if precision is Precision.FP16
                                        else ct.precision.FLOAT32),
-                    inputs=[ct.TensorType(name=s.name, shape=s.shape) for s in request.inputs],
+                    inputs=[_tensor_type(ct, s) for s in request.inputs],
                 )
                 mlmodel = _compress(mlmodel, compression, threshold, palette_mode)
         except (ConversionError, InvalidSourceError):
