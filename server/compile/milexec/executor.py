@@ -103,6 +103,10 @@ class BlockRunner:
                     for b in arg.arguments]
             out[key] = vals[0] if len(vals) == 1 and not _is_tuple_input(op.type, key) \
                 else vals
+        # iOS16 constexpr ops hold their parameters as attributes, not inputs
+        for key, value in op.attributes.items():
+            if key != "name" and key not in out:
+                out[key] = self._reader.read(value)
         return out
 
     @staticmethod
