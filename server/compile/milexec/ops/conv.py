@@ -178,6 +178,7 @@ def pool(op: OpCall) -> Array:
     else:
         mask = np.pad(np.pad(mask, [(0, 0), (0, 0), *pads], constant_values=1),
                       [(0, 0), (0, 0), *((0, x_) for x_ in extra)])
-    count: Array = sum(_window(mask, o, strides, ones, out)
-                       for o in itertools.product(*(range(k) for k in kernel)))  # type: ignore
-    return acc / np.maximum(count, 1)
+    count = np.zeros_like(acc)
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        count = count + _window(mask, offset, strides, ones, out)
+    return np.asarray(acc / np.maximum(count, 1))
