@@ -44,6 +44,8 @@ def numeric_runner(precision: Precision) -> str:
     if sys.platform == "darwin":
         return CORE_ML_RUNNER
     return f"mil reference executor (numpy, {precision.value})"
+
+
 _COMPRESSIONS = ("none", "int8", "palettize4", "palettize6", "palettize8")
 
 
