@@ -8,8 +8,10 @@ Torch uploads convert directly; ONNX uploads go ONNX → torch (onnx2torch) → 
 coremltools, and a graph that cannot make that trip fails with the operator
 named and the advice to upload a torch ExportedProgram.
 
-Compiling to `.mlmodelc` and running predictions needs macOS (Core ML framework). On Linux the
-package is converted and inspected only, and the report says so; on macOS `run` predicts.
+Compiling to `.mlmodelc` and running predictions needs macOS (Core ML framework). On macOS
+`run` predicts with Core ML; elsewhere it executes the package's MIL program (the exact
+program and weights the device gets) with the numpy reference executor
+(server/compile/milexec), and the numeric gate report names that basis as its runner.
 """
 
 from __future__ import annotations
@@ -32,8 +34,19 @@ from server.compile.types import (
     Target,
 )
 
-NOT_ON_MACOS = ("not run (needs macOS): Core ML can compile a .mlpackage to .mlmodelc and "
-                "execute it only on macOS; on this machine it was converted and inspected only")
+CORE_ML_RUNNER = "Core ML (macOS)"
+EXECUTOR_NOTE = ("numerics by the MIL reference executor (numpy), not by Core ML itself: Core ML "
+                 "executes only on macOS; the executor runs this package's MIL program and "
+                 "weights op by op at the program's precision (docs/compile.md)")
+
+
+def numeric_runner(precision: Precision) -> str:
+    """What the numeric gate ran the package with on this machine."""
+    if sys.platform == "darwin":
+        return CORE_ML_RUNNER
+    return f"mil reference executor (numpy, {precision.value})"
+
+
 _COMPRESSIONS = ("none", "int8", "palettize4", "palettize6", "palettize8")
 
 
@@ -120,6 +133,15 @@ def _fill_pool_defaults(program: Any) -> Any:
     return program
 
 
+def _tensor_type(ct: Any, spec: Any) -> Any:
+    """An input as Core ML takes it: integer inputs (token ids) as int32 — left to
+    coremltools they become float16 in an FP16 program, and ids above 2048 lose their low
+    bits (2677 arrives as 2676)."""
+    if str(spec.dtype).startswith(("int", "uint")):
+        return ct.TensorType(name=spec.name, shape=spec.shape, dtype=np.int32)
+    return ct.TensorType(name=spec.name, shape=spec.shape)
+
+
 def _unsupported_op(err: Exception) -> list[str]:
     text = str(err)
     marker = "Unsupported fx node "
@@ -173,7 +195,7 @@ class CoreMLCompiler:
                     program, convert_to="mlprogram", minimum_deployment_target=target,
                     compute_precision=(ct.precision.FLOAT16 if precision is Precision.FP16
                                        else ct.precision.FLOAT32),
-                    inputs=[ct.TensorType(name=s.name, shape=s.shape) for s in request.inputs],
+                    inputs=[_tensor_type(ct, s) for s in request.inputs],
                 )
                 mlmodel = _compress(mlmodel, compression, threshold, palette_mode)
         except (ConversionError, InvalidSourceError):
@@ -194,7 +216,6 @@ class CoreMLCompiler:
         variant = precision.value if compression == "none" else f"{precision.value}-{compression}"
         if request.shape_variant != "default":
             variant = f"{request.shape_variant}-{variant}"
-        on_mac = sys.platform == "darwin"
         return [CompiledArtifact(
             path=out,
             target=Target(platform="coreml", variant=variant, format="mlpackage",
@@ -206,17 +227,20 @@ class CoreMLCompiler:
                               **({"palettize_mode": palette_mode}
                                  if compression.startswith("palettize") else {}),
                               "coremltools": ct.__version__},
-            notes=[] if on_mac else [NOT_ON_MACOS],
-            runnable_here=on_mac,
-            not_runnable_reason="" if on_mac else NOT_ON_MACOS,
-            extra={"conversion_check": check} if check else {},
+            notes=[] if sys.platform == "darwin" else [EXECUTOR_NOTE],
+            extra={"numeric_runner": numeric_runner(precision),
+                   **({"conversion_check": check} if check else {})},
         )]
 
     def run(self, artifact: CompiledArtifact, feeds: Feeds) -> Outputs:
         import coremltools as ct
 
         if sys.platform != "darwin":
-            raise RuntimeError(NOT_ON_MACOS)
+            from server.compile.milexec import MilExecutor
+
+            ex = MilExecutor(artifact.path)
+            return [[np.asarray(out[n], np.float32) if out[n].dtype == np.float16 else out[n]
+                     for n in ex.output_names] for out in (ex.run(f) for f in feeds)]
         model = ct.models.MLModel(str(artifact.path))
         names = [o.name for o in model.get_spec().description.output]
         outs = []

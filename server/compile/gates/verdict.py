@@ -73,7 +73,8 @@ def numeric_gate(compiler: Compiler, art: CompiledArtifact, request: CompileRequ
         report = numeric.judge(
             ref.outputs, at_precision, candidate, art.precision, request.settings,
             classifier=request.settings.get("task") == "classification",
-            runner=type(compiler).__name__, basis=emulate.describe(art), no_yardstick=why)
+            runner=str(art.extra.get("numeric_runner", type(compiler).__name__)),
+            basis=emulate.describe(art), no_yardstick=why)
     except ValueError as e:  # e.g. the artifact returned another number of outputs
         report = numeric.not_run(art.precision, "")
         report.status, report.reason = "failed", f"artifact outputs unusable: {e}"
