@@ -230,6 +230,20 @@ def _image(*shape: int) -> tuple[InputSpec, ...]:
     return (InputSpec("image", shape),)
 
 
+def onnx_params(path: Path) -> int:
+    """Weights (tensors of rank ≥ 2) in an ONNX file's initializers and Constants, counting
+    one branch of a top-level If (Silero keeps one copy of its network per sample rate)."""
+    import onnx
+
+    graph = onnx.load(str(path)).graph
+    branch = next((a.g for n in graph.node for a in n.attribute if a.type == a.GRAPH), None)
+    graphs = [graph, *([branch] if branch is not None else [])]
+    tensors = [t for g in graphs for t in g.initializer]
+    tensors += [a.t for g in graphs for n in g.node if n.op_type == "Constant"
+                for a in n.attribute if a.name == "value"]
+    return sum(int(np.prod(t.dims)) for t in tensors if len(t.dims) > 1)
+
+
 # ---- PP-OCR as shipped -------------------------------------------------------------------
 
 
@@ -247,10 +261,7 @@ def _ppocr(kind: str, shape: tuple[int, ...]) -> Callable[[Path], CorpusModel]:
 
                 _save_reference(ref, {specs[0].name: np.stack(
                     [text_image(shape, seed) for seed in (0, 1)])[:, None]})
-        graph = onnx.load(str(path)).graph
-        tensors = [*graph.initializer, *(a.t for n in graph.node if n.op_type == "Constant"
-                                         for a in n.attribute if a.name == "value")]
-        params = sum(int(np.prod(t.dims)) for t in tensors if len(t.dims) > 1)
+        params = onnx_params(path)
         return CorpusModel(f"ppocr-{kind}", "ocr " + {"det": "detector (DBNet)",
                                                        "rec": "recognizer (SVTR)",
                                                        "cls": "classifier"}[kind],
@@ -261,6 +272,8 @@ def _ppocr(kind: str, shape: tuple[int, ...]) -> Callable[[Path], CorpusModel]:
 
 def _entries() -> list[Entry]:
     import torch
+
+    from tests.corpus import shipped  # imports this module's builders
 
     img64 = _image(1, 3, 64, 64)
     img128 = _image(1, 3, 128, 128)
@@ -304,6 +317,7 @@ def _entries() -> list[Entry]:
         Entry("ppocr-det", _ppocr("det", (1, 3, 320, 320))),
         Entry("ppocr-rec", _ppocr("rec", (1, 3, 48, 320))),
         Entry("ppocr-cls", _ppocr("cls", (1, 3, 48, 192))),
+        *shipped.entries(),
     ]
 
 
