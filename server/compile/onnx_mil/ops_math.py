@@ -103,6 +103,25 @@ def unary(ctx: NodeContext) -> Outputs:
     return [_UNARY[op](x=x, name=ctx.name())]
 
 
+@onnx_op("IsNaN")
+def is_nan(ctx: NodeContext) -> Outputs:
+    x = ctx.var(0)
+    return [mb.not_equal(x=x, y=x, name=ctx.name())]  # NaN is the one value unequal to itself
+
+
+@onnx_op("IsInf")
+def is_inf(ctx: NodeContext) -> Outputs:
+    x = ctx.var(0)
+    pos, neg = ctx.attr("detect_positive", 1), ctx.attr("detect_negative", 1)
+    if pos and neg:
+        return [mb.equal(x=mb.abs(x=x, name=ctx.tmp()), y=np.array(np.inf, dtype_of(x)),
+                         name=ctx.name())]
+    if not pos and not neg:
+        return [np.zeros(shape_of(x), np.bool_)]
+    return [mb.equal(x=x, y=np.array(np.inf if pos else -np.inf, dtype_of(x)),
+                     name=ctx.name())]
+
+
 @onnx_op("Neg")
 def neg(ctx: NodeContext) -> Outputs:
     x = ctx.var(0)

@@ -1,0 +1,209 @@
+"""ONNX → MIL (server/compile/onnx_mil) per operator, each against onnxruntime.
+
+Every check converts an ONNX graph to a MIL program, `ct.convert`s it to an .mlpackage as the
+Core ML compile does, runs that package with the MIL reference executor and compares with
+onnxruntime on the same inputs. The single-op graphs are the shapes exporters emit
+(tests/compile/onnx_op_cases.py); the attribute spaces of the trickier ops are drawn with
+hypothesis (tests/compile/test_onnx_mil_space.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from server.compile import CompileRequest, ConversionError, InputSpec, SourceFormat
+from server.compile.compilers.coreml import CoreMLCompiler
+from server.compile.onnx_mil import claimed_ops, convert_model
+from server.compile.onnx_mil.conformance import execute_onnx
+from tests.compile.onnx_op_cases import CASES, OpCase
+
+
+def ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as rt
+
+    sess = rt.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [np.asarray(o) for o in sess.run(None, feeds)]
+
+
+def assert_matches_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
+                               rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    want = ort(model, feeds)
+    got = execute_onnx(model, feeds)
+    assert len(got) == len(want)
+    for w, g in zip(want, got, strict=True):
+        assert g.shape == w.shape
+        if w.dtype.kind in "biu":
+            np.testing.assert_array_equal(g.astype(np.int64), w.astype(np.int64))
+        else:
+            np.testing.assert_allclose(g.astype(np.float64), w, rtol=rtol, atol=atol,
+                                       equal_nan=True)
+
+
+def mil_ops(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> list[str]:
+    import coremltools as ct
+
+    prog = convert_model(model, shapes, ct.target.iOS17)
+    return [op.op_type for op in prog.functions["main"].operations]
+
+
+def graph(nodes: list[onnx.NodeProto], inputs: dict[str, np.ndarray],
+          inits: dict[str, np.ndarray] | None = None, opset: int = 18,
+          n_out: int = 1) -> onnx.ModelProto:
+    types = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
+             np.dtype(np.bool_): TensorProto.BOOL}
+    outs = [o for o in nodes[-1].output][:n_out]
+    g = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(k, types[v.dtype], list(v.shape))
+                     for k, v in inputs.items()],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+        [numpy_helper.from_array(v, k) for k, v in (inits or {}).items()])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_operator_case_matches_onnxruntime_through_mil(case: OpCase) -> None:
+    model, feeds = case.build()
+    onnx.checker.check_model(model)
+    assert_matches_onnxruntime(model, feeds)
+
+
+def test_prelu_becomes_mil_prelu_not_mask_indexing() -> None:
+    """The torch detour turned PRelu into non_zero; the direct rule emits prelu."""
+    model = graph([helper.make_node("PRelu", ["x", "slope"], ["y"])], {"x": rand(1, 3, 8, 8)},
+                  {"slope": np.array([0.1, 0.2, 0.3], np.float32).reshape(3, 1, 1)})
+    ops = mil_ops(model, {"x": (1, 3, 8, 8)})
+    assert "prelu" in ops and "non_zero" not in ops
+    assert_matches_onnxruntime(model, {"x": rand(1, 3, 8, 8)})
+
+
+def test_max_min_become_maximum_minimum_with_broadcasting() -> None:
+    nodes = [helper.make_node("Max", ["a", "b", "c"], ["m"]),
+             helper.make_node("Min", ["m", "a"], ["y"])]
+    model = graph(nodes, {"a": rand(2, 1, 5), "b": rand(3, 1, seed=1)},
+                  {"c": np.float32(0.1).reshape(())})
+    ops = mil_ops(model, {"a": (2, 1, 5), "b": (3, 1)})
+    assert {"maximum", "minimum"} <= set(ops) and "tile" not in ops
+    assert_matches_onnxruntime(model, {"a": rand(2, 1, 5), "b": rand(3, 1, seed=1)})
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge", "constant", "wrap"])
+def test_one_dimensional_pad_of_a_signal(mode: str) -> None:
+    """tf2onnx audio front ends pad the time axis of a [batch, samples] signal."""
+    node = helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)
+    model = graph([node], {"x": rand(2, 32)}, {"pads": np.array([0, 5, 0, 7], np.int64)})
+    assert_matches_onnxruntime(model, {"x": rand(2, 32)})
+
+
+def test_layer_normalization_with_mean_and_inv_std_dev_outputs() -> None:
+    node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y", "mean", "isd"],
+                            axis=-1, epsilon=1e-5)
+    model = graph([node], {"x": rand(2, 4, 16)},
+                  {"g": rand(16, seed=1), "b": rand(16, seed=2)}, opset=17, n_out=3)
+    assert_matches_onnxruntime(model, {"x": rand(2, 4, 16)})
+
+
+def test_einsum_grouped_matmul_and_log_where_leaky_relu() -> None:
+    nodes = [helper.make_node("Einsum", ["x", "w"], ["e"], equation="btgi,gih->btgh"),
+             helper.make_node("LeakyRelu", ["e"], ["l"], alpha=0.2),
+             helper.make_node("Abs", ["l"], ["a"]),
+             helper.make_node("Log", ["a"], ["g"]),
+             helper.make_node("Greater", ["e", "zero"], ["pos"]),
+             helper.make_node("Where", ["pos", "g", "e"], ["y"])]
+    model = graph(nodes, {"x": rand(1, 6, 2, 4)},
+                  {"w": rand(2, 4, 3, seed=1), "zero": np.zeros((), np.float32)}, opset=12)
+    assert_matches_onnxruntime(model, {"x": rand(1, 6, 2, 4)})
+
+
+def test_shape_arithmetic_folds_to_a_static_reshape() -> None:
+    """Shape → Gather → Concat → Reshape, as exporters write a flatten of dynamic batch."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+             helper.make_node("Unsqueeze", ["b", "axes"], ["b1"]),
+             helper.make_node("Concat", ["b1", "minus1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    inits = {"zero": np.array(0, np.int64), "axes": np.array([0], np.int64),
+             "minus1": np.array([-1], np.int64)}
+    model = graph(nodes, {"x": rand(2, 3, 4)}, inits, opset=13)
+    assert mil_ops(model, {"x": (2, 3, 4)}).count("reshape") == 1
+    assert_matches_onnxruntime(model, {"x": rand(2, 3, 4)})
+
+
+def _if_model(cond_from_shape: bool) -> onnx.ModelProto:
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    if cond_from_shape:  # "if the input has 8 samples": fixed once the shape is declared
+        nodes = [helper.make_node("Size", ["x"], ["n"]),
+                 helper.make_node("Equal", ["n", "eight"], ["c"])]
+    else:  # depends on the values
+        nodes = [helper.make_node("ReduceSum", ["x"], ["n"], keepdims=0),
+                 helper.make_node("Greater", ["n", "zero"], ["c"])]
+    nodes.append(helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then,
+                                  else_branch=other))
+    return graph(nodes, {"x": rand(2, 4)}, {"eight": np.array(8, np.int64),
+                                            "zero": np.zeros((), np.float32)}, opset=13)
+
+
+def test_if_whose_condition_folds_is_inlined() -> None:
+    model = _if_model(cond_from_shape=True)
+    assert "relu" in mil_ops(model, {"x": (2, 4)})
+    assert_matches_onnxruntime(model, {"x": rand(2, 4)})
+
+
+def test_if_on_input_values_is_refused_naming_the_node() -> None:
+    with pytest.raises(ConversionError) as err:
+        mil_ops(_if_model(cond_from_shape=False), {"x": (2, 4)})
+    assert err.value.nodes[0]["node"] == "branch" and err.value.operators == ["If"]
+    assert "depends on the model's input values" in str(err.value)
+
+
+def _unclaimed(tmp_path: Path) -> Path:
+    node = helper.make_node("DFT", ["x"], ["y"], name="spectrum", onesided=1)
+    ok = helper.make_node("Relu", ["y"], ["z"], name="fine")
+    model = graph([node, ok], {"x": rand(1, 16, 1)}, opset=17)
+    onnx.save(model, str(tmp_path / "dft.onnx"))
+    return tmp_path / "dft.onnx"
+
+
+def test_node_without_rule_is_named_with_op_opset_and_advice_for_onnx(tmp_path: Path) -> None:
+    assert "DFT" not in claimed_ops()
+    with pytest.raises(ConversionError) as err:
+        CoreMLCompiler().compile(CompileRequest(_unclaimed(tmp_path), SourceFormat.ONNX,
+                                                (InputSpec("x", (1, 16, 1)),)), tmp_path)
+    text = str(err.value)
+    assert err.value.operators == ["DFT"] and err.value.nodes[0]["node"] == "spectrum"
+    assert "opset 17" in text and "exclude the coreml platform" in text
+    assert "ExportedProgram" not in text  # advice an ONNX uploader can follow
+
+
+def test_support_gate_names_the_node_the_conversion_refuses(tmp_path: Path) -> None:
+    from server.compile.gates.support import check_support
+
+    request = CompileRequest(_unclaimed(tmp_path), SourceFormat.ONNX,
+                             (InputSpec("x", (1, 16, 1)),))
+    report = check_support(request, "coreml")
+    assert report is not None and not report.passed
+    assert [(f.name, f.where) for f in report.findings] == [("DFT", "spectrum")]
+    assert "ExportedProgram" not in report.advice
+
+
+def test_refused_attribute_names_node_and_reason(tmp_path: Path) -> None:
+    node = helper.make_node("AveragePool", ["x"], ["y"], name="pool_dilated",
+                            kernel_shape=[3, 3], dilations=[2, 2])
+    model = graph([node], {"x": rand(1, 2, 9, 9)}, opset=19)
+    with pytest.raises(ConversionError) as err:
+        mil_ops(model, {"x": (1, 2, 9, 9)})
+    assert "pool_dilated" in str(err.value) and "dilations" in str(err.value)
+    assert err.value.operators == ["AveragePool"]
