@@ -256,4 +256,5 @@ class Pipeline:
             report.status, report.reason = "failed", f"could not run the artifact: {e}"
             return report
         return numeric.evaluate(metrics, art.precision, thresholds, len(feeds),
-                                runner=type(compiler).__name__)
+                                runner=str(art.extra.get("numeric_runner",
+                                                         type(compiler).__name__)))

@@ -56,8 +56,7 @@ def test_three_resolutions_build_three_static_artifacts_per_platform_and_switch_
     for b in builds:
         assert b["gates"]["shapes"]["fixed"]["p2o.DynamicDimension.1"] == RESOLUTIONS[
             b["variant"]][2]
-        numeric = b["gates"]["numeric"]["status"]
-        assert numeric == ("not_run" if b["platform"] == "coreml" else "passed"), b["gates"]
+        assert b["gates"]["numeric"]["status"] == "passed", b["gates"]  # coreml: MIL executor
 
     r = server.post("/v1/channels/prod/rollouts",
                     json={"model": "up", "version": "1.0.0", "percentage": 100})

@@ -60,7 +60,8 @@ def _assert_upload_case(builds: list[dict[str, Any]]) -> None:
     assert qnn["gates"]["htp"]["node_share"] == 1.0 and qnn["gates"]["htp"]["cpu_nodes"] == []
     coreml = by["coreml"]
     assert coreml["artifact"]["format"] == "mlpackage"
-    assert coreml["gates"]["numeric"]["status"] == "not_run"
+    assert coreml["gates"]["numeric"]["status"] == "passed", coreml["gates"]["numeric"]
+    assert coreml["gates"]["numeric"]["runner"] == "mil reference executor (numpy, fp16)"
 
 
 def test_minilm_dynamo_opset20_onnx_upload_is_ready_on_onnx_coreml_and_qnn(tmp_path):

@@ -8,8 +8,10 @@ Torch uploads convert with coremltools' torch frontend; ONNX uploads are transla
 program directly (server/compile/onnx_mil: one rule per ONNX operator, no torch detour), and a
 node without a rule fails naming the node, its operator and opset.
 
-Compiling to `.mlmodelc` and running predictions needs macOS (Core ML framework). On Linux the
-package is converted and inspected only, and the report says so; on macOS `run` predicts.
+Compiling to `.mlmodelc` and running predictions needs macOS (Core ML framework). On macOS
+`run` predicts with Core ML; elsewhere it executes the package's MIL program (the exact
+program and weights the device gets) with the numpy reference executor
+(server/compile/milexec), and the numeric gate report names that basis as its runner.
 """
 
 from __future__ import annotations
@@ -31,8 +33,17 @@ from server.compile.types import (
     Target,
 )
 
-NOT_ON_MACOS = ("not run (needs macOS): Core ML can compile a .mlpackage to .mlmodelc and "
-                "execute it only on macOS; on this machine it was converted and inspected only")
+CORE_ML_RUNNER = "Core ML (macOS)"
+EXECUTOR_NOTE = ("numerics by the MIL reference executor (numpy), not by Core ML itself: Core ML "
+                 "executes only on macOS; the executor runs this package's MIL program and "
+                 "weights op by op at the program's precision (docs/compile.md)")
+
+
+def numeric_runner(precision: Precision) -> str:
+    """What the numeric gate ran the package with on this machine."""
+    if sys.platform == "darwin":
+        return CORE_ML_RUNNER
+    return f"mil reference executor (numpy, {precision.value})"
 _COMPRESSIONS = ("none", "int8", "palettize4", "palettize6", "palettize8")
 
 
@@ -163,7 +174,6 @@ class CoreMLCompiler:
         variant = precision.value if compression == "none" else f"{precision.value}-{compression}"
         if request.shape_variant != "default":
             variant = f"{request.shape_variant}-{variant}"
-        on_mac = sys.platform == "darwin"
         return [CompiledArtifact(
             path=out,
             target=Target(platform="coreml", variant=variant, format="mlpackage",
@@ -175,17 +185,20 @@ class CoreMLCompiler:
                               **({"palettize_mode": palette_mode}
                                  if compression.startswith("palettize") else {}),
                               "coremltools": ct.__version__},
-            notes=[] if on_mac else [NOT_ON_MACOS],
-            runnable_here=on_mac,
-            not_runnable_reason="" if on_mac else NOT_ON_MACOS,
-            extra={"conversion_check": check} if check else {},
+            notes=[] if sys.platform == "darwin" else [EXECUTOR_NOTE],
+            extra={"numeric_runner": numeric_runner(precision),
+                   **({"conversion_check": check} if check else {})},
         )]
 
     def run(self, artifact: CompiledArtifact, feeds: Feeds) -> Outputs:
         import coremltools as ct
 
         if sys.platform != "darwin":
-            raise RuntimeError(NOT_ON_MACOS)
+            from server.compile.milexec import MilExecutor
+
+            ex = MilExecutor(artifact.path)
+            return [[np.asarray(out[n], np.float32) if out[n].dtype == np.float16 else out[n]
+                     for n in ex.output_names] for out in (ex.run(f) for f in feeds)]
         model = ct.models.MLModel(str(artifact.path))
         names = [o.name for o in model.get_spec().description.output]
         outs = []
