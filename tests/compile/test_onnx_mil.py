@@ -207,3 +207,44 @@ def test_refused_attribute_names_node_and_reason(tmp_path: Path) -> None:
         mil_ops(model, {"x": (1, 2, 9, 9)})
     assert "pool_dilated" in str(err.value) and "dilations" in str(err.value)
     assert err.value.operators == ["AveragePool"]
+
+
+def _centering_upload(tmp_path: Path) -> tuple[Path, Path]:
+    """x − mean(x) then a Conv: an upload whose numbers hinge on Sub."""
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1),
+             helper.make_node("Sub", ["x", "m"], ["c"], name="center"),
+             helper.make_node("Conv", ["c", "w"], ["y"], pads=[1, 1, 1, 1])]
+    model = graph(nodes, {"x": rand(1, 3, 8, 8)},
+                  {"axes": np.array([2, 3], np.int64), "w": rand(4, 3, 3, 3, seed=1)})
+    path = tmp_path / "center.onnx"
+    onnx.save(model, str(path))
+    ref = tmp_path / "ref.npz"
+    np.savez(ref, x=np.stack([rand(1, 3, 8, 8, seed=s) + 1 for s in range(2)]))
+    return path, ref
+
+
+def test_core_ml_numeric_gate_catches_a_wrong_conversion_rule(tmp_path: Path, monkeypatch
+                                                              ) -> None:
+    """Registering Sub as add (a converter bug) must fail the Core ML build's numeric gate,
+    which runs the built package's MIL program through the reference executor."""
+    from server.compile import BuildSpec, Pipeline
+    from server.compile.onnx_mil import ops_math, registry
+
+    path, ref = _centering_upload(tmp_path)
+    spec = BuildSpec(path, SourceFormat.ONNX, {"default": (InputSpec("x", (1, 3, 8, 8)),)},
+                     platforms=("coreml",), reference_path=ref)
+    (good,) = Pipeline().build(spec, tmp_path / "good")
+    assert good.state == "ready", good.error
+    assert good.gates["numeric"]["status"] == "passed"
+
+    def sub_as_add(ctx):  # type: ignore[no-untyped-def]
+        x, y = ops_math._pair(ctx)
+        return [ops_math.mb.add(x=x, y=y, name=ctx.name())]
+
+    registry.rule_for("Sub", 18)  # rules loaded before the swap
+    monkeypatch.setitem(registry._RULES, "Sub", [registry.Rule("Sub", 1, 28, sub_as_add)])
+    (bad,) = Pipeline().build(spec, tmp_path / "bad")
+    assert bad.state == "failed" and bad.artifact is None
+    assert bad.gates["numeric"]["status"] == "failed"
+    assert bad.gates["numeric"]["runner"].startswith("mil reference executor")
+    assert "numeric gate failed" in bad.error

@@ -128,7 +128,6 @@ class CoreMLCompiler:
         if compression not in _COMPRESSIONS:
             raise InvalidSourceError(f"weight_compression must be one of {_COMPRESSIONS}")
 
-        check = None
         onnx_source = request.source_format is SourceFormat.ONNX
         if target < ct.target.iOS15:
             raise InvalidSourceError(f"Core ML ML Programs need iOS15 / macOS12 or newer, not "
@@ -186,8 +185,7 @@ class CoreMLCompiler:
                                  if compression.startswith("palettize") else {}),
                               "coremltools": ct.__version__},
             notes=[] if sys.platform == "darwin" else [EXECUTOR_NOTE],
-            extra={"numeric_runner": numeric_runner(precision),
-                   **({"conversion_check": check} if check else {})},
+            extra={"numeric_runner": numeric_runner(precision)},
         )]
 
     def run(self, artifact: CompiledArtifact, feeds: Feeds) -> Outputs:

@@ -207,18 +207,21 @@ def run_suite(pattern: str = "", fp16: bool = False, ops: set[str] | None = None
     with quiet():
         cases = collect_testcases()
     claimed = claimed_ops() | {"Constant"}
-    all_ops = {n.op_type for c in cases for n in c.model.graph.node}
+    cases = [c for c in cases if c.model is not None]
+    all_ops = {n.op_type for c in cases for n in c.model.graph.node}  # type: ignore[union-attr]
     rows: dict[str, OpRow] = {}
     results = []
     for case in cases:
         if pattern and pattern not in case.name:
             continue
-        op = primary_op(case.name, all_ops | claimed) or case.model.graph.node[0].op_type
+        model = case.model
+        assert model is not None
+        op = primary_op(case.name, all_ops | claimed) or model.graph.node[0].op_type
         if ops is not None and op not in ops:
             continue
         row = rows.setdefault(op, OpRow(op))
         row.cases += 1
-        graph_ops = {n.op_type for n in case.model.graph.node}
+        graph_ops = {n.op_type for n in model.graph.node}
         why = "" if op in claimed else "op not claimed"
         why = why or (f"uses unclaimed {sorted(graph_ops - claimed)}"
                       if graph_ops - claimed else _scope(case))

@@ -41,7 +41,8 @@ def to_mil_array(a: NDArray[Any], what: str = "constant") -> NDArray[Any]:
         if a.size and (a.min() < _INT32.min or a.max() > _INT32.max):
             clipped = np.clip(a, _INT32.min, _INT32.max)
             if a.dtype.kind == "i" and np.all((a == clipped) | (np.abs(a) >= 2**62)):
-                return clipped.astype(np.int32)  # INT64_MAX / MIN sentinels (Slice ends)
+                out: NDArray[Any] = clipped.astype(np.int32)
+                return out  # INT64_MAX / MIN sentinels (Slice ends)
             raise ConversionError(f"{what} holds integers beyond int32, which Core ML "
                                   "computes in; the graph cannot be represented")
         return a.astype(np.int32)

@@ -33,7 +33,7 @@ _NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformL
 # Folded constants larger than this many elements stay a rule's job (a weight transform is
 # still folded: this guards against materializing e.g. a ConstantOfShape of a huge tensor).
 _FOLD_LIMIT = 1 << 26
-_ELEM = {onnx.TensorProto.FLOAT: types.fp32, onnx.TensorProto.FLOAT16: types.fp16,
+_ELEM: dict[int, Any] = {onnx.TensorProto.FLOAT: types.fp32, onnx.TensorProto.FLOAT16: types.fp16,
          onnx.TensorProto.INT64: types.int32, onnx.TensorProto.INT32: types.int32,
          onnx.TensorProto.BOOL: types.bool}
 
@@ -116,12 +116,12 @@ class _Converter:
         assert rule is not None
         ctx = NodeContext(node, inputs, self.opset, self.names)
         try:
-            outs = rule.fn(ctx)
+            produced = rule.fn(ctx)
         except ConversionError:
             raise
         except Exception as e:  # a MIL type/shape check refusing what the rule built
             ctx.fail(f"{type(e).__name__}: {str(e)[:300]}")
-        self._store(node, outs)
+        self._store(node, produced)
 
     def _store(self, node: NodeProto, outs: Sequence[Any]) -> None:
         for name, v in zip(node.output, outs, strict=False):
@@ -157,12 +157,12 @@ class _Converter:
 
 def _placeholder(value_info: onnx.ValueInfoProto, shape: Sequence[int]) -> Any:
     elem = value_info.type.tensor_type.elem_type
-    if elem not in _ELEM:
+    if int(elem) not in _ELEM:
         raise ConversionError(
             f"graph input {value_info.name!r} has ONNX element type "
             f"{onnx.TensorProto.DataType.Name(elem)}; Core ML inputs are float32, float16, "
             "int32/int64 (as int32) or bool")
-    return mb.placeholder(shape=tuple(shape), dtype=_ELEM[elem])
+    return mb.placeholder(shape=tuple(shape), dtype=_ELEM[elem], allow_rank0_input=True)
 
 
 def convert_model(model: ModelProto, shapes: dict[str, Sequence[int]], target: Any) -> Program:

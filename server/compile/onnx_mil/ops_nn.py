@@ -252,8 +252,8 @@ def group_norm(ctx: NodeContext) -> Outputs:
     if ctx.opset < 21:  # scale / bias per group until opset 21, per channel after
         scale, bias = np.repeat(scale, c // g), np.repeat(bias, c // g)
     tail = (1,) * (len(shape) - 2)
-    y = mb.mul(x=y, y=ctx.like(scale.reshape((1, c) + tail), x), name=ctx.tmp())
-    return [mb.add(x=y, y=ctx.like(bias.reshape((1, c) + tail), x), name=ctx.name())]
+    y = mb.mul(x=y, y=ctx.like(scale.reshape((1, c, *tail)), x), name=ctx.tmp())
+    return [mb.add(x=y, y=ctx.like(bias.reshape((1, c, *tail)), x), name=ctx.name())]
 
 
 @onnx_op("RMSNormalization", since=23)

@@ -85,7 +85,7 @@ def _targets(ctx: NodeContext, shape: tuple[int, ...]) -> tuple[list[int], list[
             r = [want[k] / shape[a] for k, a in enumerate(axes)]
             common = min(r) if policy == "not_larger" else max(r)
             for a in axes:
-                out[a], per[a] = int(round(shape[a] * common)), common
+                out[a], per[a] = round(shape[a] * common), common
             return out, per
         for k, a in enumerate(axes):
             out[a], per[a] = want[k], None

@@ -76,6 +76,10 @@ _DEFAULT_AB = {"hardsigmoid": (0.2, 0.5), "leakyrelu": (0.01, 0.0), "thresholded
                "scaledtanh": (1.0, 1.0), "affine": (1.0, 0.0), "elu": (1.0, 0.0)}
 
 
+def _bind_act(f: Callable[..., Any], a: Any, b: Any) -> Callable[[Any, str], Any]:
+    return lambda x, n: f(x, a, b, n)
+
+
 def _activations(ctx: NodeContext, defaults: list[str], dirs: int
                  ) -> list[list[Callable[[Any, str], Any]]]:
     names = [str(a.decode() if isinstance(a, bytes) else a).lower()
@@ -92,7 +96,7 @@ def _activations(ctx: NodeContext, defaults: list[str], dirs: int
             a = alphas[ab_i] if ab_i < len(alphas) else a
             b = betas[ab_i] if ab_i < len(betas) else b
             ab_i += 1
-        fns.append(lambda x, n, f=_ACTS[nm], a=np.float32(a), b=np.float32(b): f(x, a, b, n))
+        fns.append(_bind_act(_ACTS[nm], np.float32(a), np.float32(b)))
     per = len(defaults)
     return [fns[d * per:(d + 1) * per] for d in range(dirs)]
 
@@ -197,7 +201,7 @@ def lstm(ctx: NodeContext) -> Outputs:
     names = [str(a.decode() if isinstance(a, bytes) else a).lower()
              for a in ctx.attr("activations", ["Sigmoid", "Tanh", "Tanh"] * dirs)]
     mil_acts = {"sigmoid": "sigmoid", "tanh": "tanh", "relu": "relu"}
-    if any(n not in mil_acts for n in names) or names[:3] != names[3:] and dirs == 2:
+    if any(n not in mil_acts for n in names) or (names[:3] != names[3:] and dirs == 2):
         ctx.fail(f"LSTM activations {names} are not converted (sigmoid / tanh / relu, the same "
                  "in both directions)")
     p = ctx.like(ctx.const(7), x) if ctx.has(7) else None
@@ -222,13 +226,19 @@ def lstm(ctx: NodeContext) -> Outputs:
     clip = ctx.attr("clip")
     if clip is not None:
         kw["clip"] = np.float32(clip)
+    direction = ctx.attr("direction", "forward")
+    if direction == "reverse":
+        # ONNX's reverse LSTM reads the sequence backwards and reports Y in input time order:
+        # run forward over the reversed sequence and reverse Y back (no reliance on how a MIL
+        # runtime orders a reverse lstm's outputs).
+        x = mb.reverse(x=x, axes=[0], name=ctx.tmp())
     y, h, c = mb.lstm(x=x, initial_h=state(5), initial_c=state(6), output_sequence=True,
-                      direction={"forward": "forward", "reverse": "reverse",
-                                 "bidirectional": "bidirectional"}[
-                          ctx.attr("direction", "forward")],
+                      direction="bidirectional" if direction == "bidirectional" else "forward",
                       recurrent_activation=mil_acts[names[0]],
                       cell_activation=mil_acts[names[1]], activation=mil_acts[names[2]],
                       name=ctx.tmp(), **kw)
+    if direction == "reverse":
+        y = mb.reverse(x=y, axes=[0], name=ctx.tmp())
     y = mb.transpose(x=mb.reshape(x=y, shape=[seq, batch, dirs, hidden], name=ctx.tmp()),
                      perm=[0, 2, 1, 3], name=ctx.tmp())
 
