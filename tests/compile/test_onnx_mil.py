@@ -199,14 +199,23 @@ def test_support_gate_names_the_node_the_conversion_refuses(tmp_path: Path) -> N
     assert "ExportedProgram" not in report.advice
 
 
-def test_refused_attribute_names_node_and_reason(tmp_path: Path) -> None:
-    node = helper.make_node("AveragePool", ["x"], ["y"], name="pool_dilated",
-                            kernel_shape=[3, 3], dilations=[2, 2])
-    model = graph([node], {"x": rand(1, 2, 9, 9)}, opset=19)
+def test_refused_attribute_names_node_and_reason() -> None:
+    node = helper.make_node("LSTM", ["x", "w", "r"], ["y"], name="coupled", hidden_size=4,
+                            input_forget=1)
+    model = graph([node], {"x": rand(5, 1, 3)}, {"w": rand(1, 16, 3), "r": rand(1, 16, 4)},
+                  opset=14)
     with pytest.raises(ConversionError) as err:
-        mil_ops(model, {"x": (1, 2, 9, 9)})
-    assert "pool_dilated" in str(err.value) and "dilations" in str(err.value)
-    assert err.value.operators == ["AveragePool"]
+        mil_ops(model, {"x": (5, 1, 3)})
+    assert "coupled" in str(err.value) and "input_forget" in str(err.value)
+    assert err.value.operators == ["LSTM"]
+
+
+def test_dilated_average_pool_is_computed_tap_by_tap() -> None:
+    """Refused on the torch detour; by definition here (a strided slice per kernel tap)."""
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], dilations=[2, 2],
+                            pads=[1, 1, 1, 1], count_include_pad=0)
+    model = graph([node], {"x": rand(1, 2, 9, 9)}, opset=19)
+    assert_matches_onnxruntime(model, {"x": rand(1, 2, 9, 9)})
 
 
 def _centering_upload(tmp_path: Path) -> tuple[Path, Path]:

@@ -7,12 +7,15 @@ one `ct.convert` (~0.3 s).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
 from server.compile.onnx_mil.conformance import execute_onnx
 from tests.compile.test_onnx_mil import assert_matches_onnxruntime, graph, rand
+
+pytestmark = pytest.mark.slow  # ~100 conversions: about a minute on a quiet machine
 
 # No shrinking: a failing example is reported as drawn (shrinking would re-convert dozens).
 SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,

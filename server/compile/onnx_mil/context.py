@@ -59,7 +59,7 @@ def dtype_of(v: Value) -> Any:
     """The numpy dtype a value computes in (a var's MIL dtype mapped to numpy)."""
     if isinstance(v, np.ndarray):
         return to_mil_array(v).dtype
-    return types.nptype_from_builtin(v.dtype)
+    return np.dtype(types.nptype_from_builtin(v.dtype))
 
 
 def shape_of(v: Value) -> tuple[int, ...]:
@@ -171,6 +171,10 @@ class NeedsConstant(ConversionError):
                  nodes: list[dict[str, str]]) -> None:
         super().__init__(message, operators, nodes)
         self.tensor = tensor
+
+
+class RankLimit(ConversionError):
+    """A tensor of rank > 5: beyond what Core ML represents."""
 
 
 _MIL_DTYPE = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16",

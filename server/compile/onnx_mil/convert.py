@@ -24,7 +24,13 @@ from coremltools.converters.mil.mil import Function, Program, types
 from onnx import GraphProto, ModelProto, NodeProto, numpy_helper
 
 from server.compile.errors import ConversionError
-from server.compile.onnx_mil.context import NodeContext, Value, mil_name, to_mil_array
+from server.compile.onnx_mil.context import (
+    NodeContext,
+    RankLimit,
+    Value,
+    mil_name,
+    to_mil_array,
+)
 from server.compile.onnx_mil.registry import opset_range, rule_for
 
 # Ops never folded even with constant inputs: random draws must stay random.
@@ -33,6 +39,7 @@ _NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformL
 # Folded constants larger than this many elements stay a rule's job (a weight transform is
 # still folded: this guards against materializing e.g. a ConstantOfShape of a huge tensor).
 _FOLD_LIMIT = 1 << 26
+MAX_RANK = 5
 _ELEM: dict[int, Any] = {onnx.TensorProto.FLOAT: types.fp32, onnx.TensorProto.FLOAT16: types.fp16,
          onnx.TensorProto.INT64: types.int32, onnx.TensorProto.INT32: types.int32,
          onnx.TensorProto.BOOL: types.bool}
@@ -125,8 +132,16 @@ class _Converter:
 
     def _store(self, node: NodeProto, outs: Sequence[Any]) -> None:
         for name, v in zip(node.output, outs, strict=False):
-            if name:
-                self.values[name] = v
+            if not name:
+                continue
+            if not isinstance(v, np.ndarray) and v is not None and len(v.shape) > MAX_RANK:
+                why = (f"output {name!r} has rank {len(v.shape)}; Core ML tensors have at "
+                       f"most rank {MAX_RANK}")
+                raise RankLimit(f"Core ML (ONNX → MIL): node {node.name or '(unnamed)'} "
+                                f"({node.op_type}, opset {self.opset}): {why}. {ADVICE}.",
+                                [node.op_type], [{"op": node.op_type, "node": node.name,
+                                                  "why": why}])
+            self.values[name] = v
 
     def _fold(self, node: NodeProto, inputs: list[Any]) -> list[Any] | None:
         from onnx.reference import ReferenceEvaluator

@@ -62,8 +62,13 @@ def mod(ctx: NodeContext) -> Outputs:
         t = mb.mul(x=mb.sign(x=q, name=ctx.tmp()),
                    y=mb.floor(x=mb.abs(x=q, name=ctx.tmp()), name=ctx.tmp()), name=ctx.tmp())
         return [mb.sub(x=x, y=mb.mul(x=t, y=y, name=ctx.tmp()), name=ctx.name())]
-    if ctx.attr("fmod", 0):
-        ctx.fail("integer Mod with fmod=1 is not converted")
+    if ctx.attr("fmod", 0):  # integers: x - trunc(x / y) * y, the quotient in float32
+        q = mb.real_div(x=ctx.as_var(x, np.float32), y=ctx.as_var(y, np.float32),
+                        name=ctx.tmp())
+        t = mb.cast(x=mb.mul(x=mb.sign(x=q, name=ctx.tmp()),
+                             y=mb.floor(x=mb.abs(x=q, name=ctx.tmp()), name=ctx.tmp()),
+                             name=ctx.tmp()), dtype="int32", name=ctx.tmp())
+        return [mb.sub(x=x, y=mb.mul(x=t, y=y, name=ctx.tmp()), name=ctx.name())]
     return [mb.mod(x=x, y=y, name=ctx.name())]
 
 
@@ -143,8 +148,9 @@ def inverse_hyperbolic(ctx: NodeContext) -> Outputs:
     return [mb.log(x=mb.add(x=x, y=r, name=ctx.tmp()), name=ctx.name())]
 
 
-def _f(ctx: NodeContext, name: str, default: float) -> Any:
-    return np.float32(ctx.attr(name, default))
+def _f(ctx: NodeContext, name: str, default: float, like: Any = None) -> Any:
+    """Attribute `name` as a scalar in the dtype of `like` (input 0 when omitted)."""
+    return np.array(ctx.attr(name, default), dtype_of(ctx.raw(0) if like is None else like))
 
 
 @onnx_op("LeakyRelu")
@@ -171,7 +177,8 @@ def hard_sigmoid(ctx: NodeContext) -> Outputs:
 @onnx_op("HardSwish")
 def hard_swish(ctx: NodeContext) -> Outputs:
     x = ctx.var(0)
-    hs = mb.sigmoid_hard(x=x, alpha=np.float32(1 / 6), beta=np.float32(0.5), name=ctx.tmp())
+    hs = mb.sigmoid_hard(x=x, alpha=np.array(1 / 6, dtype_of(x)),
+                         beta=np.array(0.5, dtype_of(x)), name=ctx.tmp())
     return [mb.mul(x=x, y=hs, name=ctx.name())]
 
 
@@ -188,7 +195,8 @@ def celu(ctx: NodeContext) -> Outputs:
     # max(0, x) + min(0, alpha * (exp(x / alpha) - 1)) == elu(x / alpha) * alpha
     alpha = _f(ctx, "alpha", 1.0)
     x = ctx.var(0)
-    e = mb.elu(x=mb.real_div(x=x, y=alpha, name=ctx.tmp()), alpha=np.float32(1), name=ctx.tmp())
+    e = mb.elu(x=mb.real_div(x=x, y=alpha, name=ctx.tmp()), alpha=np.array(1, dtype_of(x)),
+               name=ctx.tmp())
     return [mb.mul(x=e, y=alpha, name=ctx.name())]
 
 
@@ -258,9 +266,22 @@ def clip(ctx: NodeContext) -> Outputs:
 def where(ctx: NodeContext) -> Outputs:
     a, b = ctx.raw(1), ctx.raw(2)
     ref = b if is_const(a) and not is_const(b) else a
+    cond = ctx.var(0, np.bool_)
+    out = np.broadcast_shapes(shape_of(cond), shape_of(a), shape_of(b))
+    if np.broadcast_shapes(shape_of(a), shape_of(b)) != out:
+        # MIL select takes its output shape from a and b: widen a to the condition's shape
+        a = np.broadcast_to(ctx.like(a, ref), out).copy() if is_const(a) else _widen(ctx, a, out)
     va = ctx.as_var(ctx.like(a, ref))
     vb = ctx.as_var(ctx.like(b, va))
-    return [mb.select(cond=ctx.var(0, np.bool_), a=va, b=vb, name=ctx.name())]
+    return [mb.select(cond=cond, a=va, b=vb, name=ctx.name())]
+
+
+def _widen(ctx: NodeContext, v: Any, out: tuple[int, ...]) -> Any:
+    s = shape_of(v)
+    padded = (1,) * (len(out) - len(s)) + s
+    if padded != s:
+        v = mb.reshape(x=v, shape=list(padded), name=ctx.tmp())
+    return mb.tile(x=v, reps=[o // p for o, p in zip(out, padded, strict=True)], name=ctx.tmp())
 
 
 _CAST = {1: np.float32, 10: np.float16, 6: np.int32, 7: np.int32, 9: np.bool_,
@@ -334,6 +355,9 @@ def reduce_op(ctx: NodeContext) -> Outputs:
     if dtype_of(x) == np.int32 and ctx.node.op_type not in ("ReduceMax", "ReduceMin",
                                                            "ReduceSum", "ReduceProd"):
         kw["x"] = mb.cast(x=x, dtype="fp32", name=ctx.tmp())
+    if dtype_of(x) == np.bool_:  # any / all: the max / min of the values as int32
+        kw["x"], kw["name"] = mb.cast(x=x, dtype="int32", name=ctx.tmp()), ctx.tmp()
+        return [mb.cast(x=op(**kw), dtype="bool", name=ctx.name())]
     return [op(**kw)]
 
 

@@ -17,7 +17,7 @@ from server.compile.onnx_mil.context import NodeContext, dtype_of, is_const, sha
 from server.compile.onnx_mil.registry import Outputs, onnx_op
 
 
-def _spatial(ctx: NodeContext, x_shape: tuple[int, ...], kernel: list[int]
+def _spatial(ctx: NodeContext, x_shape: tuple[int, ...], kernel: list[int], ceil: bool = True
              ) -> tuple[list[int], list[int], list[int], list[int]]:
     """strides, dilations, begin pads, end pads (auto_pad and ceil_mode resolved)."""
     n = len(kernel)
@@ -36,7 +36,7 @@ def _spatial(ctx: NodeContext, x_shape: tuple[int, ...], kernel: list[int]
                 total - small, small)
     elif auto == "VALID":
         begin, end = [0] * n, [0] * n
-    if ctx.attr("ceil_mode", 0):
+    if ceil and ctx.attr("ceil_mode", 0):
         for i in range(n):
             eff = (kernel[i] - 1) * dil[i] + 1
             span = ins[i] + begin[i] + end[i] - eff
@@ -82,7 +82,7 @@ def conv_transpose(ctx: NodeContext) -> Outputs:
     full = [strides[i] * (ins[i] - 1) + (k[i] - 1) * dil[i] + 1 for i in range(n)]
     out_shape = ctx.attr("output_shape")
     auto = ctx.attr("auto_pad", "NOTSET")
-    if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
         want = list(out_shape)[-n:] if out_shape is not None else [
             ins[i] * strides[i] for i in range(n)]
         for i in range(n):
@@ -90,77 +90,150 @@ def conv_transpose(ctx: NodeContext) -> Outputs:
             small = total // 2
             begin[i], end[i] = (total - small, small) if auto == "SAME_LOWER" else (
                 small, total - small)
+    elif out_shape is not None:  # the output starts at the full result's origin
+        want = list(out_shape)[-n:]
+        begin = [0] * n
+        end = [full[i] + out_pad[i] - want[i] for i in range(n)]
     elif auto == "VALID":
         begin, end = [0] * n, [0] * n
     y = mb.conv_transpose(x=x, weight=w, strides=strides, dilations=dil, pad_type="valid",
                           groups=int(ctx.attr("group", 1)), name=ctx.tmp())
     size = [full[i] + out_pad[i] - begin[i] - end[i] for i in range(n)]
-    rank = n + 2
-    stop = [min(begin[i] + size[i], full[i]) for i in range(n)]
-    if any(b > 0 for b in begin) or stop != full:
-        y = mb.slice_by_index(x=y, begin=[0, 0, *begin], end=[0, 0, *stop],
+    # Output index o reads full index o + begin: crop what lies inside, zeros outside.
+    lo = [max(begin[i], 0) for i in range(n)]
+    hi = [min(begin[i] + size[i], full[i]) for i in range(n)]
+    if lo != [0] * n or hi != full:
+        y = mb.slice_by_index(x=y, begin=[0, 0, *lo], end=[0, 0, *hi],
                               begin_mask=[True, True] + [False] * n,
                               end_mask=[True, True] + [False] * n, name=ctx.tmp())
-    extra = [begin[i] + size[i] - stop[i] for i in range(n)]
-    if any(e > 0 for e in extra):
-        y = mb.pad(x=y, pad=_interleave([0] * n, extra), mode="constant",
-                   constant_val=np.float32(0), name=ctx.tmp())
+    front = [max(-begin[i], 0) for i in range(n)]
+    back = [max(begin[i] + size[i] - full[i], 0) for i in range(n)]
+    if any(front) or any(back):
+        y = mb.pad(x=y, pad=_interleave(front, back), mode="constant",
+                   constant_val=np.array(0, dtype_of(x)), name=ctx.tmp())
     if ctx.has(2):
         b = np.asarray(ctx.like(ctx.const(2), x)).reshape((1, -1) + (1,) * n)
         y = mb.add(x=y, y=b, name=ctx.tmp())
-    del rank
     return [mb.identity(x=y, name=ctx.name())]
 
 
-def _dilated_max(ctx: NodeContext, x: Any, k: list[int], s: list[int], d: list[int],
-                 begin: list[int], end: list[int]) -> Any:
-    """MaxPool with dilations, by its definition: the max over the kernel taps, each tap a
-    strided slice of the (−inf padded) input."""
+def _taps(ctx: NodeContext, x: Any, k: list[int], s: list[int], d: list[int],
+          begin: list[int], end: list[int], fill: float) -> tuple[list[Any], list[Any], list[int]]:
+    """A pooling window by its definition: one strided slice of the padded input per kernel
+    tap. Returns the slices, each tap's first padded coordinates and the output size."""
     n = len(k)
     xs = shape_of(x)
     if any(begin) or any(end):
         x = mb.pad(x=x, pad=_interleave(begin, end), mode="constant",
-                   constant_val=np.float32(-np.inf), name=ctx.tmp())
+                   constant_val=np.array(fill, dtype_of(x)), name=ctx.tmp())
     padded = [xs[2 + i] + begin[i] + end[i] for i in range(n)]
     out = [(padded[i] - ((k[i] - 1) * d[i] + 1)) // s[i] + 1 for i in range(n)]
-    result = None
+    slices, starts = [], []
     for tap in np.ndindex(*k):
         b = [tap[i] * d[i] for i in range(n)]
         e = [b[i] + (out[i] - 1) * s[i] + 1 for i in range(n)]
-        sl = mb.slice_by_index(x=x, begin=[0, 0, *b], end=[0, 0, *e], stride=[1, 1, *s],
-                               begin_mask=[True, True] + [False] * n,
-                               end_mask=[True, True] + [False] * n, name=ctx.tmp())
-        result = sl if result is None else mb.maximum(x=result, y=sl, name=ctx.tmp())
-    return result
+        slices.append(mb.slice_by_index(x=x, begin=[0, 0, *b], end=[0, 0, *e],
+                                        stride=[1, 1, *s], begin_mask=[True, True] + [False] * n,
+                                        end_mask=[True, True] + [False] * n, name=ctx.tmp()))
+        starts.append(b)
+    return slices, starts, out
+
+
+def _tap_count(mask: np.ndarray, starts: list[Any], s: list[int], out: list[int]) -> np.ndarray:
+    """How many taps of each output window land where `mask` (padded spatial dims) is 1."""
+    total = np.zeros(out)
+    for b in starts:
+        total += mask[tuple(slice(b[i], b[i] + (out[i] - 1) * s[i] + 1, s[i])
+                            for i in range(len(out)))]
+    return total
+
+
+def _max_with_indices(ctx: NodeContext, x: Any, k: list[int], s: list[int], d: list[int],
+                      begin: list[int], end: list[int]) -> list[Any]:
+    """MaxPool and its Indices (flat, row- or column-major per storage_order): the running
+    max over the taps, each tap's constant source index kept where it is strictly larger
+    (so the first maximal tap wins)."""
+    xs = shape_of(x)
+    n = len(k)
+    slices, starts, out = _taps(ctx, x, k, s, d, begin, end, -np.inf)
+    spatial = xs[2:]
+    col_major = bool(ctx.attr("storage_order", 0))
+    plane = int(np.prod(spatial))
+    base = (np.arange(xs[0] * xs[1]) * plane).reshape(xs[0], xs[1], *([1] * n))
+    best, idx = slices[0], None
+    for t, (sl, b) in enumerate(zip(slices, starts, strict=True)):
+        coords = np.meshgrid(*[np.arange(out[i]) * s[i] + b[i] - begin[i] for i in range(n)],
+                             indexing="ij")
+        order = list(range(n))[::-1] if col_major else list(range(n))
+        flat = np.zeros(out, np.int64)
+        for i in order:
+            flat = flat * spatial[i] + coords[i]
+        tap_idx = (base + flat[None, None]).astype(np.int32)
+        if t == 0:
+            idx = mb.const(val=np.broadcast_to(tap_idx, (xs[0], xs[1], *out)).copy(),
+                           name=ctx.tmp())
+            continue
+        better = mb.greater(x=sl, y=best, name=ctx.tmp())
+        best = mb.select(cond=better, a=sl, b=best, name=ctx.tmp())
+        idx = mb.select(cond=better, a=tap_idx, b=idx, name=ctx.tmp())
+    return [mb.identity(x=best, name=ctx.name(0)), mb.identity(x=idx, name=ctx.name(1))]
+
+
+def _sum_pool(ctx: NodeContext, x: Any, k: list[int], s: list[int], d: list[int],
+              begin: list[int], end: list[int]) -> tuple[Any, list[Any], list[int]]:
+    slices, starts, out = _taps(ctx, x, k, s, d, begin, end, 0.0)
+    total = slices[0]
+    for sl in slices[1:]:
+        total = mb.add(x=total, y=sl, name=ctx.tmp())
+    return total, starts, out
 
 
 @onnx_op("MaxPool", "AveragePool", "LpPool")
 def pool(ctx: NodeContext) -> Outputs:
     x = ctx.var(0)
-    if len(ctx.node.output) > 1 and ctx.node.output[1]:
-        ctx.fail("the Indices output of MaxPool has no Core ML equivalent; export the model "
-                 "without return_indices")
     k = list(ctx.attr("kernel_shape"))
     s, d, begin, end = _spatial(ctx, shape_of(x), k)
     op = ctx.node.op_type
+    dilated = any(v != 1 for v in d)
     if op == "MaxPool":
-        if any(v != 1 for v in d):
-            return [mb.identity(x=_dilated_max(ctx, x, k, s, d, begin, end), name=ctx.name())]
+        if len(ctx.node.output) > 1 and ctx.node.output[1]:
+            return _max_with_indices(ctx, x, k, s, d, begin, end)
+        if dilated:
+            slices, _, _ = _taps(ctx, x, k, s, d, begin, end, -np.inf)
+            best = slices[0]
+            for sl in slices[1:]:
+                best = mb.maximum(x=best, y=sl, name=ctx.tmp())
+            return [mb.identity(x=best, name=ctx.name())]
         return [mb.max_pool(x=x, kernel_sizes=k, strides=s, pad_type="custom",
                             pad=_interleave(begin, end), name=ctx.name())]
-    if any(v != 1 for v in d):
-        ctx.fail("AveragePool with dilations is not converted")
     if op == "LpPool":
         p = float(ctx.attr("p", 2))
-        if p != 2:
-            ctx.fail(f"LpPool with p={p}: Core ML's l2_pool covers p=2 only")
-        return [mb.l2_pool(x=x, kernel_sizes=k, strides=s, pad_type="custom",
-                           pad=_interleave(begin, end), name=ctx.name())]
+        if p == 2 and not dilated:
+            return [mb.l2_pool(x=x, kernel_sizes=k, strides=s, pad_type="custom",
+                               pad=_interleave(begin, end), name=ctx.name())]
+        # (Σ |x|^p)^(1/p) over each window, by definition
+        xp = mb.pow(x=mb.abs(x=x, name=ctx.tmp()), y=np.array(p, dtype_of(x)), name=ctx.tmp())
+        total, _, _ = _sum_pool(ctx, xp, k, s, d, begin, end)
+        return [mb.pow(x=total, y=np.array(1 / p, dtype_of(x)), name=ctx.name())]
     include = bool(ctx.attr("count_include_pad", 0))
+    if dilated:
+        total, starts, out = _sum_pool(ctx, x, k, s, d, begin, end)
+        _, _, pb, pe = _spatial(ctx, shape_of(x), k, ceil=False)
+        declared = pb + pe
+        spatial = shape_of(x)[2:]
+        mask = np.zeros([spatial[i] + begin[i] + end[i] for i in range(len(k))])
+        if include:  # the declared pads count, ceil_mode's extension does not
+            lo = [begin[i] - declared[i] for i in range(len(k))]
+            hi = [begin[i] + spatial[i] + declared[len(k) + i] for i in range(len(k))]
+        else:
+            lo, hi = begin, [begin[i] + spatial[i] for i in range(len(k))]
+        mask[tuple(slice(lo[i], hi[i]) for i in range(len(k)))] = 1
+        count = _tap_count(mask, starts, s, out)
+        return [mb.real_div(x=total, y=np.maximum(count, 1).astype(dtype_of(x)),
+                            name=ctx.name())]
     if include and ctx.attr("ceil_mode", 0):
         # The declared pads count in the average, ceil_mode's extension does not.
-        declared = list(ctx.attr("pads", [0] * 2 * len(k)))
-        pb, pe = declared[:len(k)], declared[len(k):]
+        _, _, pb, pe = _spatial(ctx, shape_of(x), k, ceil=False)
         if any(pb) or any(pe):
             x = mb.pad(x=x, pad=_interleave(pb, pe), mode="constant",
                        constant_val=np.float32(0), name=ctx.tmp())
@@ -189,7 +262,7 @@ def batch_norm(ctx: NodeContext) -> Outputs:
     x = ctx.var(0)
     if ctx.attr("training_mode", 0):
         ctx.fail("BatchNormalization in training mode is not converted (export in eval mode)")
-    scale, bias, mean, var = (ctx.like(ctx.raw(i), x) for i in (1, 2, 3, 4))
+    scale, bias, mean, var = (ctx.like(ctx.const(i), x) for i in (1, 2, 3, 4))
     return [mb.batch_norm(x=x, mean=mean, variance=var, gamma=scale, beta=bias,
                           epsilon=np.float32(ctx.attr("epsilon", 1e-5)), name=ctx.name())]
 
@@ -197,7 +270,8 @@ def batch_norm(ctx: NodeContext) -> Outputs:
 @onnx_op("InstanceNormalization")
 def instance_norm(ctx: NodeContext) -> Outputs:
     x = ctx.var(0)
-    return [mb.instance_norm(x=x, gamma=ctx.like(ctx.raw(1), x), beta=ctx.like(ctx.raw(2), x),
+    return [mb.instance_norm(x=x, gamma=ctx.like(ctx.const(1), x),
+                             beta=ctx.like(ctx.const(2), x),
                              epsilon=np.float32(ctx.attr("epsilon", 1e-5)), name=ctx.name())]
 
 
@@ -284,6 +358,8 @@ def lp_norm(ctx: NodeContext) -> Outputs:
     p = int(ctx.attr("p", 2))
     f = mb.reduce_l2_norm if p == 2 else mb.reduce_l1_norm
     n = f(x=x, axes=[axis], keep_dims=True, name=ctx.tmp())
+    # A zero norm means an all-zero slice, which stays zero (ONNX's reference): x / max(n, tiny)
+    n = mb.maximum(x=n, y=np.array(np.finfo(dtype_of(x)).tiny, dtype_of(x)), name=ctx.tmp())
     return [mb.real_div(x=x, y=n, name=ctx.name())]
 
 
@@ -317,10 +393,24 @@ def gemm(ctx: NodeContext) -> Outputs:
 
 @onnx_op("MatMul")
 def matmul(ctx: NodeContext) -> Outputs:
+    """numpy matmul semantics: a 1-D operand is a row (left) or column (right) vector whose
+    unit axis is dropped from the result."""
     a, b = ctx.raw(0), ctx.raw(1)
     ref = b if is_const(a) else a
-    return [mb.matmul(x=ctx.as_var(ctx.like(a, ref)), y=ctx.as_var(ctx.like(b, ref)),
-                      name=ctx.name())]
+    va, vb = ctx.as_var(ctx.like(a, ref)), ctx.as_var(ctx.like(b, ref))
+    ra, rb = len(shape_of(va)), len(shape_of(vb))
+    if ra > 1 and rb > 1:
+        return [mb.matmul(x=va, y=vb, name=ctx.name())]
+    if ra == 1:
+        va = mb.reshape(x=va, shape=[1, shape_of(va)[0]], name=ctx.tmp())
+    if rb == 1:
+        vb = mb.reshape(x=vb, shape=[shape_of(vb)[0], 1], name=ctx.tmp())
+    y = mb.matmul(x=va, y=vb, name=ctx.tmp())
+    drop = ([-1] if rb == 1 else []) + ([-2] if ra == 1 else [])
+    out = list(shape_of(y))
+    for axis in sorted((len(out) + a_ for a_ in drop), reverse=True):
+        del out[axis]
+    return [mb.reshape(x=y, shape=np.array(out, np.int32), name=ctx.name())]
 
 
 @onnx_op("Softmax", "LogSoftmax", "Hardmax")

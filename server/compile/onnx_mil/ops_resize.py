@@ -27,8 +27,11 @@ _KEEP = ("mode", "coordinate_transformation_mode", "cubic_coeff_a", "exclude_out
          "nearest_mode", "antialias")
 
 
-def _axis_map(ctx: NodeContext, n_in: int, n_out: int, scale: float | None) -> np.ndarray:
-    """The [n_in, n_out] matrix M with resize(x) = x @ M along one axis, from onnx.reference."""
+def _axis_map(ctx: NodeContext, n_in: int, n_out: int, scale: float | None,
+              roi: tuple[float, float] | None = None, fill: float = 0.0) -> np.ndarray:
+    """The [n_in, n_out] matrix M with resize(x) = x @ M along one axis, from onnx.reference
+    (with `roi`, tf_crop_and_resize's crop of this axis; `fill` is the extrapolation value,
+    0 for the map itself, 1 on a zero input to find the extrapolated positions)."""
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
 
@@ -36,15 +39,35 @@ def _axis_map(ctx: NodeContext, n_in: int, n_out: int, scale: float | None) -> n
     opset = max(ctx.opset, 11)
     if opset < 18:
         attrs.pop("antialias", None)
-    inputs = ["x", "", "scales"] if scale is not None else ["x", "", "", "sizes"]
+    if roi is not None:
+        attrs["coordinate_transformation_mode"] = "tf_crop_and_resize"
+        attrs["extrapolation_value"] = fill
+    inputs = ["x", "roi" if roi is not None else "", "scales" if scale is not None else ""]
+    if scale is None:
+        inputs.append("sizes")
     node = helper.make_node("Resize", inputs, ["y"], **attrs)
-    feeds: dict[str, Any] = {"x": np.eye(n_in, dtype=np.float64)}
+    feeds: dict[str, Any] = {"x": np.eye(n_in, dtype=np.float64) if not fill else
+                             np.zeros((1, n_in))}
+    if roi is not None:
+        feeds["roi"] = np.array([0, roi[0], 1, roi[1]], np.float32)
     if scale is not None:
         feeds["scales"] = np.array([1.0, scale], np.float32)
     else:
-        feeds["sizes"] = np.array([n_in, n_out], np.int64)
+        feeds["sizes"] = np.array([feeds["x"].shape[0], n_out], np.int64)
     (m,) = ReferenceEvaluator(node, opsets={"": opset}).run(None, feeds)
     return np.asarray(m)
+
+
+def _rois(ctx: NodeContext, rank: int) -> list[tuple[float, float] | None]:
+    """tf_crop_and_resize's per-axis (start, end), from the roi input over `axes`."""
+    roi = ctx.const(1)
+    assert roi is not None
+    axes = [a % rank for a in ctx.attr("axes", list(range(rank)))]
+    r = [float(v) for v in np.asarray(roi).reshape(-1)]
+    out: list[tuple[float, float] | None] = [None] * rank
+    for k, a in enumerate(axes):
+        out[a] = (r[k], r[k + len(axes)])
+    return out
 
 
 def _mil_bilinear(n_in: int, n_out: int, mode: str) -> np.ndarray:
@@ -99,6 +122,25 @@ def _targets(ctx: NodeContext, shape: tuple[int, ...]) -> tuple[list[int], list[
     return out, per
 
 
+def _crop_and_resize(ctx: NodeContext, x: Any, shape: tuple[int, ...], out: list[int],
+                     scales: list[float | None]) -> Any:
+    """tf_crop_and_resize: the per-axis maps of the crop, then the extrapolation value
+    wherever any axis samples outside the input."""
+    rois = _rois(ctx, len(shape))
+    fill = float(ctx.attr("extrapolation_value", 0.0))
+    y, outside = x, np.zeros([1] * len(shape), bool)
+    for a in range(len(shape)):
+        roi = rois[a]
+        if roi is None or (roi == (0.0, 1.0) and out[a] == shape[a]):
+            continue
+        y = _along(ctx, y, a, _axis_map(ctx, shape[a], out[a], scales[a], roi))
+        edge = _axis_map(ctx, shape[a], out[a], scales[a], roi, fill=1.0).reshape(-1) != 0
+        outside = outside | edge.reshape([-1 if i == a else 1 for i in range(len(shape))])
+    if outside.any():
+        y = mb.select(cond=outside, a=np.array(fill, dtype_of(x)), b=y, name=ctx.tmp())
+    return mb.identity(x=y, name=ctx.name())
+
+
 def _along(ctx: NodeContext, x: Any, axis: int, m: np.ndarray) -> Any:
     rank = len(shape_of(x))
     perm = list(range(rank))
@@ -112,9 +154,9 @@ def _along(ctx: NodeContext, x: Any, axis: int, m: np.ndarray) -> Any:
 def resize(ctx: NodeContext) -> Outputs:
     x = ctx.var(0)
     shape = shape_of(x)
-    if ctx.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
-        ctx.fail("coordinate_transformation_mode tf_crop_and_resize is not converted")
     out, scales = _targets(ctx, shape)
+    if ctx.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
+        return [_crop_and_resize(ctx, x, shape, out, scales)]
     changed = [a for a in range(len(shape)) if out[a] != shape[a] or (
         scales[a] is not None and scales[a] != 1.0)]
     maps = {a: _axis_map(ctx, shape[a], out[a], scales[a]) for a in changed}

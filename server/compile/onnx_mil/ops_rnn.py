@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from coremltools.converters.mil import Builder as mb
 
-from server.compile.onnx_mil.context import NodeContext, dtype_of, is_const, shape_of
+from server.compile.onnx_mil.context import NodeContext, dtype_of, shape_of
 from server.compile.onnx_mil.registry import Outputs, onnx_op
 
 
@@ -28,10 +28,10 @@ def _layout(ctx: NodeContext, x: Any) -> Any:
 
 def _check_lengths(ctx: NodeContext, seq: int) -> None:
     if ctx.has(4):
-        lens = ctx.raw(4)
-        if not is_const(lens) or np.any(np.asarray(lens) != seq):
-            ctx.fail("sequence_lens shorter than the sequence (or not constant) is not "
-                     "converted; export without per-sample lengths")
+        lens = ctx.const(4)
+        if np.any(np.asarray(lens) != seq):
+            ctx.fail("sequence_lens shorter than the sequence is not converted; export "
+                     "without per-sample lengths")
 
 
 def _initial(ctx: NodeContext, i: int, dirs: int, batch: int, hidden: int, x: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from coremltools.converters.mil import Builder as mb
 
-from server.compile.onnx_mil.context import NodeContext, dtype_of, is_const, shape_of
+from server.compile.onnx_mil.context import NodeContext, dtype_of, is_const, mil_dtype, shape_of
 from server.compile.onnx_mil.registry import Outputs, onnx_op
 
 
@@ -55,7 +55,8 @@ def reshape(ctx: NodeContext) -> Outputs:
 def flatten(ctx: NodeContext) -> Outputs:
     x = ctx.var(0)
     s = shape_of(x)
-    axis = int(ctx.attr("axis", 1)) % (len(s) + 1) if s else 0
+    axis = int(ctx.attr("axis", 1))
+    axis = axis + len(s) if axis < 0 else axis
     return [mb.reshape(x=x, shape=[int(np.prod(s[:axis])), int(np.prod(s[axis:]))],
                        name=ctx.name())]
 
@@ -167,9 +168,26 @@ def _indices(ctx: NodeContext, i: int, dim: int) -> Any:
                      name=ctx.tmp())
 
 
+def _as_int_if_bool(ctx: NodeContext, x: Any) -> tuple[Any, bool]:
+    """MIL's gather ops take no bool tensors: bool data moves as int32 and is cast back."""
+    if not is_const(x) and dtype_of(x) == np.bool_:
+        return mb.cast(x=x, dtype="int32", name=ctx.tmp()), True
+    return x, False
+
+
+def _back_to_bool(ctx: NodeContext, y: Any, was_bool: bool) -> Any:
+    return mb.cast(x=y, dtype="bool", name=ctx.name()) if was_bool else y
+
+
 @onnx_op("Gather")
 def gather(ctx: NodeContext) -> Outputs:
-    x = ctx.raw(0)
+    x, was_bool = _as_int_if_bool(ctx, ctx.raw(0))
+    if was_bool:
+        return [_back_to_bool(ctx, _gather(ctx, x, ctx.tmp()), True)]
+    return [_gather(ctx, x, ctx.name())]
+
+
+def _gather(ctx: NodeContext, x: Any, out_name: str) -> Any:
     axis = int(ctx.attr("axis", 0)) % len(shape_of(x))
     idx = _indices(ctx, 1, shape_of(x)[axis])
     if is_const(idx) and idx.ndim == 0 and not is_const(x):
@@ -180,24 +198,28 @@ def gather(ctx: NodeContext) -> Outputs:
                                end=[i + 1 if a == axis else d for a, d in enumerate(s)],
                                name=ctx.tmp())
         if len(s) == 1:
-            return [mb.reshape(x=sl, shape=np.zeros((0,), np.int32), name=ctx.name())]
-        return [mb.squeeze(x=sl, axes=[axis], name=ctx.name())]
-    return [mb.gather(x=ctx.as_var(x), indices=idx, axis=axis, name=ctx.name())]
+            return mb.reshape(x=sl, shape=np.zeros((0,), np.int32), name=out_name)
+        return mb.squeeze(x=sl, axes=[axis], name=out_name)
+    return mb.gather(x=ctx.as_var(x), indices=idx, axis=axis, name=out_name)
 
 
 @onnx_op("GatherElements")
 def gather_elements(ctx: NodeContext) -> Outputs:
-    x = ctx.var(0)
+    x, was_bool = _as_int_if_bool(ctx, ctx.var(0))
     axis = int(ctx.attr("axis", 0)) % len(shape_of(x))
     idx = _indices(ctx, 1, shape_of(x)[axis])
-    return [mb.gather_along_axis(x=x, indices=idx, axis=axis, name=ctx.name())]
+    y = mb.gather_along_axis(x=x, indices=idx, axis=axis,
+                             name=ctx.tmp() if was_bool else ctx.name())
+    return [_back_to_bool(ctx, y, was_bool)]
 
 
 @onnx_op("GatherND")
 def gather_nd(ctx: NodeContext) -> Outputs:
-    x = ctx.var(0)
+    x, was_bool = _as_int_if_bool(ctx, ctx.var(0))
     batch = int(ctx.attr("batch_dims", 0))
-    return [mb.gather_nd(x=x, indices=ctx.var(1, np.int32), batch_dims=batch, name=ctx.name())]
+    y = mb.gather_nd(x=x, indices=ctx.var(1, np.int32), batch_dims=batch,
+                     name=ctx.tmp() if was_bool else ctx.name())
+    return [_back_to_bool(ctx, y, was_bool)]
 
 
 @onnx_op("ScatterND")
@@ -279,9 +301,14 @@ def pad(ctx: NodeContext) -> Outputs:
     if first == rank:
         return [mb.identity(x=x, name=ctx.name())]
     flat = np.array([p for a in range(first, rank) for p in (begin[a], end[a])], np.int32)
+    if mode != "constant" and dtype_of(x).kind != "f":  # MIL pads non-float data by value only
+        f = mb.cast(x=x, dtype="fp32", name=ctx.tmp())
+        y = mb.pad(x=f, pad=flat, mode={"reflect": "reflect", "edge": "replicate"}[mode],
+                   name=ctx.tmp())
+        return [mb.cast(x=y, dtype=mil_dtype(dtype_of(x)), name=ctx.name())]
     mil_mode = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}[mode]
     cval = np.asarray(value).reshape(-1)[0] if np.asarray(value).size else 0
-    return [mb.pad(x=x, pad=flat, mode=mil_mode, constant_val=np.float32(cval),
+    return [mb.pad(x=x, pad=flat, mode=mil_mode, constant_val=np.array(cval, dtype_of(x)),
                    name=ctx.name())]
 
 
