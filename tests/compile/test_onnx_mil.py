@@ -139,6 +139,22 @@ def test_shape_arithmetic_folds_to_a_static_reshape() -> None:
     assert_matches_onnxruntime(model, {"x": rand(2, 3, 4)})
 
 
+def test_constant_of_shape_and_range_fold_from_static_shapes() -> None:
+    """TorchScript exports build masks with Shape → ConstantOfShape and positions with Range."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("ConstantOfShape", ["s"], ["z"],
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [2.0])),
+             helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+             helper.make_node("Range", ["zero_i", "n", "one"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["z", "rf"], ["t"]),
+             helper.make_node("Mul", ["t", "x"], ["y"])]
+    inits = {"one": np.array(1, np.int64), "zero_i": np.array(0, np.int64)}
+    model = graph(nodes, {"x": rand(2, 4)}, inits, opset=13)
+    assert mil_ops(model, {"x": (2, 4)}).count("mul") == 1
+    assert_matches_onnxruntime(model, {"x": rand(2, 4)})
+
+
 def _if_model(cond_from_shape: bool) -> onnx.ModelProto:
     then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
                              [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])

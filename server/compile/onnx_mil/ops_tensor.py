@@ -37,6 +37,28 @@ def eye_like(ctx: NodeContext) -> Outputs:
     return [np.eye(n, m, int(ctx.attr("k", 0)), dtype=dt)]
 
 
+@onnx_op("ConstantOfShape")
+def constant_of_shape(ctx: NodeContext) -> Outputs:
+    """Needs its shape at conversion time (static shapes make it so); then it is a constant."""
+    shape = ctx.ints(0)
+    value = ctx.attr("value")
+    fill = np.zeros(1, np.float32) if value is None else _tensor(value)
+    return [np.full(shape, fill.reshape(-1)[0], dtype=fill.dtype)]
+
+
+@onnx_op("Range")
+def range_(ctx: NodeContext) -> Outputs:
+    """Needs start / limit / delta at conversion time; then it is a constant."""
+    start, limit, delta = (np.asarray(ctx.const(i)) for i in range(3))
+    return [np.arange(start, limit, delta).astype(start.dtype)]
+
+
+def _tensor(t: Any) -> np.ndarray:
+    from onnx import numpy_helper
+
+    return np.asarray(numpy_helper.to_array(t))
+
+
 @onnx_op("Reshape")
 def reshape(ctx: NodeContext) -> Outputs:
     x = ctx.var(0)
