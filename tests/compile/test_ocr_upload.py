@@ -6,9 +6,10 @@ opset 12, dynamic batch/height/width (`p2o.DynamicDimension.0`, `?`) — declare
 Before declared shapes specialized the graph, every platform rejected them ("dimension
 'p2o.DynamicDimension.0' is not static"). The numeric gate runs on a page-like input
 (`text_image`; the wheel ships no images): onnx at FP32 defaults, Core ML's ONNX → torch step at
-FP32 (Core ML itself needs macOS), QNN FP16 through HTP emulation with a documented per-version
-override of `min_snr_db` (measured 41 dB det / 54 dB rec against the 60 dB default, cosine
-0.99996 / 0.999998 — above the 0.999 default, which stays).
+FP32 and its FP16 package through the MIL reference executor, QNN FP16 through HTP emulation,
+both with a documented per-version override of `min_snr_db` (QNN measured 41 dB det / 54 dB
+rec against the 60 dB default, cosine 0.99996 / 0.999998 — above the 0.999 default, which
+stays; Core ML 35.6 dB det at 320×320 / 50.2 dB rec, tests/corpus/models.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tests.support.inprocess_app import inprocess_app, wait_settled
 # Per-version QNN override (docs/compile.md, "Real models"): FP16 on the HTP keeps cosine
 # > 0.999 but not 60 dB SNR on these nets.
 QNN_MIN_SNR = {"det": 35, "rec": 48}
+CORE_ML_MIN_SNR = {"det": 30, "rec": 45}
 
 
 @pytest.fixture
@@ -53,8 +55,10 @@ def test_ppocr_det_and_rec_with_dynamic_p2o_dims_build_on_onnx_coreml_and_qnn(
         buf = io.BytesIO()
         np.savez(buf, x=text_image(SHAPES[kind])[None])
         meta = {"version": "4.0.0",
-                "platforms": {"onnx": {}, "coreml": {}, "qnn": {"min_snr_db": QNN_MIN_SNR[kind],
-                                                                 "numeric_samples": 1}},
+                "platforms": {"onnx": {},
+                              "coreml": {"min_snr_db": CORE_ML_MIN_SNR[kind],
+                                         "numeric_samples": 1},
+                              "qnn": {"min_snr_db": QNN_MIN_SNR[kind], "numeric_samples": 1}},
                 "inputs": [{"name": "x", "dtype": "float32", "shape": list(SHAPES[kind])}]}
         r = server.post(f"/v1/models/ppocr-{kind}/versions",
                         files={"model": (path.name, path.read_bytes()),

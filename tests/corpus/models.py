@@ -150,13 +150,17 @@ def _torch_entry(name: str, family: str, exporter: str, make: Callable[[], Any],
 
 # FP16 on the (emulated) HTP through several transformer layers keeps cosine > 0.9999 but
 # SNR near 40 dB (MiniLM 39.9 dB, ViT 45.5 dB, GPT-2 47.7 dB): below the seed's 60 dB FP16
-# default. The documented per-version override for transformers on qnn:
-TRANSFORMER_QNN = {"qnn": {"min_snr_db": 35}}
+# default. Core ML FP16 packages run by the MIL reference executor (FP16 storage, FP32
+# accumulation) keep cosine > 0.99999 at 57–62 dB (MiniLM 57.2, ViT 60.7, BERT 61.5, GPT-2
+# 61.9). The documented per-version overrides for transformers:
+TRANSFORMER_QNN = {"qnn": {"min_snr_db": 35}, "coreml": {"min_snr_db": 50}}
 # PP-OCR at FP16 on the HTP keeps cosine > 0.999; SNR measured on the page-like inputs:
 # det 33.3 dB at 320×320 (41 dB at 640×640, tests/compile/test_ocr_upload.py), rec 44.2 dB,
-# cls 52.4 dB — under the 60 dB FP16 default, so per-version overrides:
-PPOCR_QNN = {"det": {"qnn": {"min_snr_db": 30}}, "rec": {"qnn": {"min_snr_db": 35}},
-             "cls": {"qnn": {"min_snr_db": 35}}}
+# cls 52.4 dB — under the 60 dB FP16 default; Core ML FP16 through the MIL executor: det
+# 35.6 dB, rec 50.2 dB, cls 48.0 dB (cosine ≥ 0.99988). So per-version overrides:
+PPOCR_QNN = {"det": {"qnn": {"min_snr_db": 30}, "coreml": {"min_snr_db": 30}},
+             "rec": {"qnn": {"min_snr_db": 35}, "coreml": {"min_snr_db": 45}},
+             "cls": {"qnn": {"min_snr_db": 35}, "coreml": {"min_snr_db": 45}}}
 SEQ = 128
 TEXT = (InputSpec("input_ids", (1, SEQ), "int64"), InputSpec("attention_mask", (1, SEQ), "int64"))
 

@@ -91,6 +91,15 @@ def _fill_pool_defaults(program: Any) -> Any:
     return program
 
 
+def _tensor_type(ct: Any, spec: Any) -> Any:
+    """An input as Core ML takes it: integer inputs (token ids) as int32 — left to
+    coremltools they become float16 in an FP16 program, and ids above 2048 lose their low
+    bits (2677 arrives as 2676)."""
+    if str(spec.dtype).startswith(("int", "uint")):
+        return ct.TensorType(name=spec.name, shape=spec.shape, dtype=np.int32)
+    return ct.TensorType(name=spec.name, shape=spec.shape)
+
+
 def _unsupported_op(err: Exception) -> list[str]:
     text = str(err)
     marker = "Unsupported fx node "
@@ -146,8 +155,7 @@ class CoreMLCompiler:
                     program = contiguous_placeholders(
                         _fill_pool_defaults(program.run_decompositions()))
                 if not onnx_source:  # a MIL program from ONNX already has typed inputs
-                    kwargs["inputs"] = [ct.TensorType(name=s.name, shape=s.shape)
-                                        for s in request.inputs]
+                    kwargs["inputs"] = [_tensor_type(ct, s) for s in request.inputs]
                 mlmodel = ct.convert(
                     program, convert_to="mlprogram", minimum_deployment_target=target,
                     compute_precision=(ct.precision.FLOAT16 if precision is Precision.FP16

@@ -49,6 +49,15 @@ class BlockRunner:
             self._run_op(op, scope)
         return [self._lookup(scope, name, "block output") for name in block.outputs]
 
+    def decode_weights(self, block: Any) -> dict[str, Any]:
+        """The values of `block`'s const and constexpr ops (weights as the device
+        materialises them), by name."""
+        env: Env = {}
+        for op in block.operations:
+            if op.type.startswith(_WEIGHT_OPS):
+                self._run_op(op, env)
+        return dict(env)
+
     def _run_op(self, op: Any, env: Env) -> None:
         specs = [tensor_spec(o) for o in op.outputs]
         name = specs[0].name if specs else op.type
@@ -94,6 +103,10 @@ class BlockRunner:
                     for b in arg.arguments]
             out[key] = vals[0] if len(vals) == 1 and not _is_tuple_input(op.type, key) \
                 else vals
+        # iOS16 constexpr ops hold their parameters as attributes, not inputs
+        for key, value in op.attributes.items():
+            if key != "name" and key not in out:
+                out[key] = self._reader.read(value)
         return out
 
     @staticmethod
@@ -169,6 +182,11 @@ class MilExecutor:
             result.update(env)
         result.update(zip(self.output_names, outs, strict=True))
         return result
+
+    def weights(self) -> dict[str, Array]:
+        """The function's weights, decompressed (`constexpr_*`) as Core ML materialises
+        them, by var name."""
+        return self._runner.decode_weights(self._block)
 
 
 def run_mlpackage(path: str | Path, feeds: dict[str, Array]) -> dict[str, Array]:

@@ -37,3 +37,14 @@ def linear(op: OpCall) -> Array:
 def einsum(op: OpCall) -> Array:
     values = [wide(np.asarray(v)) for v in op.inputs["values"]]
     return np.asarray(np.einsum(str(op.scalar("equation")), *values, optimize=True))
+
+
+@mil_op("scaled_dot_product_attention")
+def scaled_dot_product_attention(op: OpCall) -> Array:
+    q, k, v = wide(op.arr("query")), wide(op.arr("key")), wide(op.arr("value"))
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) / np.sqrt(np.float32(q.shape[-1]))
+    if "attn_mask" in op:
+        mask = op.arr("attn_mask")
+        scores = np.where(mask, scores, -np.inf) if mask.dtype == bool else scores + wide(mask)
+    scores = np.exp(scores - np.max(scores, axis=-1, keepdims=True))
+    return np.asarray(np.matmul(scores / np.sum(scores, axis=-1, keepdims=True), v))

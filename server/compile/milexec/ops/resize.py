@@ -99,3 +99,11 @@ def resize(op: OpCall) -> Array:
     if op.scalar("interpolation_mode", "LINEAR") == "NEAREST_NEIGHBOR":
         return nearest(x, size)
     return bilinear(x, size, str(op.scalar("sampling_mode", "DEFAULT")))
+
+
+@mil_op("crop")
+def crop(op: OpCall) -> Array:
+    x = op.arr("x")
+    (top, bottom), (left, right) = op.ints("crop_height") or [0, 0], \
+        op.ints("crop_width") or [0, 0]
+    return x[..., top:x.shape[-2] - bottom, left:x.shape[-1] - right]
