@@ -50,7 +50,7 @@ def constant_of_shape(ctx: NodeContext) -> Outputs:
 def range_(ctx: NodeContext) -> Outputs:
     """Needs start / limit / delta at conversion time; then it is a constant."""
     start, limit, delta = (np.asarray(ctx.const(i)) for i in range(3))
-    return [np.arange(start, limit, delta).astype(start.dtype)]
+    return [np.arange(start.item(), limit.item(), delta.item()).astype(start.dtype)]
 
 
 def _tensor(t: Any) -> np.ndarray:
