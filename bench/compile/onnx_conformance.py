@@ -1,12 +1,12 @@
 """ONNX's backend node cases through ONNX → MIL → ct.convert → the MIL reference executor:
 
     python -m bench.compile.onnx_conformance [--pattern test_resize] [--fp16] [--failures]
-                                             [--json out.json]
+                                             [--jobs 2] [--json out.json]
 
 Prints the per-op table docs/compile.md carries (cases, in scope, passed at FP32, cases where
 an input was bound as a constant; with --fp16 also how many FP32 passes also pass as an FP16
 program), the out-of-scope reasons, and the ops of the corpus that no rule claims. Scope and
-tolerances: server/compile/onnx_mil/conformance.py. A full run takes ~10 minutes on 2 cores.
+tolerances: server/compile/onnx_mil/conformance.py. `--jobs N` runs N processes (shards).
 """
 
 from __future__ import annotations
@@ -14,13 +14,22 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import multiprocessing
 import sys
 import time
 from collections import Counter
+from typing import Any
+
+
+def _shard(args: tuple[str, bool, int, int]) -> Any:
+    from server.compile.onnx_mil.conformance import run_suite
+
+    pattern, fp16, k, n = args
+    return run_suite(pattern, fp16=fp16, shard=(k, n))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from server.compile.onnx_mil.conformance import run_suite, table
+    from server.compile.onnx_mil.conformance import merge, table
     from server.compile.onnx_mil.registry import claimed_ops
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -28,9 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fp16", action="store_true", help="also run passing cases at FP16")
     ap.add_argument("--failures", action="store_true", help="list every failing case")
     ap.add_argument("--json", default="", help="write per-case results here")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     args = ap.parse_args(argv)
     started = time.monotonic()
-    rows, results = run_suite(args.pattern, fp16=args.fp16)
+    jobs = [(args.pattern, args.fp16, k, args.jobs) for k in range(args.jobs)]
+    if args.jobs == 1:
+        rows, results = _shard(jobs[0])
+    else:
+        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+            rows, results = merge(pool.map(_shard, jobs))
     print(f"ONNX backend node cases, {datetime.date.today()}, "
           f"{time.monotonic() - started:.0f} s\n")
     print(table(rows, fp16=args.fp16))

@@ -4,8 +4,8 @@ ONNX → MIL → `ct.convert` → the MIL reference executor, against the cases'
 A case belongs to the op its name tests (`test_layer_normalization_…` → LayerNormalization).
 It is *in scope* when the converter claims that op and every other op in its graph, and its
 inputs and outputs are tensors of a dtype Core ML computes in (float32, float16, int32, int64
-held as int32, bool); other cases are counted as out of scope with the reason, never dropped
-silently. An input that a rule needs at conversion time (an axes or shape input, a conv
+held as int32, bool) and no tensor needs rank > 5 (Core ML's limit, `RankLimit`); other cases
+are counted as out of scope with the reason, never dropped silently. An input that a rule needs at conversion time (an axes or shape input, a conv
 weight) is bound as an initializer, as in an exported model; `bound` counts such cases.
 
 Tolerances: FP32 programs `|got − want| ≤ atol + rtol·|want|` with the case's own rtol / atol
@@ -218,9 +218,10 @@ def _execute(prog: Any, feeds: dict[str, np.ndarray], outs: list[np.ndarray], pr
     return ""
 
 
-def run_suite(pattern: str = "", fp16: bool = False, ops: set[str] | None = None
-              ) -> tuple[dict[str, OpRow], list[CaseResult]]:
-    """Every node case (or those whose name contains `pattern`, or whose op is in `ops`)."""
+def run_suite(pattern: str = "", fp16: bool = False, ops: set[str] | None = None,
+              shard: tuple[int, int] = (0, 1)) -> tuple[dict[str, OpRow], list[CaseResult]]:
+    """Every node case (or those whose name contains `pattern`, or whose op is in `ops`);
+    `shard=(k, n)` runs every n-th case from the k-th (merge shards with `merge`)."""
     from onnx.backend.test.case.node import collect_testcases
 
     from server.compile.onnx_mil.registry import claimed_ops
@@ -233,8 +234,8 @@ def run_suite(pattern: str = "", fp16: bool = False, ops: set[str] | None = None
     all_ops = {n.op_type for c in cases for n in c.model.graph.node}  # type: ignore[union-attr]
     rows: dict[str, OpRow] = {}
     results = []
-    for case in cases:
-        if pattern and pattern not in case.name:
+    for i, case in enumerate(cases):
+        if (pattern and pattern not in case.name) or i % shard[1] != shard[0]:
             continue
         model = case.model
         assert model is not None
@@ -265,6 +266,25 @@ def run_suite(pattern: str = "", fp16: bool = False, ops: set[str] | None = None
                 row.fp16_passed += fp16_ok
         else:
             row.failures.append(f"{case.name}: {res.detail}")
+    return rows, results
+
+
+def merge(parts: Iterable[tuple[dict[str, OpRow], list[CaseResult]]]
+          ) -> tuple[dict[str, OpRow], list[CaseResult]]:
+    """The rows and results of several shards as one run's."""
+    rows: dict[str, OpRow] = {}
+    results: list[CaseResult] = []
+    for part_rows, part_results in parts:
+        results.extend(part_results)
+        for op, r in part_rows.items():
+            m = rows.setdefault(op, OpRow(op))
+            m.cases += r.cases
+            m.in_scope += r.in_scope
+            m.passed += r.passed
+            m.bound += r.bound
+            m.fp16_passed += r.fp16_passed
+            m.fp16_run += r.fp16_run
+            m.failures.extend(r.failures)
     return rows, results
 
 
