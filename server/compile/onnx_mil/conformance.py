@@ -5,8 +5,9 @@ A case belongs to the op its name tests (`test_layer_normalization_…` → Laye
 It is *in scope* when the converter claims that op and every other op in its graph, and its
 inputs and outputs are tensors of a dtype Core ML computes in (float32, float16, int32, int64
 held as int32, bool) and no tensor needs rank > 5 (Core ML's limit, `RankLimit`); other cases
-are counted as out of scope with the reason, never dropped silently. An input that a rule needs at conversion time (an axes or shape input, a conv
-weight) is bound as an initializer, as in an exported model; `bound` counts such cases.
+are counted as out of scope with the reason, never dropped silently. An input that a rule
+needs at conversion time (an axes or shape input, a conv weight) is bound as an initializer,
+as in an exported model; `bound` counts such cases.
 
 Tolerances: FP32 programs `|got − want| ≤ atol + rtol·|want|` with the case's own rtol / atol
 raised to at least 1e-4 / 1e-5 (ONNX's defaults are 1e-3 / 1e-7, written for float64
