@@ -189,6 +189,21 @@ def test_if_whose_condition_folds_is_inlined() -> None:
     assert_matches_onnxruntime(model, {"x": rand(2, 4)})
 
 
+def test_if_on_a_declared_shape_builds_for_core_ml_through_the_pipeline(tmp_path: Path
+                                                                      ) -> None:
+    from server.compile import BuildSpec, Pipeline
+
+    path = tmp_path / "if.onnx"
+    onnx.save(_if_model(cond_from_shape=True), str(path))
+    np.savez(tmp_path / "ref.npz", x=np.stack([rand(2, 4, seed=s) for s in range(2)]))
+    spec = BuildSpec(path, SourceFormat.ONNX, {"default": (InputSpec("x", (2, 4)),)},
+                     platforms=("coreml",), reference_path=tmp_path / "ref.npz")
+    (out,) = Pipeline().build(spec, tmp_path / "build")
+    assert out.state == "ready", out.error
+    assert out.gates["numeric"]["status"] == "passed"
+    assert "cond" not in out.gates["operators"][-1]["operators"]
+
+
 def test_if_on_input_values_is_refused_naming_the_node() -> None:
     with pytest.raises(ConversionError) as err:
         mil_ops(_if_model(cond_from_shape=False), {"x": (2, 4)})
