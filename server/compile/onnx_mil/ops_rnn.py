@@ -35,9 +35,12 @@ def _check_lengths(ctx: NodeContext, seq: int) -> None:
 
 
 def _initial(ctx: NodeContext, i: int, dirs: int, batch: int, hidden: int, x: Any) -> Any:
-    """An initial state [dirs, batch, H] (zeros when absent), as given."""
+    """An initial state as [dirs, batch, H] (zeros when absent; layout=1 gives it batch-first)."""
     if ctx.has(i):
-        return ctx.as_var(ctx.like(ctx.raw(i), x))
+        state = ctx.as_var(ctx.like(ctx.raw(i), x))
+        if ctx.attr("layout", 0):
+            state = mb.transpose(x=state, perm=[1, 0, 2], name=ctx.tmp())
+        return state
     return ctx.as_var(np.zeros((dirs, batch, hidden), dtype_of(x)))
 
 

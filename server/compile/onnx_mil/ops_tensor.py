@@ -307,17 +307,12 @@ def pad(ctx: NodeContext) -> Outputs:
                               end=[d - max(-e, 0) for d, e in zip(s, end, strict=True)],
                               name=ctx.tmp())
         begin, end = [max(b, 0) for b in begin], [max(e, 0) for e in end]
-    if mode == "wrap":
+    if mode == "wrap":  # source index (i - begin) mod dim along each padded axis
         for a in range(rank):
-            parts = []
-            d = shape_of(x)[a]
-            if begin[a]:
-                parts.append(_take(ctx, x, a, d - begin[a], d))
-            parts.append(x)
-            if end[a]:
-                parts.append(_take(ctx, x, a, 0, end[a]))
-            if len(parts) > 1:
-                x = mb.concat(values=parts, axis=a, name=ctx.tmp())
+            if begin[a] or end[a]:
+                d = shape_of(x)[a]
+                idx = (np.arange(-begin[a], d + end[a]) % d).astype(np.int32)
+                x = mb.gather(x=x, indices=idx, axis=a, name=ctx.tmp())
         return [mb.identity(x=x, name=ctx.name())]
     first = next((a for a in range(rank) if begin[a] or end[a]), rank)
     if first == rank:
@@ -332,13 +327,6 @@ def pad(ctx: NodeContext) -> Outputs:
     cval = np.asarray(value).reshape(-1)[0] if np.asarray(value).size else 0
     return [mb.pad(x=x, pad=flat, mode=mil_mode, constant_val=np.array(cval, dtype_of(x)),
                    name=ctx.name())]
-
-
-def _take(ctx: NodeContext, x: Any, axis: int, start: int, stop: int) -> Any:
-    s = shape_of(x)
-    return mb.slice_by_index(x=x, begin=[start if a == axis else 0 for a in range(len(s))],
-                             end=[stop if a == axis else d for a, d in enumerate(s)],
-                             name=ctx.tmp())
 
 
 @onnx_op("DepthToSpace")
