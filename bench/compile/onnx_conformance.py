@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows, fp16=args.fp16))
     below = [r for r in rows.values() if r.in_scope and r.rate < 0.95]
     print(f"\nclaimed ops below 95%: {', '.join(r.op for r in below) or 'none'}")
-    reasons = Counter(r.detail.split(" [")[0] for r in results if r.status == "out-of-scope")
+    reasons = Counter(r.detail.split(": Core ML")[0] for r in results
+                      if r.status == "out-of-scope")
     print("\nout of scope:", "; ".join(f"{k} ({v})" for k, v in reasons.most_common()))
     unclaimed = sorted({r.op for r in results if r.detail == "op not claimed"})
     print(f"\nops with cases but no rule ({len(unclaimed)}): {', '.join(unclaimed)}")

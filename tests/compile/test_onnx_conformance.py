@@ -40,5 +40,6 @@ def test_every_claimed_op_passes_95_percent_of_its_node_cases() -> None:
              if r.in_scope and r.rate < 0.95}
     assert not below, below
     tested = {op for op, r in rows.items() if r.in_scope}
-    assert ISSUE_OPS - {"If", "Einsum"} <= tested  # Einsum's cases use double / int inputs
+    # Einsum's and CumSum's node cases are all float64 (tested in test_onnx_mil.py instead).
+    assert ISSUE_OPS - {"If", "Einsum", "CumSum"} <= tested
     assert sum(r.passed for r in rows.values()) > 700

@@ -261,10 +261,38 @@ def global_pool(ctx: NodeContext) -> Outputs:
 def batch_norm(ctx: NodeContext) -> Outputs:
     x = ctx.var(0)
     if ctx.attr("training_mode", 0):
-        ctx.fail("BatchNormalization in training mode is not converted (export in eval mode)")
+        return _batch_norm_training(ctx, x)
     scale, bias, mean, var = (ctx.like(ctx.const(i), x) for i in (1, 2, 3, 4))
     return [mb.batch_norm(x=x, mean=mean, variance=var, gamma=scale, beta=bias,
                           epsilon=np.float32(ctx.attr("epsilon", 1e-5)), name=ctx.name())]
+
+
+def _batch_norm_training(ctx: NodeContext, x: Any) -> Outputs:
+    """training_mode=1 by ONNX's definition: normalize with the batch's own mean and
+    (population) variance; running_mean / running_var = input · momentum + batch · (1 − m)."""
+    rank = len(shape_of(x))
+    axes = [0, *range(2, rank)]
+    c = shape_of(x)[1]
+    tail = (1,) * (rank - 2)
+    dt = dtype_of(x)
+    eps = np.array(ctx.attr("epsilon", 1e-5), dt)
+    m = np.array(ctx.attr("momentum", 0.9), dt)
+    scale, bias, mean_in, var_in = (np.asarray(ctx.like(ctx.const(i), x)) for i in (1, 2, 3, 4))
+    mean = mb.reduce_mean(x=x, axes=axes, keep_dims=True, name=ctx.tmp())
+    centered = mb.sub(x=x, y=mean, name=ctx.tmp())
+    var = mb.reduce_mean(x=mb.mul(x=centered, y=centered, name=ctx.tmp()), axes=axes,
+                         keep_dims=True, name=ctx.tmp())
+    y = mb.mul(x=centered, y=mb.rsqrt(x=mb.add(x=var, y=eps, name=ctx.tmp()), name=ctx.tmp()),
+               name=ctx.tmp())
+    y = mb.add(x=mb.mul(x=y, y=scale.reshape((1, c, *tail)), name=ctx.tmp()),
+               y=bias.reshape((1, c, *tail)), name=ctx.name(0))
+    outs: list[Any] = [y]
+    for k, (batch, given) in enumerate(((mean, mean_in), (var, var_in)), start=1):
+        if k < len(ctx.node.output) and ctx.node.output[k]:
+            flat = mb.reshape(x=batch, shape=[c], name=ctx.tmp())
+            outs.append(mb.add(x=mb.mul(x=flat, y=np.array(1, dt) - m, name=ctx.tmp()),
+                               y=(given * m).astype(dt), name=ctx.name(k)))
+    return outs
 
 
 @onnx_op("InstanceNormalization")
