@@ -23,7 +23,7 @@ from server.compile.types import InputSpec, SourceFormat
 
 # Largest sample count read from a calibration / reference .npz (memory and time cap).
 MAX_SAMPLES = 256
-ONNX_OPSET = 18  # newest opset onnx2torch and coremltools' ONNX path handle well
+ONNX_OPSET = 18  # opset of the ONNX we export from torch uploads
 
 _DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32,
            "int16": np.int16, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_}

@@ -1,7 +1,8 @@
 """Small single-operator ONNX graphs, as exporters write them, per operator and opset.
 
 Each case builds an ONNX model with onnx.helper and real random inputs; tests run it through
-onnxruntime (the reference), the ONNX → torch step and coremltools.
+onnxruntime (the reference) and the ONNX → MIL conversion for Core ML
+(tests/compile/test_onnx_mil.py).
 """
 
 from __future__ import annotations

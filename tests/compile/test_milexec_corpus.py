@@ -1,5 +1,5 @@
 """Acceptance: the MIL executor agrees with onnxruntime on corpus models' graphs as the
-coreml compiler converts them (ONNX → onnx2torch → torch.export → coremltools): FP32 packages
+coreml compiler converts them (ONNX → MIL → coremltools; .pt2 via the torch frontend): FP32 packages
 at FP32 thresholds (cosine ≥ 0.99999, SNR ≥ 80 dB — the executor's op semantics), FP16
 packages within FP16 tolerance (cosine ≥ 0.9999). Slow: each model is converted twice.
 The per-model figures for the whole corpus are in docs/compile.md."""

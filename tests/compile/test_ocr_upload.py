@@ -71,8 +71,8 @@ def test_ppocr_det_and_rec_with_dynamic_p2o_dims_build_on_onnx_coreml_and_qnn(
             assert gates["operators"][0]["passed"], (kind, platform)
         onnx_num = builds["onnx"]["gates"]["numeric"]
         assert onnx_num["status"] == "passed", onnx_num
-        conversion = builds["coreml"]["gates"]["conversion"]
-        assert conversion["passed"] and conversion["outputs"][0]["cosine"] > 0.99999
+        # ONNX → MIL directly: no torch step, so no conversion check of one.
+        assert "conversion" not in builds["coreml"]["gates"]
         coreml_num = builds["coreml"]["gates"]["numeric"]  # the MIL reference executor
         assert coreml_num["status"] == "passed", coreml_num
         assert coreml_num["runner"] == "mil reference executor (numpy, fp16)"

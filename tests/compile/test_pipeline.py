@@ -73,17 +73,15 @@ def test_transformer_block_builds_int8_qnn_from_calibration_data(transformer, tm
     assert "calibration samples" in qnn.notes[0]
 
 
-def test_transformer_block_from_onnx_reaches_core_ml_through_onnx2torch(transformer, tmp_path):
+def test_transformer_block_from_onnx_reaches_core_ml_through_mil(transformer, tmp_path):
     spec = BuildSpec(transformer.onnx, SourceFormat.ONNX, {"default": transformer.inputs},
                      platforms=("coreml",), reference_path=transformer.reference)
     (coreml,) = Pipeline().build(spec, tmp_path)
     assert coreml.state == "ready", coreml.error
     assert coreml.gates["operators"][1]["operators"].get("softmax") == 1
-    # The ONNX → torch step was checked at FP32, and the package itself ran here through
-    # the MIL reference executor in FP16.
-    conversion = coreml.gates["conversion"]
-    assert conversion["passed"] and conversion["runner"] == "onnx2torch vs onnxruntime"
-    assert conversion["outputs"][0]["snr_db"] == "inf" or conversion["outputs"][0]["snr_db"] > 80
+    # ONNX → MIL directly (no torch step to check any more); the package itself ran here
+    # through the MIL reference executor in FP16 against onnxruntime's FP32 reference.
+    assert "conversion" not in coreml.gates
     assert coreml.gates["numeric"]["status"] == "passed"
     assert coreml.gates["numeric"]["runner"] == "mil reference executor (numpy, fp16)"
 

@@ -4,9 +4,9 @@ Settings (`settings["coreml"]`): `precision` fp16 (default) | fp32, `minimum_dep
 (e.g. "iOS17", default), `weight_compression` none (default) | int8 | palettize4 | palettize6 |
 palettize8, `weight_threshold` (weights with fewer elements stay uncompressed; default 2048),
 `palettize_mode` uniform (default) | kmeans (needs scikit-learn on the worker).
-Torch uploads convert directly; ONNX uploads go ONNX → torch (onnx2torch) → torch.export →
-coremltools, and a graph that cannot make that trip fails with the operator
-named and the advice to upload a torch ExportedProgram.
+Torch uploads convert with coremltools' torch frontend; ONNX uploads are translated to a MIL
+program directly (server/compile/onnx_mil: one rule per ONNX operator, no torch detour), and a
+node without a rule fails naming the node, its operator and opset.
 
 Compiling to `.mlmodelc` and running predictions needs macOS (Core ML framework). On macOS
 `run` predicts with Core ML; elsewhere it executes the package's MIL program (the exact
@@ -50,69 +50,30 @@ def numeric_runner(precision: Precision) -> str:
 _COMPRESSIONS = ("none", "int8", "palettize4", "palettize6", "palettize8")
 
 
-def _check_conversion(module: Any, request: CompileRequest) -> dict[str, Any] | None:
-    """Core ML cannot run on Linux, so at least prove the ONNX → torch step kept the numbers:
-    the torch module against onnxruntime on up to 4 real samples, at FP32 thresholds."""
+def _program_from_onnx(request: CompileRequest, target: Any) -> Any:
+    """The ONNX graph translated to a MIL program directly (server/compile/onnx_mil): one
+    rule per ONNX operator, shape arithmetic folded at the declared static shapes."""
+    from server.compile.onnx_mil import program_from_onnx
+
+    return program_from_onnx(request.onnx_path or request.source_path, request.inputs, target)
+
+
+def contiguous_placeholders(program: Any) -> Any:
+    """Gives every user input of an ExportedProgram a contiguous example layout.
+
+    coremltools refuses a placeholder whose example tensor has a non-contiguous dim order
+    ("Core ML does not have general support for non-contiguous dim order", naming nothing);
+    such a layout is only how the example was strided at export (e.g. a permuted view). Core
+    ML feeds are dense arrays, so the values the graph computes are the same."""
     import torch
 
-    from server.compile.gates import numeric
-    from server.compile.source import load_samples, run_onnx_cpu
-
-    if request.reference_path is None:
-        return None
-    feeds = load_samples(request.reference_path, request.inputs, request.shape_variant)[:4]
-    expected = run_onnx_cpu(request.onnx_path or request.source_path, feeds)
-    got = []
-    with torch.no_grad():
-        for f in feeds:
-            try:
-                res = module(*(torch.from_numpy(np.ascontiguousarray(f[s.name]))
-                               for s in request.inputs))
-            except Exception as e:
-                raise ConversionError(
-                    f"the ONNX → torch module (for Core ML) fails on the reference inputs: "
-                    f"{type(e).__name__}: {str(e)[:300]}. Upload the model as a torch "
-                    "ExportedProgram to compile it for Core ML.") from e
-            flat = res if isinstance(res, (tuple, list)) else (res,)
-            got.append([t.detach().numpy() for t in flat])
-    t = numeric.thresholds_for(Precision.FP32)
-    report = numeric.evaluate(numeric.compare(expected, got, t.topk), Precision.FP32, t,
-                              len(feeds), runner="onnx2torch vs onnxruntime").to_dict()
-    report["gate"] = "conversion"
-    if not report["passed"]:
-        raise ConversionError(
-            f"ONNX → torch conversion (for Core ML) changed the outputs: {report['reason']}. "
-            "Upload the model as a torch ExportedProgram to compile it for Core ML.")
-    return report
-
-
-def _program_from_onnx(request: CompileRequest) -> tuple[Any, dict[str, Any] | None]:
-    """ONNX → torch module → ExportedProgram, or a traced TorchScript module when export
-    trips on onnx2torch's value-dependent shape ops (tracing bakes those in as constants,
-    which is exact for the static shapes we compile for)."""
-    import torch
-
-    from server.compile.onnx_to_torch import onnx_to_torch
-    from server.compile.source import example_inputs
-
-    module = onnx_to_torch(request.onnx_path or request.source_path)
-    check = _check_conversion(module, request)
-    args = tuple(torch.from_numpy(a) for a in example_inputs(request.inputs).values())
-    try:
-        with quiet():
-            return torch.export.export(module, args), check
-    except Exception as export_error:
-        try:
-            with quiet(), torch.no_grad():
-                # torch.jit.trace has no annotations (torch 2.13)
-                traced = torch.jit.trace(  # type: ignore[no-untyped-call]
-                    module, args, check_trace=False)
-                return traced, check
-        except Exception as e:
-            raise ConversionError(
-                f"the onnx2torch module can be neither exported ({export_error}) nor traced "
-                f"({type(e).__name__}: {e}). Upload the model as a torch ExportedProgram to "
-                "compile it for Core ML.") from e
+    for node in program.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(val, torch.Tensor) and val.dim_order() != tuple(range(val.dim())):
+            mode = getattr(val, "fake_mode", None)
+            with mode if mode is not None else torch.no_grad():
+                node.meta["val"] = torch.empty(val.shape, dtype=val.dtype, device=val.device)
+    return program
 
 
 def _fill_pool_defaults(program: Any) -> Any:
@@ -179,24 +140,29 @@ class CoreMLCompiler:
         if compression not in _COMPRESSIONS:
             raise InvalidSourceError(f"weight_compression must be one of {_COMPRESSIONS}")
 
-        check = None
-        if request.source_format is SourceFormat.ONNX:
-            program, check = _program_from_onnx(request)
+        onnx_source = request.source_format is SourceFormat.ONNX
+        if target < ct.target.iOS15:
+            raise InvalidSourceError(f"Core ML ML Programs need iOS15 / macOS12 or newer, not "
+                                     f"{target_name}")
+        if onnx_source:
+            program = _program_from_onnx(request, target)
         else:
             program = load_exported_program(request.source_path, request.source_format,
                                             request.inputs)
         try:
             with quiet():
+                kwargs: dict[str, Any] = {}
                 if isinstance(program, torch.export.ExportedProgram):
                     # The core ATen set: coremltools has no converter for many non-core ops
                     # (new_ones, max_pool2d without indices, …) that export keeps.
-                    program = _fill_pool_defaults(program.run_decompositions())
+                    program = contiguous_placeholders(
+                        _fill_pool_defaults(program.run_decompositions()))
+                if not onnx_source:  # a MIL program from ONNX already has typed inputs
+                    kwargs["inputs"] = [_tensor_type(ct, s) for s in request.inputs]
                 mlmodel = ct.convert(
                     program, convert_to="mlprogram", minimum_deployment_target=target,
                     compute_precision=(ct.precision.FLOAT16 if precision is Precision.FP16
-                                       else ct.precision.FLOAT32),
-                    inputs=[_tensor_type(ct, s) for s in request.inputs],
-                )
+                                       else ct.precision.FLOAT32), **kwargs)
                 mlmodel = _compress(mlmodel, compression, threshold, palette_mode)
         except (ConversionError, InvalidSourceError):
             raise
@@ -206,10 +172,12 @@ class CoreMLCompiler:
         except Exception as e:
             ops = _unsupported_op(e)
             named = f" (operator {ops[0]})" if ops else ""
+            what = ("re-export the ONNX graph without that operator" if onnx_source else
+                    "re-export the torch program without that operator")
             raise ConversionError(
                 f"coremltools could not convert the graph{named}: {type(e).__name__}: "
-                f"{str(e)[:500]}. Upload a torch ExportedProgram without that operator, or "
-                "exclude the coreml platform for this model.", ops) from e
+                f"{str(e)[:500]}. To compile for Core ML, {what}, or exclude the coreml "
+                "platform for this model.", ops) from e
         out = workdir / "model.mlpackage"
         mlmodel.save(str(out))
         stabilize_manifest(out)
@@ -228,8 +196,7 @@ class CoreMLCompiler:
                                  if compression.startswith("palettize") else {}),
                               "coremltools": ct.__version__},
             notes=[] if sys.platform == "darwin" else [EXECUTOR_NOTE],
-            extra={"numeric_runner": numeric_runner(precision),
-                   **({"conversion_check": check} if check else {})},
+            extra={"numeric_runner": numeric_runner(precision)},
         )]
 
     def run(self, artifact: CompiledArtifact, feeds: Feeds) -> Outputs:

@@ -28,7 +28,9 @@ COMMON_MIL_DENY = frozenset({
 # Per platform; the ONNX list also applies to the graph every platform is compiled from.
 DEFAULT_DENY: dict[str, dict[str, frozenset[str]]] = {
     "onnx": {"onnx": COMMON_ONNX_DENY},
-    "coreml": {"onnx": COMMON_ONNX_DENY, "mil": COMMON_MIL_DENY},
+    # Core ML's ONNX → MIL conversion inlines an If whose condition folds at the declared
+    # shapes and refuses any other naming the node (server/compile/onnx_mil/convert.py).
+    "coreml": {"onnx": COMMON_ONNX_DENY - {"If"}, "mil": COMMON_MIL_DENY},
     # Einsum: the matrix-product forms are rewritten for the HTP (qnn_einsum.py), the rest
     # are named by the HTP probe.
     "qnn": {"onnx": COMMON_ONNX_DENY | {"GridSample"}},

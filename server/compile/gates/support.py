@@ -1,9 +1,9 @@
 """Support gate: before compiling, the nodes a target will not take, from the compilers' own
 support data — so the gate and the compile agree by construction.
 
-- coreml (ONNX uploads): the ONNX → torch converter registry, by running the very converters
-  the compile runs (`onnx_to_torch.unconvertible_nodes`). Torch uploads go to coremltools
-  directly and are not judged here.
+- coreml (ONNX uploads): the ONNX → MIL conversion the compile runs (server/compile/onnx_mil),
+  at the declared shapes; when it fails, the node it stopped at and every other node no rule
+  claims. Torch uploads go to coremltools directly and are not judged here.
 - qnn: the HTP split onnxruntime-qnn makes (`htp_support.probe`) after the same rewrites the
   compile applies (`compilers.qnn.plan_htp`), judged by the same `min_htp_share` policy, for
   every target SoC. INT8 builds compile a quantized copy of this graph; the probe judges the
@@ -18,26 +18,43 @@ import tempfile
 from pathlib import Path
 
 from server.compile.gates.operators import Finding, OperatorGateReport
+from server.compile.source import quiet
 from server.compile.types import CompileRequest, SourceFormat
 
 PLATFORMS = ("coreml", "qnn")
 
 
 def _coreml(request: CompileRequest, report: OperatorGateReport) -> None:
+    import coremltools as ct
     import onnx
 
-    from server.compile.onnx_to_torch import normalize, unconvertible_nodes
+    from server.compile.compilers.base import settings_for
+    from server.compile.errors import ConversionError
+    from server.compile.onnx_mil import convert_model, unsupported_nodes
 
     if request.source_format is not SourceFormat.ONNX:
         report.advice = "torch upload: converted by coremltools directly (not judged here)"
         return
-    model = normalize(onnx.load(str(request.onnx_path or request.source_path)))
-    for u in unconvertible_nodes(model):
-        report.findings.append(Finding("unsupported", u.op, u.node, u.reason))
-    if report.findings:
-        report.advice = ("the ONNX → torch step for Core ML cannot convert these nodes; upload "
-                         "the model as a torch ExportedProgram (torch.export.save), or exclude "
-                         "the coreml platform")
+    model = onnx.load(str(request.onnx_path or request.source_path))
+    target = getattr(ct.target, str(settings_for(request, "coreml").get(
+        "minimum_deployment_target", "iOS17")), ct.target.iOS17)
+    try:
+        with quiet():
+            convert_model(model, {s.name: s.shape for s in request.inputs}, target)
+    except ConversionError as e:
+        seen = set()
+        # The node the conversion stopped at, then every other node no rule claims, so the
+        # uploader learns all of them at once.
+        for n in [*e.nodes, *unsupported_nodes(model)]:
+            if (n["node"], n["op"]) not in seen:
+                seen.add((n["node"], n["op"]))
+                report.findings.append(Finding("unsupported", n["op"], n["node"], n["why"]))
+        if not report.findings:
+            report.findings.append(Finding("unsupported", "", "", str(e)))
+        report.advice = ("the ONNX → MIL conversion for Core ML cannot convert these nodes: "
+                         "re-export the model so that they use operators the Core ML "
+                         "converter supports (docs/compile.md lists them), or exclude the "
+                         "coreml platform for this model")
 
 
 def _qnn(request: CompileRequest, report: OperatorGateReport) -> None:
