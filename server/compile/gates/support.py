@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from server.compile.gates.operators import Finding, OperatorGateReport
-from server.compile.source import quiet
+from server.compile.quiet import quiet
 from server.compile.types import CompileRequest, SourceFormat
 
 PLATFORMS = ("coreml", "qnn")

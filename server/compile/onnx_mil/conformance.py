@@ -181,7 +181,7 @@ def execute_program(prog: Any, feeds: dict[str, np.ndarray], precision: str = "f
 
     from server.compile.milexec import MilExecutor
     from server.compile.onnx_mil.context import mil_name
-    from server.compile.source import quiet
+    from server.compile.quiet import quiet
 
     with quiet(), tempfile.TemporaryDirectory(prefix="onnx-mil-") as tmp:
         mlmodel = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=(
@@ -226,7 +226,7 @@ def run_suite(pattern: str = "", fp16: bool = False, ops: set[str] | None = None
     from onnx.backend.test.case.node import collect_testcases
 
     from server.compile.onnx_mil.registry import claimed_ops
-    from server.compile.source import quiet
+    from server.compile.quiet import quiet
 
     with quiet():
         cases = collect_testcases()
