@@ -29,8 +29,8 @@ def _shard(args: tuple[str, bool, int, int]) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from server.compile.onnx_mil import claimed_ops
     from server.compile.onnx_mil.conformance import merge, table
-    from server.compile.onnx_mil.registry import claimed_ops
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pattern", default="", help="only cases whose name contains this")

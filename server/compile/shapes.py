@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from server.compile.errors import InvalidSourceError
 from server.compile.quiet import quiet
 from server.compile.rnn_unroll import batch_first_rnns, seq_first
@@ -202,6 +204,29 @@ def _fix_inputs(model: Any, specs: Sequence[InputSpec]) -> dict[str, int]:
     return fixed
 
 
+def _fold_sizes(model: Any) -> None:
+    """`Size` of a tensor whose shape inference fixed at the declared shapes becomes a constant
+    (onnxslim folds `Shape` chains but leaves `Size`, so `If x.numel() == N` stayed an `If`)."""
+    import onnx
+    from onnx import helper
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        return
+    known: dict[str, int] = {}
+    for vi in (*inferred.graph.input, *inferred.graph.value_info):
+        t = vi.type.tensor_type
+        if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            known[vi.name] = int(np.prod([d.dim_value for d in t.shape.dim], dtype=np.int64))
+    for i, node in enumerate(model.graph.node):
+        if node.op_type == "Size" and node.domain in ("", "ai.onnx") and node.input[0] in known:
+            value = helper.make_tensor(node.output[0] + "_value", onnx.TensorProto.INT64, [],
+                                       [known[node.input[0]]])
+            model.graph.node[i].CopyFrom(helper.make_node(
+                "Constant", [], list(node.output), name=node.name or f"size{i}", value=value))
+
+
 def _forget_inferred_shapes(model: Any) -> None:
     """Intermediate and output shapes were inferred for the dynamic graph: drop them."""
     del model.graph.value_info[:]
@@ -264,6 +289,7 @@ def specialize(model: Any, specs: Sequence[InputSpec], *, allow_ifs: bool = Fals
     relaid = tuple(seq_first(work))
     fixed = _fix_inputs(work, specs)
     _forget_inferred_shapes(work)
+    _fold_sizes(work)
     try:
         with quiet():
             slim = onnxslim.slim(work, skip_optimizations=_SKIPPED_OPTIMIZATIONS)

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
-
-if TYPE_CHECKING:
-    from server.compile.milexec.executor import BlockRunner
 
 Array = NDArray[Any]
 Value = Any  # np.ndarray, or a list of arrays for a tuple input (concat's `values`)
@@ -28,6 +25,13 @@ Result = Array | tuple[Array, ...]
 OpFunction = Callable[["OpCall"], Result]
 
 OPS: dict[str, OpFunction] = {}
+
+
+class BlockRunner(Protocol):
+    """What a control-flow op (cond, while_loop) needs of the executor: run a nested block
+    (executor.BlockRunner implements it; declared here so the registry imports no executor)."""
+
+    def run_block(self, block: Any, env: Any, inputs: list[Any] | None = None) -> list[Any]: ...
 
 
 class MilExecError(Exception):

@@ -225,7 +225,7 @@ def run_suite(pattern: str = "", fp16: bool = False, ops: set[str] | None = None
     `shard=(k, n)` runs every n-th case from the k-th (merge shards with `merge`)."""
     from onnx.backend.test.case.node import collect_testcases
 
-    from server.compile.onnx_mil.registry import claimed_ops
+    from server.compile.onnx_mil import claimed_ops
     from server.compile.quiet import quiet
 
     with quiet():

@@ -24,6 +24,7 @@ from coremltools.converters.mil.mil import Function, Program, types
 from onnx import GraphProto, ModelProto, NodeProto, numpy_helper
 
 from server.compile.errors import ConversionError
+from server.compile.onnx_mil import rules as _rules  # noqa: F401  (registers every rule)
 from server.compile.onnx_mil.context import (
     NodeContext,
     RankLimit,

@@ -49,7 +49,6 @@ def onnx_op(*op_types: str, since: int = 1, until: int = NEWEST_OPSET
 
 
 def rule_for(op_type: str, opset: int) -> Rule | None:
-    _load()
     for r in _RULES.get(op_type, []):
         if r.since <= opset <= r.until:
             return r
@@ -58,7 +57,6 @@ def rule_for(op_type: str, opset: int) -> Rule | None:
 
 def opset_range(op_type: str) -> tuple[int, int] | None:
     """The lowest and highest opset any rule of `op_type` covers, or None if unclaimed."""
-    _load()
     rules = _RULES.get(op_type)
     if not rules:
         return None
@@ -66,16 +64,4 @@ def opset_range(op_type: str) -> tuple[int, int] | None:
 
 
 def claimed_ops() -> set[str]:
-    _load()
     return set(_RULES)
-
-
-def _load() -> None:
-    # The rule modules register on import; importing them here keeps callers to one import.
-    from server.compile.onnx_mil import (  # noqa: F401
-        ops_math,
-        ops_nn,
-        ops_resize,
-        ops_rnn,
-        ops_tensor,
-    )
