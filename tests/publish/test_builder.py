@@ -129,12 +129,16 @@ def test_rollout_rules_follow_the_release_state_machine():
     check_ramp(ReleaseState.active)
     for refused, check in [(ReleaseState.paused, check_ramp), (ReleaseState.paused, check_pause),
                            (ReleaseState.halted, check_pause), (ReleaseState.active, check_resume),
-                           (ReleaseState.halted, check_resume), (ReleaseState.halted, check_pin)]:
+                           (ReleaseState.halted, check_pin)]:
         with pytest.raises(RolloutStateError):
             check(refused)
     check_pause(ReleaseState.active)
     check_resume(ReleaseState.paused)
     check_pin(ReleaseState.paused)
+    # A halt is no longer final (issue 20): an operator resumes it, but only with a reason.
+    with pytest.raises(InvalidRolloutError, match="needs a reason"):
+        check_resume(ReleaseState.halted)
+    check_resume(ReleaseState.halted, reason="the failing devices ran a broken OS build")
 
 
 def test_filters_survive_their_database_columns_unchanged():

@@ -206,14 +206,16 @@ def test_every_write_route_that_needs_a_token_is_authenticated_before_its_body()
 
     writes = [r for r in _api_routes(ROUTERS) if r.methods & WRITE_METHODS]
     assert writes
-    # Device telemetry documents 401 without a bearer token: it is authenticated by the
-    # device's signature over the body, capped first (tests/security/
-    # test_device_telemetry_attacks.py).
-    device_signed = {"/v1/telemetry"}
+    # Device telemetry and the content-key request document 401 without a bearer token: they
+    # are authenticated by the device's signature over the body, capped first (telemetry by
+    # its own setting, tests/security/test_device_telemetry_attacks.py; a key request by the
+    # JSON cap, then 4096 bytes in the route, tests/security/test_content_key_attacks.py).
+    device_signed = {"/v1/telemetry": "max_telemetry_body_bytes",
+                     "/v1/devices/content-key": None}
     for route in writes:
         rule = route_rule(route)
         if route.path in device_signed:
-            assert not rule.token and rule.cap_setting == "max_telemetry_body_bytes"
+            assert not rule.token and rule.cap_setting == device_signed[route.path]
             continue
         assert rule.token == (401 in route.responses), route.path
     uploads = {r.path for r in writes if route_rule(r).upload}
