@@ -232,6 +232,7 @@ def run_suite(pattern: str = "", fp16: bool = False, ops: set[str] | None = None
         cases = collect_testcases()
     claimed = claimed_ops() | {"Constant"}
     cases = [c for c in cases if c.model is not None]
+    # mypy does not narrow c.model through the filter above: every case here has a model.
     all_ops = {n.op_type for c in cases for n in c.model.graph.node}  # type: ignore[union-attr]
     rows: dict[str, OpRow] = {}
     results = []

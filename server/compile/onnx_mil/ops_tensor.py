@@ -349,6 +349,7 @@ def space_to_depth(ctx: NodeContext) -> Outputs:
 @onnx_op("TopK")
 def topk(ctx: NodeContext) -> Outputs:
     x = ctx.var(0)
+    # ctx.ints returns None for an unbound input; TopK-10's k is a bound constant input here.
     k = ctx.ints(1)[0] if ctx.opset >= 10 else int(ctx.attr("k"))  # type: ignore[index]
     axis = int(ctx.attr("axis", -1))
     largest = bool(ctx.attr("largest", 1))
