@@ -31,6 +31,17 @@ class ServiceError(Exception):
         self.errors = errors
 
 
+class RateLimitedError(ServiceError):
+    """Too many requests from one caller; `retry_after` seconds until the next is taken."""
+
+    status_code = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: int, fix: str) -> None:
+        super().__init__(message, fix=fix)
+        self.retry_after = retry_after
+
+
 class NotFoundError(ServiceError):
     status_code = 404
     code = "not_found"

@@ -37,9 +37,9 @@ from server.api.errors import (
     ErrorBody,
     error_response,
 )
+from server.errors import RateLimitedError
 from server.services.fleet import attestation, identity
 from server.services.fleet.enrolment import EnrolmentRateError, Grant
-from server.services.fleet.ingest import RateLimitedError
 
 router = APIRouter(prefix="/v1", tags=["fleet"])
 

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from server.auth import Principal, Scope
 from server.db import models as db
-from server.errors import PermissionDeniedError, ServiceError
+from server.errors import PermissionDeniedError, RateLimitedError
 
 
 class EnrolmentQuotaError(PermissionDeniedError):
@@ -39,13 +39,8 @@ class PinnedDeviceError(PermissionDeniedError):
     code = "device_id_pinned"
 
 
-class EnrolmentRateError(ServiceError):
-    status_code = 429
-    code = "rate_limited"
-
-    def __init__(self, message: str, *, retry_after: int, fix: str) -> None:
-        super().__init__(message, fix=fix)
-        self.retry_after = retry_after
+class EnrolmentRateError(RateLimitedError):
+    """The enrolment token's hourly rate is spent."""
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.db import models as db
-from server.errors import AuthenticationError, InvalidInputError, ServiceError
+from server.errors import AuthenticationError, InvalidInputError, RateLimitedError
 from server.observability.metrics import count_telemetry
 from server.services.fleet.identity import DEVICE_ID, DeviceKeys, DeviceUnknownError
 from server.services.fleet.offers import Offers, StandingMap
@@ -62,15 +62,6 @@ class DeviceSignatureMissingError(AuthenticationError):
 
 class StaleReportError(AuthenticationError):
     code = "device_report_stale"
-
-
-class RateLimitedError(ServiceError):
-    status_code = 429
-    code = "rate_limited"
-
-    def __init__(self, message: str, *, retry_after: int, fix: str) -> None:
-        super().__init__(message, fix=fix)
-        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
