@@ -22,6 +22,7 @@ import fastapi_offline
 from fastapi import APIRouter, Path
 from fastapi.responses import Response
 
+from server.api import ui
 from server.errors import NotFoundError
 
 router = APIRouter(include_in_schema=False)
@@ -31,13 +32,8 @@ CONTENT_SECURITY_POLICY = (
     "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
     "frame-ancestors 'none'"
 )
-HEADERS = {
-    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-    "Cache-Control": "no-cache",
-}
+# The dashboard's headers (server/api/ui.py), with swagger-ui's inline styles allowed.
+HEADERS = {**ui.HEADERS, "Content-Security-Policy": CONTENT_SECURITY_POLICY}
 ASSETS_DIR = pathlib.Path(fastapi_offline.__file__).parent / "static"
 INIT_JS = b"""window.ui = SwaggerUIBundle({
   url: "/openapi.json", dom_id: "#swagger-ui", deepLinking: true,
