@@ -221,8 +221,6 @@ class Pipeline:
                            compile_settings=dict(art.compile_settings), notes=list(art.notes),
                            compile_seconds=seconds)
         ok = True
-        if "conversion_check" in art.extra:
-            gates["conversion"] = art.extra["conversion_check"]
         if "htp" in art.extra:
             gates["htp"] = art.extra["htp"]
         if art.path.is_dir() and art.path.suffix == ".mlpackage":
