@@ -16,8 +16,8 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from server.api import ROUTERS
+from server.api.body_limits import install_request_guard
 from server.api.errors import install_error_handlers
-from server.api.guard import install_request_guard
 from server.api.observe import RequestObserver
 from server.blobstore import BlobStore
 from server.jobs.interface import JobQueue
@@ -78,7 +78,7 @@ def create_app(
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
-    # Authentication and size caps before any request body is read (server/api/guard.py).
+    # Authentication and size caps before any request body is read (server/api/body_limits.py).
     install_request_guard(app, settings, ROUTERS)
     # Outermost: request id, request counter and access log around everything, the guard's
     # own refusals included (server/api/observe.py).

@@ -12,7 +12,7 @@ real server over a socket in tests/security/test_http_attacks.py):
   closed; uvicorn's httptools protocol has no limit (a 16 MiB header was read and served);
 - trailer fields of a chunked body never enter the ASGI scope's headers (uvicorn's httptools
   protocol appends them to the header list the app reads); the request guard refuses
-  chunked writes anyway (server/api/guard.py), so this holds under any server;
+  chunked writes anyway (server/api/body_limits.py), so this holds under any server;
 - `Expect: 100-continue` and pipelined requests are hyper's, per request.
 
 HTTP/1.1 only: TLS and HTTP/2 belong to the proxy or load balancer in front.

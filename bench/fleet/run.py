@@ -77,8 +77,8 @@ def seed(url: str, data: Path, n_devices: int) -> list[tuple[str, object]]:
     from server.db import models as db
     from server.db.migrate import upgrade
     from server.db.types import utcnow
-    from server.publish import rollouts as ro
     from server.publish.keys import KeyPaths, init_keys
+    from server.rollouts import service as ro
     from server.settings import Settings
     from server.wiring import build_core
 

@@ -58,8 +58,8 @@ def prepare(data: Path) -> None:
 
     from server.db import models as db
     from server.db.migrate import upgrade
-    from server.publish import rollouts as ro
     from server.publish.keys import KeyPaths, init_keys
+    from server.rollouts import service as ro
     from server.settings import Settings
     from server.wiring import core
 

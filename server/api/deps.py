@@ -154,7 +154,7 @@ def _header(credentials: HTTPAuthorizationCredentials | None, request: Request) 
 
 
 # Every token dependency and the scope it demands (None: any valid token). The request guard
-# (server/api/guard.py) reads this to authenticate before a request body is read.
+# (server/api/body_limits.py) reads this to authenticate before a request body is read.
 TOKEN_SCOPES: dict[Callable[..., Principal], str | None] = {}
 
 

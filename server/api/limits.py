@@ -1,4 +1,4 @@
-"""The upload size-cap error: raised by `server.api.guard.RequestGuard` while an upload
+"""The upload size-cap error: raised by `server.api.body_limits.RequestGuard` while an upload
 streams in (before the multipart parser spools it to disk), answered as a 413."""
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ from pydantic import BaseModel, Field
 import manifests
 from server.api.deps import RolloutPrincipal, RolloutsDep, TokenPrincipal
 from server.api.errors import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
-from server.publish import rollouts as ro
 from server.publish.errors import InvalidRolloutError
-from server.publish.preview import profile_from_dict
-from server.publish.rules import (
+from server.rollouts import service as ro
+from server.rollouts.health import RolloutHealth
+from server.rollouts.preview import profile_from_dict
+from server.rollouts.rules import (
     MAX_DEVICE_IDS_PER_LIST,
     MAX_RAMP_STEPS,
     MIN_RAMP_INTERVAL_S,
@@ -26,7 +27,6 @@ from server.publish.rules import (
     ppm_to_percentage,
     ramp_schedule,
 )
-from server.services.fleet.health import RolloutHealth
 from server.services.rollouts import ChannelSummary
 
 router = APIRouter(prefix="/v1", tags=["rollouts"])

@@ -10,7 +10,7 @@
 - `POST /v1/telemetry`: no bearer token — the device's signature over the exact body bytes
   (`X-Device-Id`, `X-Device-Signature`), verified before the body is parsed; the body is
   capped at `max_telemetry_body_bytes` (256 KiB) by the request guard before it is read
-  (server/api/guard.py), then handed to `Fleet.receive` as the exact bytes. One ordinary
+  (server/api/body_limits.py), then handed to `Fleet.receive` as the exact bytes. One ordinary
   route: the rate comes from the devices batching (up to 500 reports a request,
   client_sdk/telemetry.py) and the group commit (server/services/fleet/groupcommit.py).
 A batch that brought a final verdict, a failure or a rollback is judged by the guard in the

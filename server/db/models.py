@@ -321,7 +321,7 @@ class Release(Base):
     shadow_max_kl_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     shadow_max_latency_p99_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     shadow_min_samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # The fleet guard (server/services/fleet/guard.py): halt when the failed share of the
+    # The fleet guard (server/rollouts/guard.py): halt when the failed share of the
     # reporting devices reaches max_fail_share (ppm) among at least min_devices of them.
     guard_min_devices: Mapped[int] = mapped_column(Integer, default=5, server_default="5")
     guard_max_fail_share_ppm: Mapped[int] = mapped_column(Integer, default=200_000,
@@ -337,7 +337,7 @@ class Release(Base):
     evidence_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # The share a halt took away, restored when an operator resumes the rollout.
     share_before_halt_ppm: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # The ramp schedule (server/publish/ramp.py): the shares to step through (ppm), the wait
+    # The ramp schedule (server/rollouts/ramp.py): the shares to step through (ppm), the wait
     # between steps, the index of the step the share is at, and when the next step is due
     # (Unix seconds, the publisher's clock; NULL when no step is left or a manual ramp took
     # over). Empty steps: no schedule.

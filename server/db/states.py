@@ -8,7 +8,7 @@ states of a table's `state` column and the transitions its rows' `transition()` 
     release        active ⇄ paused;  active | paused → halted (the rollback);
                    halted → active (an operator resumes it, with a reason)
 
-The release machine is the rollout's: server/publish/rules.py turns a refused rollout
+The release machine is the rollout's: server/rollouts/rules.py turns a refused rollout
 change into the API's RolloutStateError.
 """
 
@@ -106,7 +106,7 @@ RELEASE_TRANSITIONS: dict[ReleaseState, frozenset[ReleaseState]] = {
     ReleaseState.active: frozenset({ReleaseState.paused, ReleaseState.halted}),
     ReleaseState.paused: frozenset({ReleaseState.active, ReleaseState.halted}),
     # A halted release is offered again only when an operator resumes it (audited, with a
-    # reason: server/publish/rollouts.py resume_rollout).
+    # reason: server/rollouts/service.py resume_rollout).
     ReleaseState.halted: frozenset({ReleaseState.active}),
 }
 

@@ -6,7 +6,7 @@ implementation (in-process or procrastinate). `NullJobQueue` records the calls a
 nothing else — the default until a real queue is wired, and handy in tests.
 
 A queue may also offer `check_ready() -> None` raising JobQueueUnavailableError (readiness,
-server/services/health.py); one without it has nothing that can fail on its own.
+server/services/readiness.py); one without it has nothing that can fail on its own.
 """
 
 from __future__ import annotations

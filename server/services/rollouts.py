@@ -2,7 +2,7 @@
 server/wiring.py) to the session factory, the publisher and the patch scheduler.
 
 The changes themselves (locked, audited, published in one transaction) are
-server/publish/rollouts.py; this adds what a route needs around them — the channel summary a
+server/rollouts/service.py; this adds what a route needs around them — the channel summary a
 create or re-publish answers with, patch scheduling after a rollout starts (the patches from
 versions published before this one were made before it turned ready, so the first manifest
 lists them; this catches bases published since), and the preview's reads. Manifest-cache
@@ -21,10 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import manifests
 from server.db import models as db
-from server.publish import rollouts as ro
 from server.publish.errors import ChannelNotFoundError, InvalidRolloutError
 from server.publish.patches import PatchScheduler
-from server.publish.preview import MAX_PREVIEW_DEVICES, PreviewResult, preview, profile_from_dict
 from server.publish.publisher import (
     Publisher,
     latest_manifest,
@@ -32,8 +30,10 @@ from server.publish.publisher import (
     publish_channel,
 )
 from server.publish.records import RolloutRecord
-from server.publish.rules import check_filters, percentage_to_ppm, release_salt
-from server.services.fleet.health import RolloutHealth, rollout_health
+from server.rollouts import service as ro
+from server.rollouts.health import RolloutHealth, rollout_health
+from server.rollouts.preview import MAX_PREVIEW_DEVICES, PreviewResult, preview, profile_from_dict
+from server.rollouts.rules import check_filters, percentage_to_ppm, release_salt
 
 
 @dataclass(frozen=True)

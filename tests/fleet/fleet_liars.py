@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import manifests
 from server.db import models as db
-from server.publish.rules import release_salt
+from server.rollouts.rules import release_salt
 from tests.support.fleet_devices import FleetDevice, report_id, shadow_report
 
 GROUPS = ("not_offered", "replaying", "contradicting", "revoked")

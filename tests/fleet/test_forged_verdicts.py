@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 import manifests
 from server.db import models as db
-from server.publish.rules import release_salt
+from server.rollouts.rules import release_salt
 from tests.fleet.conftest import Fleet
 from tests.fleet.test_guard import audit, rollout_state, serial, served_release
 from tests.support.fleet_devices import FleetDevice, shadow_report, update_report

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import manifests
-from server.publish.rules import release_salt
+from server.rollouts.rules import release_salt
 from tests.fleet.conftest import Fleet, fleet_settings, open_fleet
 from tests.support.fleet_devices import FleetDevice, shadow_report, update_report
 

@@ -22,8 +22,8 @@ from server.jobs.inprocess import InProcessJobQueue
 from server.jobs.patch_runner import PatchRunner, request_patches
 from server.jobs.runner import RetryPolicy, wait_for
 from server.observability.metrics import PATCH_JOBS
-from server.publish import rollouts as ro
 from server.publish.patches import generate_patches
+from server.rollouts import service as ro
 from server.wiring import make_publisher
 from tests.jobs.patch_helpers import (
     add_ready_version,

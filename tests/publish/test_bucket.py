@@ -15,9 +15,9 @@ from modelfleet.cli import app as cli
 from server.blobstore import LocalBlobStore
 from server.db import models as db
 from server.db.migrate import upgrade
-from server.publish import rollouts as ro
 from server.publish.bucket import ManifestWriter, sync_served
 from server.publish.publisher import Publisher
+from server.rollouts import service as ro
 from server.settings import Settings
 from server.wiring import core
 from tests.publish.conftest import version_maker

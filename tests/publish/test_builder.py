@@ -13,7 +13,7 @@ from server.db.states import ReleaseState
 from server.publish.builder import build_manifest, join_url, offered
 from server.publish.errors import InvalidRolloutError, RolloutStateError
 from server.publish.records import RolloutRecord, filters_from_columns, filters_to_columns
-from server.publish.rules import (
+from server.rollouts.rules import (
     check_filters,
     check_pause,
     check_pin,
@@ -163,7 +163,7 @@ def test_builder_rules_records_and_state_machines_need_no_database():
     import subprocess
     import sys
 
-    code = ("import sys, server.db.states, server.publish.builder, server.publish.rules, "
+    code = ("import sys, server.db.states, server.publish.builder, server.rollouts.rules, "
             "server.publish.records; print('sqlalchemy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 import manifests
 from server.db import models as db
-from server.publish import rollouts as ro
+from server.rollouts import service as ro
 from tests.publish.conftest import NOW
 
 

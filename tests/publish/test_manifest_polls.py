@@ -25,9 +25,9 @@ from server.blobstore import LocalBlobStore
 from server.db import models as db
 from server.db.migrate import upgrade
 from server.db.session import make_engine, make_session_factory
-from server.publish import rollouts as ro
 from server.publish.keys import KeyPaths
 from server.publish.manifest_cache import MANIFEST_CACHE_SECONDS
+from server.rollouts import service as ro
 from server.settings import Settings
 from server.wiring import make_publisher
 from tests.publish.conftest import version_maker

@@ -13,8 +13,8 @@ import manifests
 from client_sdk.patching import apply_patch
 from server.db import models as db
 from server.delta import DeltaPolicy
-from server.publish import rollouts as ro
 from server.publish.patches import PatchScheduler, generate_patches, patch_and_republish
+from server.rollouts import service as ro
 from tests.publish.conftest import NOW
 
 

@@ -15,7 +15,6 @@ from server.blobstore.keys import channel_manifest_key
 from server.db import models as db
 from server.observability.metrics import ROLLOUT_HALTS
 from server.publish import publisher as publisher_module
-from server.publish import rollouts as ro
 from server.publish.errors import (
     InvalidRolloutError,
     KeyStoreError,
@@ -27,6 +26,7 @@ from server.publish.errors import (
 )
 from server.publish.publisher import latest_manifest
 from server.publish.resign import resign_due, resign_loop
+from server.rollouts import service as ro
 from tests.publish.conftest import NOW
 
 ACTOR = "token:1:test"

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import manifests
-from server.publish import rollouts as ro
 from server.publish.keyfile import key_file_bytes, load_release_key, write_atomic
 from server.publish.signer import KeySigner, LocalKeySigner, Signer
+from server.rollouts import service as ro
 from tests.publish.test_publisher import ACTOR, current
 
 

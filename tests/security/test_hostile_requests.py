@@ -202,7 +202,7 @@ def test_every_write_route_that_needs_a_token_is_authenticated_before_its_body()
     """The guard reads the routes' own token dependencies: no write route documenting a 401
     slips past it (a new router appended to `server.api.ROUTERS` is covered by construction)."""
     from server.api import ROUTERS
-    from server.api.guard import WRITE_METHODS, _api_routes, route_rule
+    from server.api.body_limits import WRITE_METHODS, _api_routes, route_rule
 
     writes = [r for r in _api_routes(ROUTERS) if r.methods & WRITE_METHODS]
     assert writes

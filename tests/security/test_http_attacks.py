@@ -1,5 +1,5 @@
 """A hostile client against a real `modelfleet serve` over raw sockets: what the HTTP server
-(granian, server/http_server.py) and the app's edge (server/api/guard.py, observe.py) do with
+(granian, server/http_server.py) and the app's edge (server/api/body_limits.py, observe.py) do with
 pipelining, `Expect: 100-continue`, chunked trailers, huge or unfinished request heads, a
 client that goes away mid-body, and Host headers. Each test is named after the attack."""
 

@@ -22,11 +22,11 @@ from server.db import models as db
 from server.db.migrate import upgrade
 from server.db.session import make_engine, make_session_factory
 from server.errors import InvalidInputError
-from server.publish import rollouts as ro
 from server.publish.keys import KeyPaths
 from server.publish.publisher import Publisher, latest_manifest
 from server.publish.resign import resign_due
 from server.publish.signer import LocalKeySigner
+from server.rollouts import service as ro
 from server.services.registry import check_model_name
 from server.services.version_metadata import is_semver
 from server.settings import Settings

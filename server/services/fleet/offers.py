@@ -20,8 +20,8 @@ from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.db import models as db
-from server.publish.preview import profile_from_dict
 from server.publish.publisher import load_artifact_records, release_record
+from server.rollouts.preview import profile_from_dict
 from server.services.fleet.reports import Batch
 from server.services.fleet.standing import (
     NOT_OFFERED,

@@ -7,7 +7,7 @@ still waiting for reports, or failing, keeps its share; the guard halts the fail
 
 It runs in every API process: periodically (`ramp_loop`, every `ramp_check_seconds`) and
 after each telemetry batch that brought a verdict, for the rollouts that batch touched. The
-step itself (server/publish/ramp.py) is idempotent across replicas.
+step itself (server/rollouts/ramp.py) is idempotent across replicas.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server.db import models as db
 from server.publish.publisher import Publisher
-from server.publish.ramp import RampStep, advance_ramp, due_ramps
-from server.services.fleet.guard import judge
-from server.services.fleet.health import rule_of, standings, thresholds_of
+from server.rollouts.guard import judge
+from server.rollouts.health import rule_of, standings, thresholds_of
+from server.rollouts.ramp import RampStep, advance_ramp, due_ramps
 
 log = logging.getLogger("modelfleet.fleet.ramp")
 

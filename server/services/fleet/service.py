@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from server.publish.publisher import Publisher
+from server.rollouts.guard import FleetGuard
 from server.services.fleet.attestation import Attestor
 from server.services.fleet.content_keys import KeyGrants
 from server.services.fleet.groupcommit import GroupCommitter
-from server.services.fleet.guard import FleetGuard
 from server.services.fleet.ingest import (
     IngestResult,
     TelemetryIngest,

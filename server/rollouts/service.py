@@ -22,7 +22,6 @@ from server.db import audit
 from server.db import models as db
 from server.db.types import utcnow
 from server.observability.metrics import count_halt
-from server.publish import rules
 from server.publish.errors import (
     ChannelExistsError,
     ChannelNotFoundError,
@@ -43,6 +42,7 @@ from server.publish.publisher import (
     update_current,
 )
 from server.publish.records import RolloutRecord, filters_to_columns
+from server.rollouts import rules
 
 CHANNEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
@@ -95,7 +95,7 @@ class RolloutSpec:
     guard: GuardRule = field(default_factory=GuardRule)
     # A shadow release whose fleet verdict passes turns active by itself (server guard).
     auto_promote: bool = False
-    # Step the share through this schedule while the rollout is healthy (server/publish/ramp.py).
+    # Step the share through this schedule while the rollout is healthy (server/rollouts/ramp.py).
     ramp: rules.RampSchedule | None = None
 
 

@@ -1,6 +1,6 @@
 """Liveness and readiness: `GET /healthz` (the process answers) and `GET /readyz` (the
 database, the blob store and the job queue answer; 503 naming each one that does not, with
-the fix: server/services/health.py)."""
+the fix: server/services/readiness.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from server.api.deps import BlobStoreDep, JobQueueDep, SessionDep, StrictQuery
 from server.api.errors import UNAVAILABLE
-from server.services.health import check_ready
+from server.services.readiness import check_ready
 
 router = APIRouter(tags=["health"], dependencies=[StrictQuery])
 

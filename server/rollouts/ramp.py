@@ -23,7 +23,7 @@ from server.db import audit
 from server.db import models as db
 from server.db.types import utcnow
 from server.publish.publisher import Audited, Publisher, publish_change
-from server.publish.rollouts import get_rollout
+from server.rollouts.service import get_rollout
 
 ACTOR = "system"
 

@@ -1,7 +1,7 @@
 """The fleet guard: after each telemetry batch that brought a final verdict, a failure or a
 rollback, the releases it touched are judged from every device's latest counted standing
 (each device once; only devices the release was offered to, unrevoked, whose verdicts agree
-with their figures: server/services/fleet/health.py `standings`).
+with their figures: server/rollouts/health.py `standings`).
 
 The evidence is asymmetric (docs/shadow.md "The guard"). A halt is quick: failed share >=
 max_fail_share among >= min_devices reporting devices halts the release at once
@@ -26,9 +26,9 @@ from typing import Literal
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.db import models as db
-from server.publish import rollouts as ro
 from server.publish.publisher import Publisher
-from server.services.fleet.health import Standing, rule_of, standings, thresholds_of
+from server.rollouts import service as ro
+from server.rollouts.health import Standing, rule_of, standings, thresholds_of
 
 log = logging.getLogger("modelfleet.fleet")
 WEBHOOK_TIMEOUT_S = 5.0

@@ -1,6 +1,6 @@
 """Rollout health from what devices reported (`device_releases`, each device once, its
 latest counted reports) and who was offered the release (the enrolled devices its rule
-reaches, by the rule devices apply: server/publish/preview.py).
+reaches, by the rule devices apply: server/rollouts/preview.py).
 
 Only votes that stand count (docs/shadow.md "What a device can influence"): a revoked
 device's standing is left out — its past reports too — and so is every standing older than
@@ -20,9 +20,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from server.db import models as db
-from server.publish import rollouts as ro
-from server.publish.preview import MAX_PREVIEW_DEVICES, preview, profile_from_dict
 from server.publish.publisher import load_artifact_records
+from server.rollouts import service as ro
+from server.rollouts.preview import MAX_PREVIEW_DEVICES, preview, profile_from_dict
 
 
 @dataclass(frozen=True)
