@@ -23,7 +23,7 @@ from server.blobstore import BlobStore
 from server.jobs.interface import JobQueue
 from server.publish.errors import PublishError
 from server.publish.resign import resign_loop
-from server.services.fleet.ramp import ramp_loop
+from server.rollouts.ramp import ramp_loop
 from server.services.serving import import_roots
 from server.settings import Settings
 from server.wiring import Services, build_services, key_paths

@@ -5,8 +5,8 @@ command build their objects here, and nothing else constructs them.
 - `build_core(settings)`: database engine and session factory, blob store, publisher — what
   every process needs (CLI commands use this alone).
 - `build_services(settings)`: the API process — core plus manifest cache (subscribed to the
-  publisher's "published" event), job queue (chosen by `settings.job_backend`) and patch
-  scheduler.
+  publisher's "published" event), job queue (chosen by `settings.job_backend`; a rollout
+  start asks it for delta patches) and the fleet (telemetry, the rollouts' guard and ramp).
 - `build_worker(settings)`: a `modelfleet worker` process — core plus the build and patch
   runners its procrastinate tasks hand jobs to.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,12 +33,15 @@ from server.jobs.patch_runner import PatchRunner
 from server.jobs.runner import BuildRunner
 from server.publish.keys import KeyPaths
 from server.publish.manifest_cache import ManifestCache
-from server.publish.patches import PatchScheduler
 from server.publish.protection import KEK_FILE, ContentKeys
 from server.publish.publisher import PublishedManifest, Publisher
 from server.publish.signer import LocalKeySigner
-from server.services.fleet.service import Fleet, make_fleet
-from server.services.rollouts import RolloutService
+from server.rollouts.guard import FleetGuard
+from server.rollouts.ramp import RampTicker
+from server.services.fleet.content_keys import KeyGrants
+from server.services.fleet.groupcommit import GroupCommitter
+from server.services.fleet.ingest import TelemetryIngest
+from server.services.fleet.service import Fleet, libpq_dsn
 from server.services.serving import current_manifest
 from server.settings import Settings
 
@@ -55,14 +59,20 @@ def manifest_base_url(settings: Settings) -> str:
     return settings.public_base_url if "public_base_url" in settings.model_fields_set else ""
 
 
+def unix_time() -> int:
+    """The publisher's clock: wall-clock Unix seconds (tests inject their own)."""
+    return int(time.time())
+
+
 def make_publisher(settings: Settings, blob_store: BlobStore) -> Publisher:
     """The publisher for this server, signing through a `LocalKeySigner`: the release key is
     read at each publish, so a rotated key (`modelfleet keys rotate --rotate-release`) takes
-    effect without a restart, and a process that never publishes never reads it."""
+    effect without a restart, and a process that never publishes never reads it — which is
+    why every process can hold one, made here, and none is made lazily."""
     return Publisher(blob_store=blob_store,
                      signer=LocalKeySigner(key_paths(settings).release_key_path),
                      base_url=manifest_base_url(settings),
-                     lifetime_seconds=settings.manifest_lifetime_seconds,
+                     lifetime_seconds=settings.manifest_lifetime_seconds, clock=unix_time,
                      content_keys=content_keys(settings))
 
 
@@ -108,16 +118,13 @@ class Services(Core):
     parts through server/api/deps.py."""
 
     manifest_cache: ManifestCache
-    job_queue: JobQueue
-    patch_scheduler: PatchScheduler
-    rollouts: RolloutService
-    fleet: Fleet  # device telemetry and the rollout guard (server/services/fleet/)
+    job_queue: JobQueue  # builds, and the delta patches a rollout start asks for
+    fleet: Fleet  # device telemetry, the rollouts' guard and ramp tick it feeds
 
     def close(self) -> None:
         close = getattr(self.job_queue, "close", None)
         if callable(close):  # stop the in-process worker before the engine goes
             close()
-        self.patch_scheduler.shutdown()
         super().close()
 
 
@@ -133,11 +140,26 @@ def build_services(settings: Settings, *, blob_store: BlobStore | None = None,
 
     base.publisher.subscribe(drop_cached)
     queue = job_queue if job_queue is not None else make_job_queue(base)
-    scheduler = PatchScheduler(base.session_factory, base.publisher, queue)
     return Services(base.settings, base.engine, base.session_factory, base.blob_store,
-                    base.publisher, cache, queue, scheduler,
-                    RolloutService(base.session_factory, base.publisher, scheduler),
+                    base.publisher, cache, queue,
                     make_fleet(base.settings, base.session_factory, base.publisher))
+
+
+def make_fleet(settings: Settings, factory: sessionmaker[Session],
+               publisher: Publisher) -> Fleet:
+    """Telemetry ingestion (group commit on PostgreSQL when enabled), the guard that halts
+    and promotes from it (POSTing halts to MODELFLEET_HALT_WEBHOOK_URL), the ramp tick, and
+    content-key grants when the publisher holds content keys."""
+    ingest = TelemetryIngest(factory, rate_per_s=settings.telemetry_rate_per_second,
+                             burst=settings.telemetry_burst,
+                             max_skew_s=settings.telemetry_max_skew_seconds)
+    guard = FleetGuard(factory, publisher, webhook_url=settings.halt_webhook_url)
+    dsn = libpq_dsn(settings.resolved_database_url) if settings.telemetry_group_commit else None
+    grants = None if publisher.content_keys is None else KeyGrants(
+        factory, ingest.keys, publisher.content_keys,
+        max_skew_s=settings.telemetry_max_skew_seconds)
+    return Fleet(ingest, guard, RampTicker(factory, publisher),
+                 GroupCommitter(dsn) if dsn is not None else None, key_grants=grants)
 
 
 def make_job_queue(base: Core) -> JobQueue:
@@ -153,7 +175,7 @@ def make_job_queue(base: Core) -> JobQueue:
     runner = BuildRunner(base.session_factory, base.blob_store, worker_id=worker_id,
                          pipeline_factory=sandboxed_builds(base.settings),
                          content_keys=base.publisher.content_keys)
-    patches = PatchRunner(base.session_factory, lambda: base.publisher, worker_id=worker_id)
+    patches = PatchRunner(base.session_factory, base.publisher, worker_id=worker_id)
     queue = InProcessJobQueue(runner, patches)
     queue.start()  # picks up builds left queued or abandoned by an earlier process
     return queue
@@ -197,7 +219,7 @@ def build_worker(settings: Settings, *, heartbeat_s: float = 10.0,
                          pipeline_factory=sandboxed_builds(settings),
                          content_keys=base.publisher.content_keys) \
         if role in ("all", "compile") else None
-    patches = PatchRunner(base.session_factory, lambda: base.publisher, worker_id=name,
+    patches = PatchRunner(base.session_factory, base.publisher, worker_id=name,
                           heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s) \
         if role in ("all", "publish") else None
     return Worker(base, runner, patches)

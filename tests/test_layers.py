@@ -5,6 +5,8 @@ TYPE_CHECKING ones, read with `ast`): docs/architecture.md draws them.
 - `server.api` modules import no `sqlalchemy` (except server/api/deps.py, which opens the
   request's session), `boto3` or `qai_hub`: queries live in server/services and below.
 - `server.jobs` and `server.compile` import nothing from `server.api`.
+- `server.rollouts` imports nothing above it (api, services, commands, the wiring); publish,
+  jobs, compile, db, blobstore and delta import nothing from it.
 - `server` takes from the SDK only its public package and the patch format.
 - No import cycle between server packages, and none between any two modules of manifests,
   client_sdk, server and modelfleet: every import counts, function-local and TYPE_CHECKING
@@ -110,6 +112,26 @@ def test_api_modules_import_no_sqlalchemy_boto3_or_qai_hub() -> None:
 @pytest.mark.parametrize("package", ["server/jobs", "server/compile"])
 def test_jobs_and_compile_import_nothing_from_the_api(package: str) -> None:
     bad = [i for i in all_imports(package) if is_under(i.target, "server.api")]
+    assert not bad, show(bad)
+
+
+# server/rollouts/ sits between the services and publishing: routes, the fleet's telemetry and
+# CLI commands call it; it calls the publisher (signing) and the database, never upwards.
+ROLLOUTS_MAY_NOT_IMPORT = ("server.api", "server.services", "server.commands", "server.app",
+                           "server.wiring", "server.cli")
+
+
+def test_rollouts_import_nothing_above_them() -> None:
+    bad = [i for i in all_imports("server/rollouts")
+           if any(is_under(i.target, p) for p in ROLLOUTS_MAY_NOT_IMPORT)]
+    assert not bad, show(bad)
+
+
+@pytest.mark.parametrize("package", ["server/publish", "server/jobs", "server/compile",
+                                     "server/db", "server/blobstore", "server/delta"])
+def test_signing_jobs_and_storage_know_no_rollout_policy(package: str) -> None:
+    """server/publish keeps signing only: which release goes where, and when, is rollouts'."""
+    bad = [i for i in all_imports(package) if is_under(i.target, "server.rollouts")]
     assert not bad, show(bad)
 
 

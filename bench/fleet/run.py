@@ -77,6 +77,7 @@ def seed(url: str, data: Path, n_devices: int) -> list[tuple[str, object]]:
     from server.db import models as db
     from server.db.migrate import upgrade
     from server.db.types import utcnow
+    from server.jobs.interface import NullJobQueue
     from server.publish.keys import KeyPaths, init_keys
     from server.rollouts import service as ro
     from server.settings import Settings
@@ -103,7 +104,7 @@ def seed(url: str, data: Path, n_devices: int) -> list[tuple[str, object]]:
         s.commit()
     ro.start_rollout(core.session_factory, core.publisher, "prod", ro.RolloutSpec(
         "clf", "2.0", 100, "shadow", shadow=ShadowThresholds(5_000, 20_000, 200),
-        guard=ro.GuardRule(min_devices=1_000_000)), actor="bench")
+        guard=ro.GuardRule(min_devices=1_000_000)), actor="bench", patches=NullJobQueue())
     devices = []
     now = utcnow()
     rows = []

@@ -58,7 +58,9 @@ def prepare(data: Path) -> None:
 
     from server.db import models as db
     from server.db.migrate import upgrade
+    from server.jobs.interface import NullJobQueue
     from server.publish.keys import KeyPaths, init_keys
+    from server.rollouts import channels
     from server.rollouts import service as ro
     from server.settings import Settings
     from server.wiring import core
@@ -68,7 +70,7 @@ def prepare(data: Path) -> None:
     upgrade(settings.resolved_database_url)
     with core(settings) as c:
         factory, pub = c.session_factory, c.publisher
-        ro.create_channel(factory, pub, "prod", actor="bench")
+        channels.create_channel(factory, pub, "prod", actor="bench")
         with factory() as s:
             m = db.Model(name="classifier")
             s.add(m)
@@ -88,7 +90,7 @@ def prepare(data: Path) -> None:
                                   compile_settings={"fp16": True}))
             s.commit()
         ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("classifier", "1.0.0", 10),
-                         actor="bench")
+                         actor="bench", patches=NullJobQueue())
 
 
 def run_wrk(url: str, duration: int, connections: int, threads: int,

@@ -1,5 +1,5 @@
 """FastAPI dependencies: the services `create_app` wired (server/wiring.py) — settings, DB
-session, blob store, job queue, publisher, manifest cache, patch scheduler — and the caller's
+session (or its factory), blob store, job queue, publisher, manifest cache — and the caller's
 principal with scope checks (`Annotated` aliases, as routes use them).
 
 The one server.api module that touches SQLAlchemy: it opens the request's session."""
@@ -11,17 +11,15 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from server import auth
 from server.auth import Principal
 from server.blobstore import BlobStore
 from server.jobs.interface import JobQueue
 from server.publish.manifest_cache import ManifestCache
-from server.publish.patches import PatchScheduler
 from server.publish.publisher import Publisher
 from server.services.fleet.service import Fleet
-from server.services.rollouts import RolloutService
 from server.settings import Settings
 from server.wiring import Services
 
@@ -72,12 +70,9 @@ async def get_manifest_cache(request: Request) -> ManifestCache:
     return services.manifest_cache
 
 
-async def get_patch_scheduler(services: ServicesDep) -> PatchScheduler:
-    return services.patch_scheduler
-
-
-async def get_rollouts(services: ServicesDep) -> RolloutService:
-    return services.rollouts
+async def get_session_factory(services: ServicesDep) -> sessionmaker[Session]:
+    """For services that run their own transactions (rollout changes retry lost races)."""
+    return services.session_factory
 
 
 async def get_fleet(request: Request) -> Fleet:
@@ -94,8 +89,7 @@ BlobStoreDep = Annotated[BlobStore, Depends(get_blob_store)]
 JobQueueDep = Annotated[JobQueue, Depends(get_job_queue)]
 PublisherDep = Annotated[Publisher, Depends(get_publisher)]
 ManifestCacheDep = Annotated[ManifestCache, Depends(get_manifest_cache)]
-PatchSchedulerDep = Annotated[PatchScheduler, Depends(get_patch_scheduler)]
-RolloutsDep = Annotated[RolloutService, Depends(get_rollouts)]
+SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 FleetDep = Annotated[Fleet, Depends(get_fleet)]
 CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 

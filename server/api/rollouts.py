@@ -12,12 +12,19 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
 
 import manifests
-from server.api.deps import RolloutPrincipal, RolloutsDep, TokenPrincipal
+from server.api.deps import (
+    JobQueueDep,
+    PublisherDep,
+    RolloutPrincipal,
+    SessionDep,
+    SessionFactoryDep,
+    TokenPrincipal,
+)
 from server.api.errors import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
-from server.publish.errors import InvalidRolloutError
+from server.rollouts import channels, preview
 from server.rollouts import service as ro
-from server.rollouts.health import RolloutHealth
-from server.rollouts.preview import profile_from_dict
+from server.rollouts.channels import ChannelSummary
+from server.rollouts.health import RolloutHealth, rollout_health
 from server.rollouts.rules import (
     MAX_DEVICE_IDS_PER_LIST,
     MAX_RAMP_STEPS,
@@ -27,7 +34,6 @@ from server.rollouts.rules import (
     ppm_to_percentage,
     ramp_schedule,
 )
-from server.services.rollouts import ChannelSummary
 
 router = APIRouter(prefix="/v1", tags=["rollouts"])
 
@@ -274,49 +280,51 @@ def _channel_public(c: ChannelSummary) -> ChannelPublic:
 
 
 @router.post("/channels", status_code=201, responses={**AUTH_ERRORS, **CONFLICT, **INVALID})
-def create_channel(body: ChannelCreate, principal: RolloutPrincipal,
-                   rollouts: RolloutsDep) -> ChannelPublic:
+def create_channel(body: ChannelCreate, principal: RolloutPrincipal, factory: SessionFactoryDep,
+                   pub: PublisherDep) -> ChannelPublic:
     """Create a channel; its first (empty) signed manifest is published at once."""
-    return _channel_public(rollouts.create_channel(body.name, description=body.description,
-                                                   actor=principal.actor))
+    return _channel_public(channels.create(factory, pub, body.name,
+                                           description=body.description, actor=principal.actor))
 
 
 @router.get("/channels", responses={**AUTH_ERRORS})
-def list_channels(rollouts: RolloutsDep, _principal: TokenPrincipal) -> list[ChannelPublic]:
-    return [_channel_public(c) for c in rollouts.list_channels()]
+def list_channels(session: SessionDep, _principal: TokenPrincipal) -> list[ChannelPublic]:
+    return [_channel_public(c) for c in channels.list_channels(session)]
 
 
 @router.get("/channels/{channel}/rollouts", responses={**AUTH_ERRORS, **NOT_FOUND})
-def list_channel_rollouts(channel: ChannelName, rollouts: RolloutsDep,
+def list_channel_rollouts(channel: ChannelName, session: SessionDep,
                           _principal: TokenPrincipal) -> list[RolloutPublic]:
     """Every rollout on the channel, newest first."""
-    return [_public(v) for v in rollouts.list_rollouts(channel)]
+    return [_public(v) for v in ro.list_rollouts(session, channel)]
 
 
 @router.post("/channels/{channel}/publish", responses={**AUTH_ERRORS, **NOT_FOUND})
-def republish(channel: ChannelName, principal: RolloutPrincipal,
-              rollouts: RolloutsDep) -> ChannelPublic:
+def republish(channel: ChannelName, principal: RolloutPrincipal, factory: SessionFactoryDep,
+              pub: PublisherDep) -> ChannelPublic:
     """Sign the channel again as it stands (new serial, fresh expiry)."""
-    return _channel_public(rollouts.republish(channel, actor=principal.actor))
+    return _channel_public(channels.republish(factory, pub, channel, actor=principal.actor))
 
 
 @router.post("/channels/{channel}/rollouts", status_code=201,
              responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT, **INVALID})
 def start_rollout(channel: ChannelName, body: RolloutCreate, principal: RolloutPrincipal,
-                  rollouts: RolloutsDep) -> RolloutPublic:
+                  factory: SessionFactoryDep, pub: PublisherDep,
+                  queue: JobQueueDep) -> RolloutPublic:
     """Start offering a ready model version on the channel to `percentage` of the devices
     that match `filters` (409 if the version is not ready or already on the channel); with
     `ramp`, at its first step, stepping up while healthy."""
-    return _public(rollouts.start(channel, body.spec(), actor=principal.actor))
+    return _public(ro.start_rollout(factory, pub, channel, body.spec(), actor=principal.actor,
+                                    patches=queue))
 
 
 @router.get("/rollouts/{rollout_id}", responses={**AUTH_ERRORS, **NOT_FOUND})
-def get_rollout(rollout_id: RolloutId, rollouts: RolloutsDep,
+def get_rollout(rollout_id: RolloutId, session: SessionDep,
                 _principal: TokenPrincipal) -> RolloutPublic:
     """The rollout with its `health`: devices offered / downloaded / in shadow / passed /
     failed / active / rolled back, divergence and latency distributions, and its guard."""
-    public = _public(rollouts.get(rollout_id))
-    public.health = _health(rollouts.health(rollout_id))
+    public = _public(ro.get_rollout(session, rollout_id))
+    public.health = _health(rollout_health(session, rollout_id))
     return public
 
 
@@ -337,76 +345,73 @@ def _health(h: RolloutHealth) -> HealthPublic:
 @router.patch("/rollouts/{rollout_id}", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT,
                                                     **INVALID})
 def ramp_rollout(rollout_id: RolloutId, body: RampIn, principal: RolloutPrincipal,
-                 rollouts: RolloutsDep) -> RolloutPublic:
+                 factory: SessionFactoryDep, pub: PublisherDep) -> RolloutPublic:
     """Change the share (ramp up or down; 409 on a halted or paused rollout; it clears the
-    rest of a ramp schedule) and/or, with `"mode": "active"`, promote a shadow rollout."""
-    if body.percentage is None and body.mode is None:
-        raise InvalidRolloutError("nothing to change", field="percentage",
-                                  fix='send {"percentage": 25} or {"mode": "active"}')
-    view = None
-    if body.mode == "active":
-        view = rollouts.promote(rollout_id, actor=principal.actor)
-    if body.percentage is not None:
-        view = rollouts.ramp(rollout_id, body.percentage, actor=principal.actor)
-    assert view is not None
-    return _public(view)
+    rest of a ramp schedule) and/or, with `"mode": "active"`, promote a shadow rollout —
+    both in one signed manifest."""
+    return _public(ro.update_rollout(factory, pub, rollout_id, percentage=body.percentage,
+                                     promote=body.mode == "active", actor=principal.actor))
 
 
 @router.post("/rollouts/{rollout_id}/pause", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT})
-def pause_rollout(rollout_id: RolloutId, principal: RolloutPrincipal, rollouts: RolloutsDep,
+def pause_rollout(rollout_id: RolloutId, principal: RolloutPrincipal,
+                  factory: SessionFactoryDep, pub: PublisherDep,
                   body: ReasonIn | None = None) -> RolloutPublic:
     """Freeze the share (still offered); resume before ramping again."""
-    return _public(rollouts.pause(rollout_id, actor=principal.actor,
+    return _public(ro.pause_rollout(factory, pub, rollout_id, actor=principal.actor,
                                   reason=body.reason if body else ""))
 
 
 @router.post("/rollouts/{rollout_id}/resume", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT,
                                                           **INVALID})
-def resume_rollout(rollout_id: RolloutId, principal: RolloutPrincipal, rollouts: RolloutsDep,
+def resume_rollout(rollout_id: RolloutId, principal: RolloutPrincipal,
+                   factory: SessionFactoryDep, pub: PublisherDep,
                    body: ReasonIn | None = None) -> RolloutPublic:
     """A paused rollout goes on. A halted one is offered again at its share before the
     halt — an operator's call, `reason` required (audited); the guard then counts only
     reports from now on."""
-    return _public(rollouts.resume(rollout_id, actor=principal.actor,
+    return _public(ro.resume_rollout(factory, pub, rollout_id, actor=principal.actor,
                                    reason=body.reason if body else ""))
 
 
 @router.post("/rollouts/{rollout_id}/halt", responses={**AUTH_ERRORS, **NOT_FOUND})
-def halt_rollout(rollout_id: RolloutId, principal: RolloutPrincipal, rollouts: RolloutsDep,
+def halt_rollout(rollout_id: RolloutId, principal: RolloutPrincipal,
+                 factory: SessionFactoryDep, pub: PublisherDep,
                  body: ReasonIn | None = None) -> RolloutPublic:
     """The rollback: share 0 and no longer offered; devices fall back to the previous fully
     rolled-out release. Halting again is a no-op (`serial` null); an operator may resume
     it (POST …/resume with a reason)."""
-    return _public(rollouts.halt(rollout_id, actor=principal.actor,
+    return _public(ro.halt_rollout(factory, pub, rollout_id, actor=principal.actor,
                                  reason=body.reason if body else ""))
 
 
 @router.post("/rollouts/{rollout_id}/pin", responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT,
                                                        **INVALID})
 def pin_devices(rollout_id: RolloutId, body: PinIn, principal: RolloutPrincipal,
-                rollouts: RolloutsDep) -> RolloutPublic:
+                factory: SessionFactoryDep, pub: PublisherDep) -> RolloutPublic:
     """Pin devices in (regardless of share and filters) or, with `deny`, out."""
-    return _public(rollouts.pin(rollout_id, body.device_ids, deny=body.deny,
-                                actor=principal.actor))
+    return _public(ro.pin_devices(factory, pub, rollout_id, body.device_ids, deny=body.deny,
+                                  actor=principal.actor))
 
 
 @router.post("/rollouts/{rollout_id}/unpin", responses={**AUTH_ERRORS, **NOT_FOUND, **INVALID})
 def unpin_devices(rollout_id: RolloutId, body: PinIn, principal: RolloutPrincipal,
-                  rollouts: RolloutsDep) -> RolloutPublic:
+                  factory: SessionFactoryDep, pub: PublisherDep) -> RolloutPublic:
     """Remove devices from the rollout's allow- and deny-lists."""
-    return _public(rollouts.unpin(rollout_id, body.device_ids, actor=principal.actor))
+    return _public(ro.unpin_devices(factory, pub, rollout_id, body.device_ids,
+                                    actor=principal.actor))
 
 
 @router.post("/channels/{channel}/preview", responses={**AUTH_ERRORS, **NOT_FOUND, **INVALID})
-def preview_rollout(channel: ChannelName, body: PreviewIn, rollouts: RolloutsDep,
+def preview_rollout(channel: ChannelName, body: PreviewIn, session: SessionDep,
                     _principal: RolloutPrincipal) -> PreviewOut:
     """Dry run: which devices (given, or every device the server has seen, newest first, at
     most 100 000) a rollout would reach — by the same rule devices apply."""
     devices = (None if body.devices is None else
-               [profile_from_dict(d.device_id, d.model_dump()) for d in body.devices])
-    result = rollouts.preview(channel, rollout_id=body.rollout_id, model=body.model,
-                              version=body.version, percentage=body.percentage,
-                              filters=body.filters.to_filters(), devices=devices)
+               [preview.profile_from_dict(d.device_id, d.model_dump()) for d in body.devices])
+    result = preview.preview_rollout(
+        session, channel, rollout_id=body.rollout_id, model=body.model, version=body.version,
+        percentage=body.percentage, filters=body.filters.to_filters(), devices=devices)
     share = len(result.included) / result.total if result.total else 0.0
     return PreviewOut(total=result.total, included=len(result.included), included_share=share,
                       included_device_ids=result.included[:1000],

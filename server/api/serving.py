@@ -19,7 +19,7 @@ from server.api.errors import NOT_FOUND
 from server.publish.errors import ChannelNotFoundError
 from server.publish.httpcache import RangeNotSatisfiable, etag_for, if_none_match, parse_range
 from server.publish.manifest_cache import MANIFEST_CACHE_CONTROL
-from server.rollouts.service import CHANNEL_NAME
+from server.rollouts.channels import CHANNEL_NAME
 from server.services import serving
 
 IMMUTABLE = "public, max-age=31536000, immutable"

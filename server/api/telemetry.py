@@ -15,7 +15,7 @@
   client_sdk/telemetry.py) and the group commit (server/services/fleet/groupcommit.py).
 A batch that brought a final verdict, a failure or a rollback is judged by the guard in the
 same request, after its transaction committed, and the rollouts it touched take a due ramp
-step if healthy (server/services/fleet/ramp.py) — both in `Fleet.receive`.
+step if healthy (server/rollouts/ramp.py) — both in `Fleet.receive`.
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ def _republish_all(data_dir: Path) -> str:
     refuse manifests signed by the old one."""
     try:
         from server.publish.publisher import publish_channel
-        from server.services.rollouts import channel_names
+        from server.rollouts.channels import channel_names
         from server.settings import Settings
         from server.wiring import core
 

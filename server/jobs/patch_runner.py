@@ -96,13 +96,13 @@ def patch_before_ready(k: int) -> Callable[[Session, int], bool]:
 
 
 class PatchRunner:
-    def __init__(self, session_factory: sessionmaker[Session],
-                 publisher: Callable[[], Publisher], *, worker_id: str,
+    def __init__(self, session_factory: sessionmaker[Session], publisher: Publisher, *,
+                 worker_id: str,
                  policy: DeltaPolicy | None = None, retry: RetryPolicy | None = None,
                  heartbeat_s: float = 5.0, stale_after_s: float = 120.0,
                  max_job_s: float = 3600.0) -> None:
         self._sf = self.session_factory = session_factory
-        self._publisher = publisher  # called per job: made lazily, key read at each publish
+        self._publisher = publisher  # its signer reads the release key at each publish
         self.worker_id = worker_id
         self.policy = policy or DeltaPolicy()
         self.lease: Lease[PatchJob, PatchJobState] = Lease(
@@ -141,8 +141,8 @@ class PatchRunner:
                 PatchJob.version_id == version_id)) or 1
         try:
             with self.lease.heartbeat(version_id):
-                patch_and_republish(self._sf, self._publisher(), version_id,
-                                                 policy=self.policy, republish=attempts > 1)
+                patch_and_republish(self._sf, self._publisher, version_id,
+                                    policy=self.policy, republish=attempts > 1)
         except DeltaInputError as e:
             log.error("patch job of version %s failed: %s", version_id, e)
             self._settle(version_id, error=str(e), retry=False)

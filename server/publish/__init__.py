@@ -1,6 +1,8 @@
 """Signed publishing: signing keys and roots, the channel manifest builder, the publisher that
-signs and stores manifests (serial per channel), re-signing before expiry, rollout control.
+signs and stores manifests (one serial per change, per channel), re-signing before expiry,
+delta patches, the bucket's read paths and the manifest cache. Which release a channel offers,
+to whom and when is server/rollouts/ (which calls the publisher; nothing here calls it).
 
-Pure parts (roots.py, rules.py, builder.py, records.py) take values and return values; the
-I/O sits in keys.py (files), publisher.py and rollouts.py (database + blob store).
+Pure parts (roots.py, builder.py, records.py) take values and return values; the I/O sits in
+keys.py (files), publisher.py (database + blob store) and bucket.py.
 """

@@ -7,22 +7,19 @@ so its manifest lists them.
 Made first before the version turns ready (its last build records the job: see
 server/jobs/patch_runner.py `patch_before_ready`), so the first manifest offering it lists
 them; asked again when a rollout starts, for bases published since. Runs off the request
-path: `PatchScheduler` hands the work to the job queue's
-`enqueue_patches(version_id)` — a durable `patch_jobs` row run by the in-process worker
-thread or by `modelfleet worker` (server/jobs/patch_runner.py drives `patch_and_republish`
-with retries and takeover). Only a queue without that method (a custom embedding) falls back
-to one background thread in this process, which a crash loses. `generate_patches` is
-idempotent: pairs that already have a patch are skipped and the pair's unique constraint
-drops a racing duplicate, so a retried or duplicated job never adds a second row.
+path: the rollout start calls the job queue's `enqueue_patches(version_id)` — a durable
+`patch_jobs` row run by the in-process worker thread or by `modelfleet worker`
+(server/jobs/patch_runner.py drives `patch_and_republish` with retries and takeover); each
+re-publish is a change of its own (new patches), one signed serial per channel.
+`generate_patches` is idempotent: pairs that already have a patch are skipped and the pair's
+unique constraint drops a racing duplicate, so a retried or duplicated job never adds a
+second row.
 """
 
 from __future__ import annotations
 
-import logging
 import shutil
 import tempfile
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -39,8 +36,6 @@ from server.publish.bucket import store_patch
 from server.publish.errors import KeyStoreError
 from server.publish.protection import ContentKeys, seal_file, unseal_path
 from server.publish.publisher import PublishedManifest, Publisher, publish_channel
-
-log = logging.getLogger("modelfleet.publish.patches")
 
 
 def patch_bases(session: Session, artifact: db.Artifact, k: int) -> list[db.Artifact]:
@@ -192,43 +187,3 @@ def patch_and_republish(factory: sessionmaker[Session], pub: Publisher, version_
             session.commit()
     return [publish_channel(factory, pub, name, actor="system", action="manifest.patches")
             for name in names]
-
-
-class PatchScheduler:
-    """Runs `patch_and_republish` off the request path: via the job queue's durable
-    `enqueue_patches`, else (a queue without it) on one background thread of this process."""
-
-    def __init__(self, factory: sessionmaker[Session], pub: Publisher,
-                 job_queue: object) -> None:
-        self.factory = factory
-        self.pub = pub
-        self.job_queue = job_queue
-        self._executor: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-
-    def schedule(self, version_id: int) -> None:
-        enqueue = getattr(self.job_queue, "enqueue_patches", None)
-        if callable(enqueue):
-            try:
-                enqueue(version_id)
-            except Exception:  # the rollout is live already; devices download in full
-                log.exception("recording the patch job of version %d failed; start the "
-                              "rollout again to retry", version_id)
-            return
-        with self._lock:
-            if self._executor is None:
-                # One thread: patch creation is CPU- and memory-heavy; never run two at once.
-                self._executor = ThreadPoolExecutor(max_workers=1,
-                                                    thread_name_prefix="mf-patches")
-        self._executor.submit(self._run, version_id)
-
-    def _run(self, version_id: int) -> None:
-        try:
-            # each re-publish reaches the manifest cache through the publisher's event
-            patch_and_republish(self.factory, self.pub, version_id)
-        except Exception:  # logged; the artifacts are still served in full without patches
-            log.exception("making patches for version %d failed", version_id)
-
-    def shutdown(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)

@@ -68,14 +68,14 @@ class Publisher:
     signer: Signer  # the release key; the only way this module signs
     base_url: str
     lifetime_seconds: int
-    clock: Callable[[], int] = field(default=lambda: int(time.time()))
+    clock: Callable[[], int]  # Unix seconds (server/wiring.py: the wall clock)
+    # Protected versions' content keys (server/publish/protection.py); None: none can be.
+    content_keys: ContentKeys | None
     # Called after each publish committed (the "published" event): the manifest cache drops
     # the channel's entry here, wherever the publish came from (route, patch job, re-sign).
     subscribers: list[Callable[[PublishedManifest], None]] = field(default_factory=list)
     # Writes v1/channels/<c>/manifest after commit, the newest serial winning in-process.
     current: ManifestWriter = field(default_factory=ManifestWriter)
-    # Protected versions' content keys (server/publish/protection.py); None: none can be.
-    content_keys: ContentKeys | None = None
 
     def subscribe(self, callback: Callable[[PublishedManifest], None]) -> None:
         self.subscribers.append(callback)
@@ -96,7 +96,7 @@ class PublishedManifest:
     length: int
     expires: int
     blob_key: str
-    data: bytes = field(default=b"", repr=False, compare=False)  # the signed bytes
+    data: bytes = field(repr=False, compare=False)  # the signed bytes, written as they are
 
 
 def load_rollout_records(session: Session, channel_id: int, base_url: str
@@ -172,11 +172,16 @@ def load_artifact_records(session: Session, version_id: int, base_url: str
     return tuple(out)
 
 
-def lock_channel(session: Session, name: str) -> db.Channel:
+def find_locked_channel(session: Session, name: str) -> db.Channel | None:
     """The channel row, locked for the rest of the transaction (a no-op lock on SQLite)."""
-    channel = session.scalars(
+    return session.scalars(
         select(db.Channel).where(db.Channel.name == name).with_for_update()
     ).first()
+
+
+def lock_channel(session: Session, name: str) -> db.Channel:
+    """`find_locked_channel`, or ChannelNotFoundError."""
+    channel = find_locked_channel(session, name)
     if channel is None:
         raise ChannelNotFoundError(
             f"no channel named {name!r}",
@@ -221,18 +226,23 @@ def sign_and_store(session: Session, pub: Publisher, channel: db.Channel) -> Pub
 def publish_change(
     factory: sessionmaker[Session], pub: Publisher, channel: str,
     change: Callable[[Session, db.Channel], T], *, attempts: int = PUBLISH_ATTEMPTS,
+    open_channel: Callable[[Session, str], db.Channel] = lock_channel,
 ) -> tuple[T, PublishedManifest | None]:
-    """Apply `change` and publish the resulting manifest atomically, retrying lost races.
+    """Apply `change` and publish the resulting manifest atomically, retrying lost races:
+    one change, one signed serial.
 
-    `change` runs inside the locked transaction and may be re-run on a retry; it returns a
-    result, and publishing is skipped when it returns an object with `publish = False` (a
-    no-op change such as halting an already halted rollout).
+    `open_channel` finds the channel's row and locks it (or, for a rollout that creates its
+    channel, adds it in the same transaction: a concurrent creator's row makes the flush
+    fail, and the retry finds that row). `change` runs inside the locked transaction and may
+    be re-run on a retry; it returns a result, and publishing is skipped when it returns an
+    object with `publish = False` (a no-op change such as halting an already halted
+    rollout).
     """
     last: Exception | None = None
     for attempt in range(attempts):
         with factory() as session:
             try:
-                row = lock_channel(session, channel)
+                row = open_channel(session, channel)
                 result = change(session, row)
                 published = None
                 if getattr(result, "publish", True):
@@ -257,12 +267,8 @@ def update_current(pub: Publisher, published: PublishedManifest) -> None:
     """After commit (so it never runs ahead): write the new bytes to
     v1/channels/<channel>/manifest, then announce the publish to the publisher's subscribers
     (the manifest cache)."""
-    try:
-        data = published.data
-        if not data:  # made by hand, without its bytes
-            with pub.blob_store.open(published.blob_key) as f:
-                data = f.read(MANIFEST_MAX_BYTES + 1)
-        pub.current.write(pub.blob_store, published.channel, published.serial, data)
+    try:  # the bytes just signed, from memory: never read back from the store
+        pub.current.write(pub.blob_store, published.channel, published.serial, published.data)
     except Exception:  # the DB is the source of truth; the re-sign loop's sync repairs it
         log.exception("could not update %s", channel_manifest_key(published.channel))
     pub.announce(published)

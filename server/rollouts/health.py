@@ -124,6 +124,8 @@ def not_counted(session: Session, release: db.Release) -> dict[str, int]:
 
 
 def rollout_health(session: Session, rollout_id: int) -> RolloutHealth:
+    """RolloutNotFoundError for an unknown id."""
+    ro.get_rollout(session, rollout_id)  # RolloutNotFoundError
     t = db.DeviceRelease
     release = session.get(db.Release, rollout_id)
     assert release is not None

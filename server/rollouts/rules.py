@@ -22,7 +22,7 @@ from server.db.states import (
     release_may_pin,
     release_may_ramp,
 )
-from server.publish.errors import InvalidRolloutError, RolloutStateError
+from server.rollouts.errors import InvalidRolloutError, RolloutStateError
 
 PPM_PER_PERCENT = 10_000
 MAX_DEVICE_IDS_PER_LIST = 10_000

@@ -1,30 +1,41 @@
-"""Rollout control: channels and every change to a release on a channel, each one audited and
-published as a new signed manifest in the same transaction (see publisher.publish_change).
+"""The rollout service: every change to a release on a channel, each one audited and
+published as ONE new signed manifest in the same transaction (publisher.publish_change) — a
+start that creates its channel too, a PATCH that promotes and ramps at once.
 
-Used by the HTTP API (server/api/rollouts.py) and by the telemetry area's automatic halt
-(`halt_rollout(..., actor="system", reason=...)`).
+Used by the HTTP API (server/api/rollouts.py), by the guard's automatic halt and promotion
+(server/rollouts/guard.py: `halt_rollout(..., actor="system", reason=...)`) and by the
+ramp step (server/rollouts/ramp.py reads `get_rollout`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 import manifests
 from server.db import audit
 from server.db import models as db
 from server.db.types import utcnow
+from server.jobs.interface import JobQueue
 from server.observability.metrics import count_halt
-from server.publish.errors import (
-    ChannelExistsError,
-    ChannelNotFoundError,
+from server.publish.errors import ChannelNotFoundError
+from server.publish.publisher import (
+    Audited,
+    PublishedManifest,
+    Publisher,
+    publish_change,
+    release_record,
+)
+from server.publish.records import RolloutRecord, filters_to_columns
+from server.rollouts import rules
+from server.rollouts.channels import open_or_create
+from server.rollouts.errors import (
     InvalidRolloutError,
     RolloutExistsError,
     RolloutNotFoundError,
@@ -32,19 +43,8 @@ from server.publish.errors import (
     VersionNotFoundError,
     VersionNotReadyError,
 )
-from server.publish.publisher import (
-    Audited,
-    PublishedManifest,
-    Publisher,
-    publish_change,
-    release_record,
-    sign_and_store,
-    update_current,
-)
-from server.publish.records import RolloutRecord, filters_to_columns
-from server.rollouts import rules
 
-CHANNEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+log = logging.getLogger("modelfleet.rollouts")
 
 
 @dataclass(frozen=True)
@@ -117,34 +117,6 @@ def _platforms(session: Session, version_id: int) -> set[str]:
         select(db.Artifact.platform).where(db.Artifact.version_id == version_id)
     ))
 
-
-def create_channel(factory: sessionmaker[Session], pub: Publisher, name: str, *,
-                   description: str = "", actor: str) -> PublishedManifest:
-    """Create a channel and publish its first (empty) manifest, serial 1."""
-    if not CHANNEL_NAME.fullmatch(name):
-        raise InvalidRolloutError(
-            f"channel name {name!r} is not allowed",
-            field="name", fix="use 1–64 lowercase letters, digits, '.', '_' or '-'",
-        )
-    pub.signer.keyid()  # KeyStoreError now, before anything is written
-    # The row and its first manifest commit together: a channel never exists unsigned (the
-    # re-sign loop and devices would otherwise meet a channel with no manifest).
-    with factory() as session:
-        if session.scalars(select(db.Channel).where(db.Channel.name == name)).first():
-            raise ChannelExistsError(f"channel {name!r} already exists")
-        row = db.Channel(name=name, description=description)
-        session.add(row)
-        audit.record(session, actor, "channel.create", f"channel:{name}")
-        try:
-            # The INSERT serialises concurrent creators (row lock on PostgreSQL, the write
-            # lock on SQLite), so the loser fails here, before it signs anything.
-            session.flush()
-        except IntegrityError as e:
-            raise ChannelExistsError(f"channel {name!r} already exists") from e
-        published = sign_and_store(session, pub, row)
-        session.commit()
-    update_current(pub, published)
-    return published
 
 
 def _release(session: Session, rollout_id: int) -> db.Release:
@@ -229,9 +201,14 @@ def _check_release_what_passed(session: Session, spec: RolloutSpec, version: db.
 
 
 def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
-                  spec: RolloutSpec, *, actor: str) -> RolloutView:
+                  spec: RolloutSpec, *, actor: str, patches: JobQueue) -> RolloutView:
     """Offer `spec.version` on `channel` to `spec.percentage` of matching devices (or the
-    first step of `spec.ramp`, whose next step is then due one interval from now)."""
+    first step of `spec.ramp`, whose next step is then due one interval from now), in one
+    signed manifest — a channel that does not exist yet is created in the same transaction.
+
+    The manifest lists the delta patches made while the version was `patching`; after the
+    commit `patches.enqueue_patches` asks for those from versions published since (the patch
+    job re-signs if it adds any: a change of its own, off the request path)."""
     share = rules.start_share(spec.percentage, spec.ramp)
     rules.check_mode(spec.mode)
     if spec.mode == "shadow" and spec.shadow is None:
@@ -240,22 +217,11 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
             fix='send "shadow": {"max_kl_micro": …, "max_latency_p99_us": …, "min_samples": …}',
         )
 
-    with factory() as session:
-        missing = session.scalars(
-            select(db.Channel.id).where(db.Channel.name == channel)).first() is None
-        if missing:
-            _ready_version(session, spec)  # refuse before creating anything
-    if missing:
-        # A rollout names its channel; the first one creates it (audited), so `prod` needs
-        # no separate setup step.
-        try:
-            create_channel(factory, pub, channel, actor=actor,
-                           description="created by its first rollout")
-        except ChannelExistsError:
-            pass  # a concurrent request created it first
+    version_id: list[int] = []  # the version started (for its patch job)
 
     def change(session: Session, ch: db.Channel) -> Audited:
         version, failed = _ready_version(session, spec)
+        version_id[:] = [version.id]
         existing = session.scalars(select(db.Release).where(
             db.Release.channel_id == ch.id, db.Release.version_id == version.id)).first()
         if existing is not None:
@@ -291,9 +257,19 @@ def start_rollout(factory: sessionmaker[Session], pub: Publisher, channel: str,
                         if spec.ramp else {}))
         return Audited("rollout.start", str(release.id), {}, rollout_id=release.id)
 
-    result, published = publish_change(factory, pub, channel, change)
+    # A rollout names its channel; the first one creates it (audited), so `prod` needs no
+    # separate setup step — and a refused start (version not ready …) creates nothing.
+    result, published = publish_change(
+        factory, pub, channel, change,
+        open_channel=open_or_create("created by its first rollout", actor))
     assert result.rollout_id is not None
-    return _view(factory, result.rollout_id, published)
+    view = _view(factory, result.rollout_id, published)
+    try:
+        patches.enqueue_patches(version_id[0])
+    except Exception:  # the rollout is live already; devices download in full meanwhile
+        log.exception("recording the patch job of version %d failed; start the rollout "
+                      "again to retry", version_id[0])
+    return view
 
 
 def _ramp_columns(ramp: rules.RampSchedule | None, now: int) -> dict[str, object]:
@@ -311,30 +287,56 @@ def _view(factory: sessionmaker[Session], rollout_id: int,
     return dataclasses.replace(view, serial=serial)
 
 
-def _change_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
-                    action: str, apply: Callable[[db.Release], bool], *, actor: str,
-                    extra: Callable[[], Mapping[str, object]] | None = None,
-                    **details: object) -> RolloutView:
-    """Run `apply(release) -> bool (changed?)` under the channel lock, audit (with `details`
-    and what `extra()` says once `apply` ran), publish."""
+@dataclass(frozen=True)
+class Edit:
+    """One audited edit of a release: `apply(release) -> bool (changed?)`, audited as
+    `action` with `details` and what `extra()` says once `apply` ran."""
+
+    action: str
+    apply: Callable[[db.Release], bool]
+    details: Mapping[str, object]
+    extra: Callable[[], Mapping[str, object]] | None = None
+
+
+def edit_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
+                 edits: Sequence[Edit], *, actor: str) -> RolloutView:
+    """Run the edits in order under the channel lock, audit each that changed something,
+    and publish once if any did: one request, one signed serial."""
     with factory() as session:
         channel, _, _ = _names(session, _release(session, rollout_id))
 
     def change(session: Session, ch: db.Channel) -> Audited:
         release = _release(session, rollout_id)
-        changed = apply(release)
-        if changed:
+        changed = False
+        for edit in edits:
+            if not edit.apply(release):
+                continue
+            changed = True
             _, model, version = _names(session, release)
-            audit.record(session, actor, action, f"{ch.name}/{model}/{version}",
-                         rollout_id=rollout_id, **details, **(extra() if extra else {}))
-        return Audited(action, str(rollout_id), {}, publish=bool(changed))
+            audit.record(session, actor, edit.action, f"{ch.name}/{model}/{version}",
+                         rollout_id=rollout_id, **edit.details,
+                         **(edit.extra() if edit.extra else {}))
+        return Audited(edits[-1].action, str(rollout_id), {}, publish=changed)
 
     _, published = publish_change(factory, pub, channel, change)
     return _view(factory, rollout_id, published)
 
 
+def _change_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
+                    action: str, apply: Callable[[db.Release], bool], *, actor: str,
+                    extra: Callable[[], Mapping[str, object]] | None = None,
+                    **details: object) -> RolloutView:
+    """`edit_rollout` with one edit."""
+    return edit_rollout(factory, pub, rollout_id, [Edit(action, apply, details, extra)],
+                        actor=actor)
+
+
 def ramp_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
                  percentage: Decimal | int | float | str, *, actor: str) -> RolloutView:
+    return edit_rollout(factory, pub, rollout_id, [ramp_edit(percentage)], actor=actor)
+
+
+def ramp_edit(percentage: Decimal | int | float | str) -> Edit:
     """A manual share change. It takes over from a ramp schedule: the remaining steps are
     dropped (the audit event says `ramp_schedule_cleared`), so the server never moves a share
     a person has just set."""
@@ -348,9 +350,8 @@ def ramp_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int
         release.ramp_next_at = None
         return True
 
-    return _change_rollout(factory, pub, rollout_id, "rollout.ramp", apply, actor=actor,
-                           share_ppm=share, extra=lambda: (
-                               {"ramp_schedule_cleared": True} if any(cleared) else {}))
+    return Edit("rollout.ramp", apply, {"share_ppm": share}, lambda: (
+        {"ramp_schedule_cleared": True} if any(cleared) else {}))
 
 
 def pause_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
@@ -423,6 +424,10 @@ def halt_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int
 
 def promote_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
                     actor: str, reason: str = "") -> RolloutView:
+    return edit_rollout(factory, pub, rollout_id, [promote_edit(pub, reason)], actor=actor)
+
+
+def promote_edit(pub: Publisher, reason: str = "") -> Edit:
     """Shadow → active: devices holding a candidate that passed swap it in, no download.
     Promoting an active rollout changes nothing; a halted one is refused (409)."""
 
@@ -441,8 +446,7 @@ def promote_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: 
             release.ramp_next_at = pub.clock() + release.ramp_interval_s
         return True
 
-    return _change_rollout(factory, pub, rollout_id, "rollout.promote", apply, actor=actor,
-                           reason=reason)
+    return Edit("rollout.promote", apply, {"reason": reason})
 
 
 def pin_devices(factory: sessionmaker[Session], pub: Publisher, rollout_id: int,
@@ -482,6 +486,18 @@ def unpin_devices(factory: sessionmaker[Session], pub: Publisher, rollout_id: in
 
     return _change_rollout(factory, pub, rollout_id, "rollout.unpin", apply, actor=actor,
                            device_ids=list(device_ids))
+
+
+def update_rollout(factory: sessionmaker[Session], pub: Publisher, rollout_id: int, *,
+                   percentage: Decimal | None, promote: bool, actor: str) -> RolloutView:
+    """PATCH /v1/rollouts/{id}: promote (shadow → active) and/or set the share, in one signed
+    manifest; InvalidRolloutError when it asks for neither."""
+    edits = ([promote_edit(pub)] if promote else []) + (
+        [ramp_edit(percentage)] if percentage is not None else [])
+    if not edits:
+        raise InvalidRolloutError("nothing to change", field="percentage",
+                                  fix='send {"percentage": 25} or {"mode": "active"}')
+    return edit_rollout(factory, pub, rollout_id, edits, actor=actor)
 
 
 def list_rollouts(session: Session, channel: str) -> list[RolloutView]:

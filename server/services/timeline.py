@@ -22,7 +22,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from server.db import models as db
 from server.errors import InvalidInputError
-from server.publish.errors import RolloutNotFoundError
+from server.rollouts.errors import RolloutNotFoundError
 
 MAX_BUCKETS = 1_000
 AUTO_BUCKETS = 60  # the bucket size chosen when none is asked for aims at this many

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from server.services.fleet.ramp import RampTicker
+from server.rollouts.ramp import RampTicker
 from tests.fleet.conftest import Fleet, fleet_settings, open_fleet
 from tests.fleet.test_guard import audit, enrolled, rollout_state, serial, served_release
 from tests.support.clock import NOW, Clock

@@ -23,6 +23,7 @@ from server.jobs.patch_runner import PatchRunner, request_patches
 from server.jobs.runner import RetryPolicy, wait_for
 from server.observability.metrics import PATCH_JOBS
 from server.publish.patches import generate_patches
+from server.rollouts import channels
 from server.rollouts import service as ro
 from server.wiring import make_publisher
 from tests.jobs.patch_helpers import (
@@ -34,6 +35,7 @@ from tests.jobs.patch_helpers import (
     patch_rows,
     patch_settings,
 )
+from tests.support.rollouts import start_rollout
 
 
 @pytest.fixture
@@ -94,17 +96,17 @@ def test_rollout_of_v2_after_v1_lists_a_verified_patch_made_by_the_in_process_wo
 
 def _prod_with(factory, pub, store, datas: list[bytes]) -> list[int]:
     """Versions 1.0.0, 2.0.0, … each rolled out on `prod` (patch jobs not run)."""
-    ro.create_channel(factory, pub, "prod", actor="t")
+    channels.create_channel(factory, pub, "prod", actor="t")
     ids = []
     for i, data in enumerate(datas):
         ids.append(add_ready_version(factory, store, f"{i + 1}.0.0", data))
-        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", f"{i + 1}.0.0", 100),
+        start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", f"{i + 1}.0.0", 100),
                          actor="t")
     return ids
 
 
 def _runner(factory, pub, name: str, **kw: Any) -> PatchRunner:
-    return PatchRunner(factory, lambda: pub, worker_id=name, heartbeat_s=0.1, **kw)
+    return PatchRunner(factory, pub, worker_id=name, heartbeat_s=0.1, **kw)
 
 
 def test_enqueueing_twice_and_rerunning_a_done_job_never_duplicates_a_patch(
@@ -194,7 +196,7 @@ def test_a_transient_failure_is_retried_after_a_backoff_then_gives_up(settings, 
     # A version whose patches keep failing ends `failed` after max_attempts, with the reason.
     store.fail = 10
     ids.append(add_ready_version(factory, store, "3.0.0", series[2]))
-    ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "3.0.0", 100), actor="t")
+    start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "3.0.0", 100), actor="t")
     request_patches(factory, ids[2])
     for _ in range(2):
         assert wait_for(lambda: runner.process(ids[2]), 5, 0.05)

@@ -57,7 +57,8 @@ def blob_store(tmp_path: Path) -> LocalBlobStore:
 def pub(blob_store: LocalBlobStore, key_paths: KeyPaths, clock: Clock) -> Publisher:
     return Publisher(blob_store=blob_store,
                      signer=LocalKeySigner(key_paths.release_key_path),
-                     base_url="http://mf.test", lifetime_seconds=86_400, clock=clock)
+                     base_url="http://mf.test", lifetime_seconds=86_400, clock=clock,
+                     content_keys=None)
 
 
 @pytest.fixture

@@ -17,10 +17,12 @@ from server.db import models as db
 from server.db.migrate import upgrade
 from server.publish.bucket import ManifestWriter, sync_served
 from server.publish.publisher import Publisher
+from server.rollouts import channels
 from server.rollouts import service as ro
 from server.settings import Settings
 from server.wiring import core
 from tests.publish.conftest import version_maker
+from tests.support.rollouts import start_rollout
 
 ACTOR = "test"
 
@@ -39,10 +41,10 @@ def newest_manifest(factory, store: LocalBlobStore) -> bytes:  # type: ignore[no
 
 def test_publishing_copies_what_the_manifest_offers_to_its_read_keys_before_naming_it(
         factory, pub: Publisher, blob_store: LocalBlobStore, make_version) -> None:  # type: ignore[no-untyped-def]
-    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    channels.create_channel(factory, pub, "prod", actor=ACTOR)
     shas = make_version("clf", "1.0")  # stored under the old artifacts/<sha> keys
     assert not any(blob_store.exists(f"v1/artifacts/{sha}") for sha in shas.values())
-    ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 10), actor=ACTOR)
+    start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 10), actor=ACTOR)
     for sha in shas.values():
         assert hashlib.sha256(read(blob_store, f"v1/artifacts/{sha}")).hexdigest() == sha
     assert read(blob_store, "v1/channels/prod/manifest") == newest_manifest(factory, blob_store)
@@ -54,13 +56,13 @@ def test_publishing_copies_what_the_manifest_offers_to_its_read_keys_before_nami
 def test_a_failed_bucket_copy_never_blocks_a_halt(
         factory, pub: Publisher, blob_store: LocalBlobStore, make_version,  # type: ignore[no-untyped-def]
         caplog: pytest.LogCaptureFixture) -> None:
-    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    channels.create_channel(factory, pub, "prod", actor=ACTOR)
     make_version("clf", "1.0")
     shas = make_version("clf", "2.0")
     for sha in shas.values():
         blob_store.delete(f"artifacts/{sha}")  # lost from the store: the copy must fail
-    ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor=ACTOR)
-    view = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "2.0", 10),
+    start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor=ACTOR)
+    view = start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "2.0", 10),
                             actor=ACTOR)
     assert "could not copy" in caplog.text
     halted = ro.halt_rollout(factory, pub, view.record.id, actor=ACTOR)
@@ -79,11 +81,11 @@ def test_crossed_writes_keep_the_newest_serial_in_the_bucket(
 
 def test_a_lost_or_stale_bucket_manifest_is_rewritten_by_the_sync(
         factory, pub: Publisher, blob_store: LocalBlobStore, make_version) -> None:  # type: ignore[no-untyped-def]
-    ro.create_channel(factory, pub, "prod", actor=ACTOR)
-    ro.create_channel(factory, pub, "beta", actor=ACTOR)
+    channels.create_channel(factory, pub, "prod", actor=ACTOR)
+    channels.create_channel(factory, pub, "beta", actor=ACTOR)
     old = read(blob_store, "v1/channels/prod/manifest")
     make_version("clf", "1.0")
-    ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 10), actor=ACTOR)
+    start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 10), actor=ACTOR)
     blob_store.put("v1/channels/prod/manifest", [old])  # another process's late write
     blob_store.delete("v1/channels/beta/manifest")  # a write that failed
     report = sync_served(factory, blob_store, ManifestWriter())
@@ -108,9 +110,9 @@ def test_bucket_sync_backfills_data_stored_before_the_read_layout(data_dir: Path
     upgrade(settings.resolved_database_url)
     with core(settings) as c:
         store = c.blob_store
-        ro.create_channel(c.session_factory, c.publisher, "prod", actor=ACTOR)
+        channels.create_channel(c.session_factory, c.publisher, "prod", actor=ACTOR)
         shas = version_maker(c.session_factory, store)("clf", "1.0")  # type: ignore[arg-type]
-        ro.start_rollout(c.session_factory, c.publisher, "prod",
+        start_rollout(c.session_factory, c.publisher, "prod",
                          ro.RolloutSpec("clf", "1.0", 10), actor=ACTOR)
         with c.session_factory() as s:  # a patch stored under its old key, too
             art = s.scalars(select(db.Artifact)).first()

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 import manifests
 from server.db.states import ReleaseState
 from server.publish.builder import build_manifest, join_url, offered
-from server.publish.errors import InvalidRolloutError, RolloutStateError
 from server.publish.records import RolloutRecord, filters_from_columns, filters_to_columns
+from server.rollouts.errors import InvalidRolloutError, RolloutStateError
 from server.rollouts.rules import (
     check_filters,
     check_pause,

@@ -9,19 +9,21 @@ from sqlalchemy import select
 
 import manifests
 from server.db import models as db
+from server.rollouts import channels
 from server.rollouts import service as ro
 from tests.publish.conftest import NOW
+from tests.support.rollouts import start_rollout
 
 
 @pytest.mark.postgres
 def test_concurrent_rollout_changes_get_distinct_consecutive_serials_on_postgresql(
         postgres_url, tmp_path, key_paths, root, blob_store, make_version_factory):
     factory, pub, make_version = make_version_factory(postgres_url)
-    ro.create_channel(factory, pub, "prod", actor="t")
+    channels.create_channel(factory, pub, "prod", actor="t")
     ids = []
     for i in range(4):
         make_version("clf", f"1.{i}", platforms=("android",))
-        ids.append(ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", f"1.{i}", 1),
+        ids.append(start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", f"1.{i}", 1),
                                     actor="t").record.id)
     start = threading.Barrier(8)
     errors: list[BaseException] = []

@@ -17,6 +17,7 @@ from server.db.migrate import upgrade
 from server.jobs.interface import NullJobQueue
 from server.publish.manifest_cache import CachedManifest, ManifestCache
 from server.publish.resign import resign_due
+from server.rollouts.channels import create_channel, republish
 from server.settings import Settings
 from server.wiring import Services, build_services
 from tests.support.server_keys import init_test_keys
@@ -36,7 +37,7 @@ def services(tmp_path: Path) -> Services:
     settings = Settings(data_dir=data)
     upgrade(settings.resolved_database_url)
     made = build_services(settings, job_queue=NullJobQueue())
-    made.rollouts.create_channel("prod", description="", actor="t")
+    create_channel(made.session_factory, made.publisher, "prod", actor="t")
     yield made
     made.close()
 
@@ -55,7 +56,7 @@ def test_a_re_sign_drops_the_cached_manifest_through_the_published_event(service
 def test_a_publish_through_the_rollout_service_drops_the_cached_manifest(services):
     cache = services.manifest_cache
     cache.load_sync("prod")
-    services.rollouts.republish("prod", actor="t")
+    republish(services.session_factory, services.publisher, "prod", actor="t")
     assert on_loop(cache, "prod") is None
 
 

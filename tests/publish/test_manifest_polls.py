@@ -27,11 +27,13 @@ from server.db.migrate import upgrade
 from server.db.session import make_engine, make_session_factory
 from server.publish.keys import KeyPaths
 from server.publish.manifest_cache import MANIFEST_CACHE_SECONDS
+from server.rollouts import channels
 from server.rollouts import service as ro
 from server.settings import Settings
 from server.wiring import make_publisher
 from tests.publish.conftest import version_maker
 from tests.support.metrics import sample
+from tests.support.rollouts import start_rollout
 from tests.support.server_keys import init_test_keys
 
 MANIFEST = "/v1/channels/prod/manifest"
@@ -61,8 +63,8 @@ def publish_prod(settings: Settings, version: str) -> None:
         with factory() as s:
             exists = s.query(db.Channel).filter_by(name="prod").first() is not None
         if not exists:
-            ro.create_channel(factory, pub, "prod", actor="test")
-        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec(model, version, 50), actor="test")
+            channels.create_channel(factory, pub, "prod", actor="test")
+        start_rollout(factory, pub, "prod", ro.RolloutSpec(model, version, 50), actor="test")
     finally:
         engine.dispose()
 

@@ -13,9 +13,12 @@ import manifests
 from client_sdk.patching import apply_patch
 from server.db import models as db
 from server.delta import DeltaPolicy
-from server.publish.patches import PatchScheduler, generate_patches, patch_and_republish
+from server.jobs.interface import NullJobQueue
+from server.publish.patches import generate_patches, patch_and_republish
+from server.rollouts import channels
 from server.rollouts import service as ro
 from tests.publish.conftest import NOW
+from tests.support.rollouts import start_rollout
 
 
 def add_version(factory, store, version, data, platform="android"):
@@ -40,7 +43,7 @@ def add_version(factory, store, version, data, platform="android"):
 @pytest.fixture
 def versions(factory, blob_store, pub):
     """Three published versions, each a small edit of the previous one."""
-    ro.create_channel(factory, pub, "prod", actor="t")
+    channels.create_channel(factory, pub, "prod", actor="t")
     base = os.urandom(64 * 1024)
     datas, ids = [], []
     for i in range(3):
@@ -48,7 +51,7 @@ def versions(factory, blob_store, pub):
         data[1000 * (i + 1): 1000 * (i + 1) + 50] = os.urandom(50)
         datas.append(bytes(data))
         ids.append(add_version(factory, blob_store, f"1.{i}", bytes(data)))
-        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", f"1.{i}", 100), actor="t")
+        start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", f"1.{i}", 100), actor="t")
     return datas, ids
 
 
@@ -81,32 +84,31 @@ def test_patches_come_from_the_last_k_published_and_apply_to_the_new_bytes(
 
 
 def test_unrelated_bytes_get_no_patch(factory, blob_store, pub):
-    ro.create_channel(factory, pub, "prod", actor="t")
+    channels.create_channel(factory, pub, "prod", actor="t")
     add_version(factory, blob_store, "1.0", os.urandom(32 * 1024))
-    ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor="t")
+    start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor="t")
     new = add_version(factory, blob_store, "2.0", os.urandom(32 * 1024))
     assert generate_patches(factory, blob_store, new) == 0
 
 
-def test_scheduler_runs_off_the_calling_thread_and_the_publisher_announces_the_channel(
-        factory, pub, versions):
-    _, ids = versions
-    seen: list[str] = []
-    pub.subscribe(lambda published: seen.append(published.channel))
-    scheduler = PatchScheduler(factory, pub, job_queue=object())
-    scheduler.schedule(ids[1])
-    scheduler.shutdown()  # waits for the queued job
-    assert seen == ["prod"]
+def test_a_rollout_start_asks_the_job_queue_for_the_patches_of_bases_published_since(
+        factory, pub, blob_store):
+    """The durable patch job (no thread of the API process: a crash would lose it)."""
+    channels.create_channel(factory, pub, "prod", actor="t")
+    version = add_version(factory, blob_store, "1.0", os.urandom(32 * 1024))
+    queue = NullJobQueue()
+    start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor="t",
+                  patches=queue)
+    assert queue.patches_enqueued == [version]
 
 
-def test_scheduler_hands_the_job_to_a_durable_queue_when_it_has_one(factory, pub):
-    class Queue:
-        def __init__(self):
-            self.patches = []
+def test_a_start_whose_patch_request_fails_is_still_live(factory, pub, blob_store):
+    class Down(NullJobQueue):
+        def enqueue_patches(self, version_id: int) -> None:
+            raise RuntimeError("database gone")
 
-        def enqueue_patches(self, version_id):
-            self.patches.append(version_id)
-
-    queue = Queue()
-    PatchScheduler(factory, pub, job_queue=queue).schedule(42)
-    assert queue.patches == [42]
+    channels.create_channel(factory, pub, "prod", actor="t")
+    add_version(factory, blob_store, "1.0", os.urandom(32 * 1024))
+    view = start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor="t",
+                         patches=Down())
+    assert view.serial == 2  # published: devices download in full until patches exist

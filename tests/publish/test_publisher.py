@@ -15,19 +15,20 @@ from server.blobstore.keys import channel_manifest_key
 from server.db import models as db
 from server.observability.metrics import ROLLOUT_HALTS
 from server.publish import publisher as publisher_module
-from server.publish.errors import (
+from server.publish.errors import KeyStoreError, ManifestTooLargeError
+from server.publish.publisher import latest_manifest
+from server.publish.resign import resign_due, resign_loop
+from server.rollouts import channels
+from server.rollouts import service as ro
+from server.rollouts.errors import (
     InvalidRolloutError,
-    KeyStoreError,
-    ManifestTooLargeError,
     RolloutExistsError,
     RolloutStateError,
     VersionNotFoundError,
     VersionNotReadyError,
 )
-from server.publish.publisher import latest_manifest
-from server.publish.resign import resign_due, resign_loop
-from server.rollouts import service as ro
 from tests.publish.conftest import NOW
+from tests.support.rollouts import start_rollout
 
 ACTOR = "token:1:test"
 
@@ -43,7 +44,7 @@ def current(factory, blob_store, root, channel="prod", trusted=None):
 
 
 def test_new_channel_gets_a_signed_empty_manifest_with_serial_1(factory, pub, blob_store, root):
-    published = ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    published = channels.create_channel(factory, pub, "prod", actor=ACTOR)
     m, data = current(factory, blob_store, root)
     assert (published.serial, m.serial, m.models) == (1, 1, {})
     assert m.expires == NOW + 86_400
@@ -53,9 +54,9 @@ def test_new_channel_gets_a_signed_empty_manifest_with_serial_1(factory, pub, bl
 
 def test_each_rollout_change_publishes_a_higher_serial(factory, pub, blob_store, root,
                                                        make_version):
-    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    channels.create_channel(factory, pub, "prod", actor=ACTOR)
     make_version("clf", "1.0")
-    view = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 10), actor=ACTOR)
+    view = start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 10), actor=ACTOR)
     assert (view.serial, view.record.share_ppm) == (2, 100_000)
     m, _ = current(factory, blob_store, root)
     release = m.models["clf"].releases[0]
@@ -79,11 +80,11 @@ def test_each_rollout_change_publishes_a_higher_serial(factory, pub, blob_store,
 
 def test_halt_stops_offering_the_release_and_devices_fall_back(factory, pub, blob_store, root,
                                                                make_version):
-    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    channels.create_channel(factory, pub, "prod", actor=ACTOR)
     make_version("clf", "1.0")
     make_version("clf", "1.1")
-    old = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor=ACTOR)
-    new = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.1", 100), actor=ACTOR)
+    old = start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor=ACTOR)
+    new = start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.1", 100), actor=ACTOR)
     m, _ = current(factory, blob_store, root)
     assert [r.version for r in m.models["clf"].releases] == ["1.1", "1.0"]
     trusted = manifests.TrustedManifest.of(m)
@@ -108,34 +109,34 @@ def test_halt_stops_offering_the_release_and_devices_fall_back(factory, pub, blo
 
 def test_bad_rollout_requests_are_refused_and_publish_nothing(factory, pub, blob_store, root,
                                                               make_version):
-    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    channels.create_channel(factory, pub, "prod", actor=ACTOR)
     make_version("clf", "1.0")
     make_version("clf", "2.0", state="compiling")
     with pytest.raises(InvalidRolloutError, match="outside 0–100"):
-        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 101), actor=ACTOR)
+        start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 101), actor=ACTOR)
     with pytest.raises(InvalidRolloutError, match="unknown platform"):
-        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec(
+        start_rollout(factory, pub, "prod", ro.RolloutSpec(
             "clf", "1.0", 5, filters=manifests.Filters(platforms=["windows"])), actor=ACTOR)
     with pytest.raises(VersionNotReadyError, match="compiling"):
-        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "2.0", 5), actor=ACTOR)
+        start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "2.0", 5), actor=ACTOR)
     with pytest.raises(VersionNotFoundError):
-        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "9.9", 5), actor=ACTOR)
+        start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "9.9", 5), actor=ACTOR)
     with pytest.raises(InvalidRolloutError, match="shadow"):
-        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 5, mode="shadow"),
+        start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 5, mode="shadow"),
                          actor=ACTOR)
     m, _ = current(factory, blob_store, root)
     assert m.serial == 1
-    view = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 5), actor=ACTOR)
+    view = start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 5), actor=ACTOR)
     with pytest.raises(RolloutExistsError):
-        ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 5), actor=ACTOR)
+        start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 5), actor=ACTOR)
     with pytest.raises(InvalidRolloutError, match="finer"):
         ro.ramp_rollout(factory, pub, view.record.id, "0.00005", actor=ACTOR)
     assert current(factory, blob_store, root)[0].serial == 2
 
 
 def test_resign_refreshes_expiry_only_when_due(factory, pub, blob_store, root, clock):
-    ro.create_channel(factory, pub, "prod", actor=ACTOR)
-    ro.create_channel(factory, pub, "beta", actor=ACTOR)
+    channels.create_channel(factory, pub, "prod", actor=ACTOR)
+    channels.create_channel(factory, pub, "beta", actor=ACTOR)
     clock.now = NOW + 3600  # 23 h left of 24: not due
     assert resign_due(factory, pub) == []
     clock.now = NOW + 13 * 3600  # 11 h left: under half the lifetime
@@ -151,7 +152,7 @@ def test_background_loop_re_signs_a_short_lived_manifest_on_its_own(factory, pub
                                                                     root):
     pub.lifetime_seconds = 2  # re-signed once ≤ 1 s is left; the loop checks every second
     pub.clock = lambda: int(time.time())
-    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    channels.create_channel(factory, pub, "prod", actor=ACTOR)
 
     async def run_for(seconds):
         task = asyncio.create_task(resign_loop(factory, pub))
@@ -170,18 +171,18 @@ def test_without_a_release_key_nothing_is_created_and_the_error_says_how_to_fix_
         factory, pub, key_paths):
     key_paths.release_key_path.unlink()
     with pytest.raises(KeyStoreError, match="keys init"):
-        ro.create_channel(factory, pub, "prod", actor=ACTOR)
+        channels.create_channel(factory, pub, "prod", actor=ACTOR)
     with factory() as s:
         assert s.scalars(select(db.Channel)).all() == []
 
 
 def test_ramping_only_adds_devices_and_the_rest_stay_on_the_fallback(factory, pub, blob_store,
                                                                       root, make_version):
-    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    channels.create_channel(factory, pub, "prod", actor=ACTOR)
     make_version("clf", "1.0")
     make_version("clf", "1.1")
-    ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor=ACTOR)
-    new = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.1", 1), actor=ACTOR)
+    start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 100), actor=ACTOR)
+    new = start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.1", 1), actor=ACTOR)
     fleet = [manifests.DeviceProfile(f"dev-{i}", "android" if i % 2 else "ios")
              for i in range(2000)]
     previous: set[str] = set()
@@ -200,10 +201,10 @@ def test_ramping_only_adds_devices_and_the_rest_stay_on_the_fallback(factory, pu
 
 def test_a_manifest_over_the_device_size_cap_is_refused_and_nothing_changes(
         factory, pub, blob_store, root, make_version, monkeypatch):
-    ro.create_channel(factory, pub, "prod", actor=ACTOR)
+    channels.create_channel(factory, pub, "prod", actor=ACTOR)
     make_version("clf", "1.0")
     monkeypatch.setattr(publisher_module, "MANIFEST_MAX_BYTES", 2000)
-    view = ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 5), actor=ACTOR)
+    view = start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 5), actor=ACTOR)
     with pytest.raises(ManifestTooLargeError, match="cap devices enforce"):
         ro.pin_devices(factory, pub, view.record.id, [f"device-{i:04d}" for i in range(100)],
                        actor=ACTOR)

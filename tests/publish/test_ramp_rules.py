@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from server.db.states import ReleaseState
-from server.publish.errors import InvalidRolloutError
+from server.rollouts.errors import InvalidRolloutError
 from server.rollouts.rules import (
     MAX_RAMP_STEPS,
     MIN_RAMP_INTERVAL_S,

@@ -9,7 +9,7 @@ from dataclasses import replace
 import manifests
 from server.publish.keyfile import key_file_bytes, load_release_key, write_atomic
 from server.publish.signer import KeySigner, LocalKeySigner, Signer
-from server.rollouts import service as ro
+from server.rollouts import channels
 from tests.publish.test_publisher import ACTOR, current
 
 
@@ -30,7 +30,7 @@ def test_a_signer_without_a_key_file_publishes_verifiable_manifests(
     signer = RecordingSigner(load_release_key(key_paths.release_key_path))
     key_paths.release_key_path.unlink()  # the key now lives only "in the HSM"
     assert isinstance(signer, Signer)
-    ro.create_channel(factory, replace(pub, signer=signer), "prod", actor=ACTOR)
+    channels.create_channel(factory, replace(pub, signer=signer), "prod", actor=ACTOR)
     m, data = current(factory, blob_store, root)
     assert m.serial == 1
     env = manifests.Envelope.from_bytes(data, 1 << 20)

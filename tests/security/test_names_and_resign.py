@@ -26,7 +26,7 @@ from server.publish.keys import KeyPaths
 from server.publish.publisher import Publisher, latest_manifest
 from server.publish.resign import resign_due
 from server.publish.signer import LocalKeySigner
-from server.rollouts import service as ro
+from server.rollouts import channels
 from server.services.registry import check_model_name
 from server.services.version_metadata import is_semver
 from server.settings import Settings
@@ -55,7 +55,8 @@ def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
 
 def _publisher(store: LocalBlobStore, keys: KeyPaths, clock: Clock) -> Publisher:
     return Publisher(blob_store=store, signer=LocalKeySigner(keys.release_key_path),
-                     base_url="http://mf.test", lifetime_seconds=86_400, clock=clock)
+                     base_url="http://mf.test", lifetime_seconds=86_400, clock=clock,
+                     content_keys=None)
 
 
 def _channels(factory: sessionmaker[Session]) -> list[str]:
@@ -96,7 +97,7 @@ def test_trailing_newline_is_refused_by_every_name_validator() -> None:
     assert not is_semver("1.0.0\n")
     with pytest.raises(ConfigError):
         check_name("model", "mobilenet\n")
-    assert ro.CHANNEL_NAME.fullmatch("prod\n") is None
+    assert channels.CHANNEL_NAME.fullmatch("prod\n") is None
     # and the names themselves still pass
     assert check_model_name("mobilenet") == "mobilenet" and is_semver("1.0.0")
     assert check_name("model", "mobilenet") == "mobilenet"
@@ -109,7 +110,7 @@ def test_channel_whose_first_manifest_cannot_be_stored_leaves_no_row(
     (tmp_path / "blobs" / "objects").write_text("a file where the objects should be")
     pub = _publisher(store, keys, Clock())
     with pytest.raises(BlobStoreError):
-        ro.create_channel(factory, pub, "prod", actor=ACTOR)
+        channels.create_channel(factory, pub, "prod", actor=ACTOR)
     assert _channels(factory) == []
     with factory() as s:
         assert s.scalars(select(db.AuditEvent)).all() == []
@@ -120,7 +121,7 @@ def test_corrupt_channel_does_not_stop_the_others_being_re_signed(
     clock = Clock()
     pub = _publisher(LocalBlobStore(tmp_path / "blobs"), keys, clock)
     for name in ("alpha", "beta", "gamma"):
-        ro.create_channel(factory, pub, name, actor=ACTOR)
+        channels.create_channel(factory, pub, name, actor=ACTOR)
     with factory() as s:  # the row an earlier bug left behind: a name no manifest may carry
         s.execute(update(db.Channel).where(db.Channel.name == "alpha").values(name="alpha\n"))
         s.commit()

@@ -4,7 +4,7 @@ it enrols.
 
 Off by default: no provider is configured (`Fleet.attestor` is None), evidence a device
 sends is ignored and no device is attested. A deployment plugs a provider in by giving
-`make_fleet` an `Attestor`; a channel may then require attestation
+`make_fleet` (server/wiring.py) an `Attestor`; a channel may then require attestation
 (`PUT /v1/channels/{name}/attestation`, `set_required`), and only
 attested devices' reports count on it (server/services/fleet/standing.py `unattested`).
 

@@ -1,5 +1,6 @@
-"""The fleet services of one API process: telemetry ingestion, the guard it feeds and the
-ramp schedules that step healthy rollouts.
+"""The fleet services of one API process: telemetry ingestion, and after each batch the
+rollouts' guard (server/rollouts/guard.py) and ramp tick (server/rollouts/ramp.py) it feeds.
+server/wiring.py builds it.
 
 `Fleet.receive` is the whole of `POST /v1/telemetry` after the body was read (the route in
 server/api/telemetry.py calls it). On PostgreSQL the
@@ -13,11 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import make_url
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from server.publish.publisher import Publisher
 from server.rollouts.guard import FleetGuard
+from server.rollouts.ramp import RampTicker
 from server.services.fleet.attestation import Attestor
 from server.services.fleet.content_keys import KeyGrants
 from server.services.fleet.groupcommit import GroupCommitter
@@ -28,8 +28,6 @@ from server.services.fleet.ingest import (
     check_device_header,
     decode_signature,
 )
-from server.services.fleet.ramp import RampTicker
-from server.settings import Settings
 
 
 @dataclass
@@ -81,17 +79,3 @@ def libpq_dsn(database_url: str) -> str | None:
     if url.get_backend_name() != "postgresql":
         return None
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-def make_fleet(settings: Settings, factory: sessionmaker[Session],
-               publisher: Publisher) -> Fleet:
-    ingest = TelemetryIngest(factory, rate_per_s=settings.telemetry_rate_per_second,
-                             burst=settings.telemetry_burst,
-                             max_skew_s=settings.telemetry_max_skew_seconds)
-    guard = FleetGuard(factory, publisher, webhook_url=settings.halt_webhook_url)
-    dsn = libpq_dsn(settings.resolved_database_url) if settings.telemetry_group_commit else None
-    grants = None if publisher.content_keys is None else KeyGrants(
-        factory, ingest.keys, publisher.content_keys,
-        max_skew_s=settings.telemetry_max_skew_seconds)
-    return Fleet(ingest, guard, RampTicker(factory, publisher),
-                 GroupCommitter(dsn) if dsn is not None else None, key_grants=grants)
