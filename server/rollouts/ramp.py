@@ -1,22 +1,24 @@
-"""Stepping a rollout along its ramp schedule — the one home of ramping.
+"""Stepping a rollout along its ramp schedule: which rollouts have a step due, and the step
+itself — the next share, audited as `rollout.ramp` by `system` and published as a new signed
+manifest with a higher serial, in one transaction.
 
-The tick (`RampTicker`, docs/shadow.md "Ramp schedules"): every rollout whose next ramp step
-is due takes it if the guard's own judgement of the devices' counted standings is "pass",
-i.e. at least `min_devices` reporting devices, a failed share below `max_fail_share` (the
-latency budget counting as a failure) and the promotion evidence (enough passed devices,
-spread over time, no unexplained failure). A rollout still waiting for reports, or failing,
-keeps its share; the guard halts the failing ones. It runs in every API process:
-periodically (`ramp_loop`, every `ramp_check_seconds`) and after each telemetry batch that
-brought a verdict, for the rollouts that batch touched.
+Whether a rollout is healthy enough to take its step is the guard's judgement (`RampTicker`
+below); `advance_ramp` only moves the share, and only when the step is
+still due when it holds the channel lock. Several API replicas may try the same step at once:
+the channel row lock (SELECT … FOR UPDATE on PostgreSQL) queues them, and the share moves by
+a conditional UPDATE (`WHERE ramp_step = k AND ramp_next_at <= now AND state = 'active' AND
+mode = 'active'`), so the second replica changes no row and publishes nothing — on SQLite,
+which has no row locks, too. A pause, a halt or a manual ramp committed first makes the
+UPDATE miss in the same way.
 
-The step (`advance_ramp`): the next share, audited as `rollout.ramp` by `system` and
-published as a new signed manifest with a higher serial, in one transaction — only when the
-step is still due when it holds the channel lock. Several API replicas may try the same step
-at once: the channel row lock (SELECT … FOR UPDATE on PostgreSQL) queues them, and the share
-moves by a conditional UPDATE (`WHERE ramp_step = k AND ramp_next_at <= now AND state =
-'active' AND mode = 'active'`), so the second replica changes no row and publishes nothing —
-on SQLite, which has no row locks, too. A pause, a halt or a manual ramp committed first
-makes the UPDATE miss in the same way.
+The tick (`RampTicker`, docs/shadow.md "Ramp schedules"): every rollout whose next step is due
+takes it if the guard's own judgement of the devices' counted standings is "pass" (at least
+`min_devices` reporting devices, a failed share below `max_fail_share`, the latency budget
+counting as a failure, and the promotion evidence: enough passed devices, spread over time,
+no unexplained failure). A rollout still waiting for reports, or failing, keeps its share;
+the guard halts the failing ones. It runs in every API process: periodically (`ramp_loop`,
+every `ramp_check_seconds`) and after each telemetry batch that brought a verdict, for the
+rollouts that batch touched.
 """
 
 from __future__ import annotations
