@@ -66,7 +66,6 @@ def fill(volume: Path, leave: int) -> Path:
 
 def big_onnx() -> bytes:
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     shape = [1, 3, SIDE, SIDE]
