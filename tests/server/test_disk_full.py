@@ -155,3 +155,30 @@ def test_disk_full_during_publish_publishes_no_manifest_and_recovers(
         ro.start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "1.0", 50), actor="test")
         after = c.get("/v1/channels/prod/manifest")
         assert after.status_code == 200 and after.content != before.content
+
+
+def test_disk_full_under_the_sqlite_database_is_507_and_recovers(
+        small_volume: Path, tmp_path: Path) -> None:
+    url = f"sqlite:///{small_volume / 'server.db'}"
+    upgrade(url)
+    settings = Settings(env="development", data_dir=tmp_path / "data", database_url=url,
+                        token_pepper="test-pepper-0123456789")
+    with TestClient(create_app(settings, job_queue=NullJobQueue())) as c:
+        with c.app.state.session_factory() as s:  # type: ignore[attr-defined]
+            _, secret = create_token(s, ["publish"], name="ops", pepper=settings.token_pepper)
+            s.commit()
+        auth = {"Authorization": f"Bearer {secret}"}
+        filler = fill(small_volume, leave=0)
+        # Long descriptions: the write needs new pages, there is no room for them.
+        r = c.post("/v1/models", json={"name": "full", "task": "other",
+                                       "description": "d" * 2000}, headers=auth)
+        assert r.status_code == 507, r.text
+        body = r.json()
+        assert body["code"] == "database_full" and "SQLite" in body["detail"]
+        assert int(r.headers["retry-after"]) > 0
+        filler.unlink()
+        r = c.post("/v1/models", json={"name": "full", "task": "other",
+                                       "description": "d" * 2000}, headers=auth)
+        assert r.status_code == 201, r.text
+        assert [m["name"] for m in c.get("/v1/models", headers=auth).json()["models"]] == [
+            "full"]
