@@ -112,6 +112,9 @@ def test_postgres_restart_mid_request_answers_503_with_reason_and_recovers(
 
         # While it is down: clear 503s for reads and writes, polls still served.
         assert_database_unavailable(c.get("/v1/models", headers=auth))
+        # A write: its token is checked by the request guard, before the app's handlers.
+        assert_database_unavailable(c.post("/v1/models", json={"name": "during", "task": "other"},
+                                           headers=auth))
         lost = update_report("clf-1-0", "1.0", "activated")
         body = device.batch([lost])
         assert_database_unavailable(c.post("/v1/telemetry", content=body,
