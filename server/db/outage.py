@@ -50,9 +50,13 @@ def classify(error: BaseException) -> ServiceError | None:
         state = orig.sqlstate
         if state in _PG_FULL_STATES:
             return _full(f"PostgreSQL: {_first_line(orig)}")
-        # No SQLSTATE: a client-side failure (refused, reset, closed) — the server is gone.
-        if (invalidated or state is None or state.startswith(_PG_DOWN_CLASSES)
-                or state in _PG_DOWN_STATES or isinstance(orig, psycopg.InterfaceError)):
+        down = state is not None and (state.startswith(_PG_DOWN_CLASSES)
+                                      or state in _PG_DOWN_STATES)
+        # No SQLSTATE on a connection error: a client-side failure (refused, reset, closed
+        # under us) — the server is gone. A client-side programming error is not an outage.
+        lost = state is None and isinstance(orig, (psycopg.OperationalError,
+                                                   psycopg.InterfaceError))
+        if invalidated or down or lost:
             return _down(f"PostgreSQL: {_first_line(orig)}")
         return None
     if isinstance(orig, sqlite3.Error):
