@@ -75,7 +75,7 @@ def test_s3_refusing_or_timing_out_mid_upload_is_retried_and_the_blob_lands_whol
     store = store_via(proxy, s3_bucket)
     total = 12 * MiB  # three parts: the faults hit the second
     info = store.put("v1/artifacts/big", chunks(total, at=6 * MiB,
-                                                then=lambda: proxy.fail_next(2, how)))  # type: ignore[arg-type]
+                                                then=lambda: proxy.fail_next(2, how)))
     assert proxy.failed == 2 and proxy.pending == 0
     assert info.sha256 == expected_sha(total) and info.length == total
     data = in_bucket(s3_bucket, "v1/artifacts/big")

@@ -4,6 +4,7 @@ a bug or a constraint must never be disguised as "retry later"."""
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -69,7 +70,7 @@ def test_conflicts_worth_retrying_at_once_are_not_outages() -> None:
     assert not is_transient_conflict(wrapped(psycopg.OperationalError("refused")))
 
 
-def test_sqlite_locked_by_another_writer_is_503_and_worth_retrying(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sqlite_locked_by_another_writer_is_503_and_worth_retrying(tmp_path: Path) -> None:
     path = tmp_path / "db.sqlite"
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("CREATE TABLE t (id INTEGER)")
