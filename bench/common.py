@@ -1,13 +1,19 @@
-"""Helpers the benchmarks share: a free loopback port, waiting for a server, and a
-server's own CPU time (apart from the load generator's on the same cores)."""
+"""Helpers the benchmarks share: a free loopback port, waiting for a server, a server's own
+CPU time (apart from the load generator's on the same cores), a fresh PostgreSQL database on
+the machine's server, enrolled devices and the machine's load."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import secrets
 import socket
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 def free_port() -> int:
@@ -62,3 +68,93 @@ def postgres_cpu_seconds(dsn: str) -> float:
         except (OSError, ValueError, IndexError):  # ended meanwhile, or not on this machine
             continue
     return total / 1e9
+
+
+def fresh_database(prefix: str) -> str:
+    """A new, empty database on the machine's PostgreSQL (PG_ADMIN): its name."""
+    import psycopg
+
+    name = f"{prefix}_{os.getpid()}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
+def drop_database(name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def enrol_devices(engine: Any, count: int, prefix: str = "bench") -> list[tuple[str, Any]]:
+    """`count` devices with keys made here, inserted as enrolled (half android, half ios):
+    [(device_id, nacl SigningKey)]."""
+    from nacl.signing import SigningKey
+    from sqlalchemy import insert
+
+    from server.db import models as db
+    from server.db.types import utcnow
+
+    now = utcnow()
+    rows, devices = [], []
+    for i in range(count):
+        key = SigningKey.generate()
+        device_id = f"{prefix}-{i:05d}"
+        rows.append({"id": device_id, "profile": {"platform": ("android", "ios")[i % 2]},
+                     "first_seen_at": now, "last_seen_at": now,
+                     "public_key": bytes(key.verify_key).hex(),
+                     "keyid": hashlib.sha256(bytes(key.verify_key)).hexdigest(),
+                     "enrolled_at": now, "active_versions": {}})
+        devices.append((device_id, key))
+    with engine.begin() as conn:
+        conn.execute(insert(db.Device), rows)
+    return devices
+
+
+def load_note() -> str:
+    la = os.getloadavg()
+    return f"load average {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} on {os.cpu_count()} cores"
+
+
+def ready_version(core: Any, model: str, version: str,
+                  platforms: tuple[str, ...] = ("android", "ios")) -> None:
+    """A model version in state `ready` with one small artifact per platform, made straight
+    in the database and blob store of `core` (server.wiring.Core): no compile."""
+    from server.db import models as db
+
+    with core.session_factory() as s:
+        row = s.query(db.Model).filter_by(name=model).first()
+        if row is None:
+            row = db.Model(name=model)
+            s.add(row)
+            s.flush()
+        v = db.ModelVersion(model_id=row.id, version=version, state=db.VersionState.ready,
+                            metadata_json={}, source_format="onnx")
+        s.add(v)
+        s.flush()
+        for platform in platforms:
+            blob = f"{model}-{version}-{platform}".encode() * 64
+            sha = hashlib.sha256(blob).hexdigest()
+            core.blob_store.put(f"artifacts/{sha}", [blob])
+            s.add(db.Artifact(version_id=v.id, platform=platform, variant="", format="onnx",
+                              sha256=sha, length=len(blob), blob_key=f"artifacts/{sha}",
+                              target={}, compile_settings={}))
+        s.commit()
+
+
+def report(kind: str, at: int, model: str, version: str,
+           channel: str = "prod") -> dict[str, object]:
+    """One device report of `kind` (shadow | health | update) as docs/shadow.md specifies,
+    with a fresh random id."""
+    base = {"id": secrets.token_hex(16), "kind": kind, "at": at, "model": model,
+            "version": version, "artifact_sha256": None, "channel": channel}
+    if kind == "shadow":
+        return base | {"samples": 180, "dropped": 2, "kl_mean_micro": 1200, "kl_max_micro": 9000,
+                       "cosine_min_micro": None, "snr_min_centi_db": None,
+                       "active_p50_us": 900, "active_p99_us": 1500, "candidate_p50_us": 1000,
+                       "candidate_p99_us": 1700, "verdict": "pending", "reason": None}
+    if kind == "health":
+        return base | {"predictions": 500, "errors": 0, "p99_us": 1500, "rolled_back": False}
+    return base | {"event": "downloaded", "via": "patch", "bytes": 123_456, "reason": None}

@@ -9,6 +9,8 @@
     ├── AuthenticationError      401  no / unknown / revoked token
     ├── PermissionDeniedError    403  the token lacks the scope
     └── ServiceUnavailableError  503  a backend (database, storage) is down; retry later
+Any of them may carry `retry_after` (seconds): the answer then has a Retry-After header
+(429s, 503s, the 507 of a full disk: server/db/outage.py).
 Other areas subclass these (e.g. `class ChannelNotFound(NotFoundError)`) and get the mapping.
 """
 
@@ -22,13 +24,15 @@ class ServiceError(Exception):
     code = "internal_error"
 
     def __init__(self, message: str, *, field: str | None = None, fix: str | None = None,
-                 errors: list[dict[str, Any]] | None = None) -> None:
+                 errors: list[dict[str, Any]] | None = None,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
         self.fix = fix
         # Structured details for the body's `errors` list (e.g. each ONNX input's dims).
         self.errors = errors
+        self.retry_after = retry_after
 
 
 class RateLimitedError(ServiceError):
@@ -37,9 +41,10 @@ class RateLimitedError(ServiceError):
     status_code = 429
     code = "rate_limited"
 
+    retry_after: int
+
     def __init__(self, message: str, *, retry_after: int, fix: str) -> None:
-        super().__init__(message, fix=fix)
-        self.retry_after = retry_after
+        super().__init__(message, fix=fix, retry_after=retry_after)
 
 
 class NotFoundError(ServiceError):

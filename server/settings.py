@@ -44,6 +44,12 @@ class Settings(BaseSettings):
     s3_access_key_id: str = ""  # empty = boto3's default credential chain
     s3_secret_access_key: str = ""
     s3_prefix: str = ""  # every key is stored under this prefix (e.g. "modelfleet/")
+    # A refused connection, a timeout or a 5xx/throttle from S3 is retried by botocore
+    # ("standard" mode: exponential backoff with jitter) up to this many attempts in all,
+    # then the request fails with 503 storage_unavailable and nothing is published.
+    s3_max_attempts: int = Field(default=5, ge=1, le=20)
+    s3_connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    s3_read_timeout_seconds: float = Field(default=120.0, gt=0)
 
     # Secret mixed into every stored API token hash (HMAC-SHA256), so a copy of the database
     # alone cannot be used to test guessed tokens. Changing it invalidates every token.

@@ -26,7 +26,6 @@ import datetime as dt
 import json
 import os
 import re
-import secrets
 import signal
 import statistics
 import subprocess
@@ -39,44 +38,25 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
+    drop_database,
+    enrol_devices,
     free_port,
+    fresh_database,
     group_cpu_seconds,
+    load_note,
     postgres_cpu_seconds,
+    ready_version,
+    report,
     wait_http,
 )
 
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BATCH = 50
-
-
-def fresh_database() -> str:
-    import psycopg
-
-    name = f"mf_bench_fleet_{os.getpid()}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return name
-
-
-def drop_database(name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def seed(url: str, data: Path, n_devices: int) -> list[tuple[str, object]]:
     """Keys, a ready version with artifacts, a shadow rollout on `prod`, enrolled devices."""
-    import hashlib
-
-    from nacl.signing import SigningKey
-    from sqlalchemy import insert
-
     from manifests import ShadowThresholds
-    from server.db import models as db
     from server.db.migrate import upgrade
-    from server.db.types import utcnow
     from server.jobs.interface import NullJobQueue
     from server.publish.keys import KeyPaths, init_keys
     from server.rollouts import service as ro
@@ -86,54 +66,13 @@ def seed(url: str, data: Path, n_devices: int) -> list[tuple[str, object]]:
     upgrade(url)
     init_keys(KeyPaths.for_data_dir(data), now=int(time.time()), root_keys=1, threshold=1)
     core = build_core(Settings(data_dir=data, database_url=url))
-    with core.session_factory() as s:
-        model = db.Model(name="clf")
-        s.add(model)
-        s.flush()
-        version = db.ModelVersion(model_id=model.id, version="2.0", state=db.VersionState.ready,
-                                  metadata_json={}, source_format="onnx")
-        s.add(version)
-        s.flush()
-        for platform in ("android", "ios"):
-            blob = f"clf-2.0-{platform}".encode() * 64
-            sha = hashlib.sha256(blob).hexdigest()
-            core.blob_store.put(f"artifacts/{sha}", [blob])
-            s.add(db.Artifact(version_id=version.id, platform=platform, variant="",
-                              format="onnx", sha256=sha, length=len(blob),
-                              blob_key=f"artifacts/{sha}", target={}, compile_settings={}))
-        s.commit()
+    ready_version(core, "clf", "2.0")
     ro.start_rollout(core.session_factory, core.publisher, "prod", ro.RolloutSpec(
         "clf", "2.0", 100, "shadow", shadow=ShadowThresholds(5_000, 20_000, 200),
         guard=ro.GuardRule(min_devices=1_000_000)), actor="bench", patches=NullJobQueue())
-    devices = []
-    now = utcnow()
-    rows = []
-    for i in range(n_devices):
-        key = SigningKey.generate()
-        device_id = f"bench-{i:05d}"
-        public = bytes(key.verify_key).hex()
-        rows.append({"id": device_id, "profile": {"platform": ("android", "ios")[i % 2]},
-                     "first_seen_at": now, "last_seen_at": now, "public_key": public,
-                     "keyid": hashlib.sha256(bytes(key.verify_key)).hexdigest(),
-                     "enrolled_at": now, "active_versions": {}})
-        devices.append((device_id, key))
-    with core.engine.begin() as conn:
-        conn.execute(insert(db.Device), rows)
+    devices = enrol_devices(core.engine, n_devices)
     core.close()
     return devices
-
-
-def report(kind: str, at: int) -> dict[str, object]:
-    base = {"id": secrets.token_hex(16), "kind": kind, "at": at, "model": "clf",
-            "version": "2.0", "artifact_sha256": None, "channel": "prod"}
-    if kind == "shadow":
-        return base | {"samples": 180, "dropped": 2, "kl_mean_micro": 1200, "kl_max_micro": 9000,
-                       "cosine_min_micro": None, "snr_min_centi_db": None,
-                       "active_p50_us": 900, "active_p99_us": 1500, "candidate_p50_us": 1000,
-                       "candidate_p99_us": 1700, "verdict": "pending", "reason": None}
-    if kind == "health":
-        return base | {"predictions": 500, "errors": 0, "p99_us": 1500, "rolled_back": False}
-    return base | {"event": "downloaded", "via": "patch", "bytes": 123_456, "reason": None}
 
 
 def build_requests(devices: list[tuple[str, object]], count: int, per: int, path: Path) -> None:
@@ -143,7 +82,7 @@ def build_requests(devices: list[tuple[str, object]], count: int, per: int, path
     with path.open("w") as out:
         for i in range(count):
             device_id, key = devices[i % len(devices)]
-            reports = [report(kinds[(i + j) % 3] if per > 1 else "shadow", now)
+            reports = [report(kinds[(i + j) % 3] if per > 1 else "shadow", now, "clf", "2.0")
                        for j in range(per)]
             body = json.dumps({"device_id": device_id, "sent_at": now, "reports": reports},
                               separators=(",", ":")).encode()
@@ -223,11 +162,6 @@ def median_range(values: list[float], fmt: str) -> str:
             f"[{format(min(values), fmt)}–{format(max(values), fmt)}]")
 
 
-def load_note() -> str:
-    la = os.getloadavg()
-    return f"load average {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} on {os.cpu_count()} cores"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2)
@@ -238,7 +172,7 @@ def main() -> None:
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
 
-    name = fresh_database()
+    name = fresh_database("mf_bench_fleet")
     url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
     server = None
     results: dict[str, list[dict[str, float]]] = {"single": [], "batch": []}

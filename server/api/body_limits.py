@@ -46,6 +46,7 @@ from server.api.deps import TOKEN_SCOPES
 from server.api.errors import ErrorBody
 from server.api.limits import FIX as UPLOAD_FIX
 from server.api.limits import BodyTooLargeError
+from server.db.outage import DATABASE_ERRORS, classify
 from server.errors import ServiceError
 from server.json_depth import depth_error, too_deep
 from server.settings import MiB, Settings
@@ -191,7 +192,7 @@ class RequestGuard:
         if rule is not None and rule.token:
             refusal = await anyio.to_thread.run_sync(self._authorize, scope, rule)
             if refusal is not None:
-                await _respond(send, refusal[0], refusal[1])
+                await _respond(send, *refusal)
                 return
         if rule is not None and rule.upload:
             await self._upload(scope, receive, send)
@@ -213,18 +214,29 @@ class RequestGuard:
                 return rule
         return None
 
-    def _authorize(self, scope: Scope, rule: RouteRule) -> tuple[int, bytes] | None:
-        """(status, body) of the refusal, or None when the token may call the route."""
+    def _authorize(self, scope: Scope, rule: RouteRule
+                   ) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
+        """(status, body, headers) of the refusal, or None when the token may call the
+        route. A database that is down is a 503 with Retry-After here too (this middleware
+        runs outside the app's error handlers, where it would be a bare 500)."""
         factory = scope["app"].state.session_factory
         try:
-            with factory() as session:  # last_used_at is committed by the route's dependency
-                principal = auth.authenticate(session, header(scope, b"authorization"),
-                                              pepper=self.pepper)
-                if rule.scope is not None:
-                    auth.require(principal, rule.scope)
+            try:
+                with factory() as session:  # last_used_at: committed by the route's dependency
+                    principal = auth.authenticate(session, header(scope, b"authorization"),
+                                                  pepper=self.pepper)
+                    if rule.scope is not None:
+                        auth.require(principal, rule.scope)
+            except DATABASE_ERRORS as db_error:
+                outage = classify(db_error)
+                if outage is None:
+                    raise
+                raise outage from db_error
         except ServiceError as e:
+            extra = [] if e.retry_after is None else [
+                (b"retry-after", str(e.retry_after).encode())]
             return e.status_code, error_payload(e.status_code, e.code, e.message, field=e.field,
-                                         fix=e.fix)
+                                                fix=e.fix), extra
         return None
 
     # ------------------------------------------------------------------ bodies

@@ -22,11 +22,13 @@ from server.api.limits import BodyTooLargeError
 from server.blobstore import (
     BlobDigestMismatchError,
     BlobNotFoundError,
+    BlobStorageFullError,
     BlobStoreError,
     BlobTooLargeError,
     InvalidBlobKeyError,
 )
 from server.db.models import InvalidTransitionError
+from server.db.outage import DATABASE_ERRORS, RETRY_AFTER_SECONDS, classify
 from server.errors import ServiceError
 
 log = logging.getLogger("modelfleet.api")
@@ -55,15 +57,21 @@ CONFLICT: dict[int | str, dict[str, Any]] = {409: _doc("Conflicts with existing 
 INVALID: dict[int | str, dict[str, Any]] = {422: _doc("Invalid input: `field` names it")}
 TOO_LARGE: dict[int | str, dict[str, Any]] = {413: _doc("Upload or field over its size cap")}
 UNSUPPORTED: dict[int | str, dict[str, Any]] = {415: _doc("Uploaded file of the wrong type")}
-UNAVAILABLE: dict[int | str, dict[str, Any]] = {503: _doc("Storage backend failed; retry")}
+UNAVAILABLE: dict[int | str, dict[str, Any]] = {
+    503: _doc("Database or storage backend unavailable; retry after Retry-After seconds")}
+STORAGE_FULL: dict[int | str, dict[str, Any]] = {
+    507: _doc("No space left on the blob or database volume; nothing was stored")}
 
-# Storage errors that reach a route: (status, code).
-_BLOB_STATUS: list[tuple[type[BlobStoreError], int, str]] = [
-    (BlobNotFoundError, 404, "blob_not_found"),
-    (BlobTooLargeError, 413, "payload_too_large"),
-    (BlobDigestMismatchError, 422, "digest_mismatch"),
-    (InvalidBlobKeyError, 422, "invalid_key"),
-    (BlobStoreError, 503, "storage_unavailable"),
+# Storage errors that reach a route: (status, code, fix). A 503/507 carries Retry-After.
+_BLOB_STATUS: list[tuple[type[BlobStoreError], int, str, str | None]] = [
+    (BlobNotFoundError, 404, "blob_not_found", None),
+    (BlobTooLargeError, 413, "payload_too_large", None),
+    (BlobDigestMismatchError, 422, "digest_mismatch", None),
+    (InvalidBlobKeyError, 422, "invalid_key", None),
+    (BlobStorageFullError, 507, "storage_full",
+     "operators: free space in the blob directory or grow its volume; then retry"),
+    (BlobStoreError, 503, "storage_unavailable",
+     f"retry after {RETRY_AFTER_SECONDS} s; operators: check the blob store (GET /readyz)"),
 ]
 
 
@@ -132,8 +140,21 @@ def use_error_body_for_validation_errors(app: FastAPI) -> None:
 
 async def _service_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
-    return error_response(exc.status_code, exc.code, exc.message, exc.field, exc.fix,
-                          exc.errors)
+    response = error_response(exc.status_code, exc.code, exc.message, exc.field, exc.fix,
+                              exc.errors)
+    if exc.retry_after is not None:
+        response.headers["Retry-After"] = str(exc.retry_after)
+    return response
+
+
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    """A database that is down or full is the client's 503/507 with the reason; any other
+    database error is a bug and stays a 500."""
+    translated = classify(exc)
+    if translated is None:
+        raise exc
+    log.error("database outage: %s", translated.message)
+    return await _service_error(request, translated)
 
 
 async def _transition_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -141,11 +162,14 @@ async def _transition_error(_request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _blob_error(_request: Request, exc: Exception) -> JSONResponse:
-    for cls, status, code in _BLOB_STATUS:
+    for cls, status, code, fix in _BLOB_STATUS:
         if isinstance(exc, cls):
-            if status >= 500:
-                log.error("storage failure: %s", exc)
-            return error_response(status, code, str(exc))
+            if status < 500:
+                return error_response(status, code, str(exc), fix=fix)
+            log.error("storage failure: %s", exc)
+            response = error_response(status, code, str(exc), fix=fix)
+            response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+            return response
     raise exc  # unreachable: BlobStoreError is the last row
 
 
@@ -162,3 +186,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(InvalidTransitionError, _transition_error)
     app.add_exception_handler(BlobStoreError, _blob_error)
+    for database_error in DATABASE_ERRORS:
+        app.add_exception_handler(database_error, _database_error)

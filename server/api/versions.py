@@ -22,6 +22,7 @@ from server.api.errors import (
     CONFLICT,
     INVALID,
     NOT_FOUND,
+    STORAGE_FULL,
     TOO_LARGE,
     UNAVAILABLE,
     UNSUPPORTED,
@@ -128,7 +129,7 @@ def to_public(model_name: str, v: ModelVersion) -> VersionPublic:
 @router.post("", status_code=201, responses={
     200: {"model": VersionPublic, "description": "Identical version already existed"},
     **AUTH_ERRORS, **NOT_FOUND, **CONFLICT, **INVALID, **TOO_LARGE, **UNSUPPORTED,
-    **UNAVAILABLE,
+    **UNAVAILABLE, **STORAGE_FULL,
 })
 def upload_version(
     name: ModelName,

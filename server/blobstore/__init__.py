@@ -7,7 +7,8 @@ Errors (one base, translated from each backend's own exceptions at the edge):
     ├── BlobTooLargeError     the stream passed max_bytes; nothing was stored
     ├── BlobDigestMismatchError  the stream's sha256 differs from the expected one; nothing stored
     ├── InvalidBlobKeyError   empty key, '..', absolute path, backslash or control characters
-    └── BlobBackendError      the backend failed (disk full, S3 unreachable, access denied …)
+    └── BlobBackendError      the backend failed (S3 unreachable, access denied …)
+        └── BlobStorageFullError  no space left on the backend's volume; nothing stored
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from server.blobstore.interface import (
     BlobDigestMismatchError,
     BlobInfo,
     BlobNotFoundError,
+    BlobStorageFullError,
     BlobStore,
     BlobStoreError,
     BlobTooLargeError,
@@ -33,6 +35,7 @@ __all__ = [
     "BlobDigestMismatchError",
     "BlobInfo",
     "BlobNotFoundError",
+    "BlobStorageFullError",
     "BlobStore",
     "BlobStoreError",
     "BlobTooLargeError",
@@ -55,5 +58,8 @@ def make_blob_store(settings: Settings) -> BlobStore:
             access_key=settings.s3_access_key_id or None,
             secret_key=settings.s3_secret_access_key or None,
             prefix=settings.s3_prefix,
+            max_attempts=settings.s3_max_attempts,
+            connect_timeout=settings.s3_connect_timeout_seconds,
+            read_timeout=settings.s3_read_timeout_seconds,
         )
     return LocalBlobStore(settings.resolved_blob_dir)

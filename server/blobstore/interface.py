@@ -61,6 +61,11 @@ class BlobBackendError(BlobStoreError):
     """The storage backend itself failed; the message carries the backend's reason."""
 
 
+class BlobStorageFullError(BlobBackendError):
+    """The backend has no space left (a local volume's ENOSPC / EDQUOT): nothing new was
+    stored; a retry after space is freed succeeds."""
+
+
 @dataclass(frozen=True)
 class BlobInfo:
     key: str

@@ -12,6 +12,7 @@ it (a device would be told 304 and keep the older one).
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from server.blobstore.interface import (
     BlobBackendError,
     BlobInfo,
     BlobNotFoundError,
+    BlobStorageFullError,
     BlobStoreError,
     HashingCounter,
     Source,
@@ -64,7 +66,7 @@ class LocalBlobStore:
         try:
             fd, tmp_name = tempfile.mkstemp(dir=self._tmp, prefix="put-")
         except OSError as e:
-            raise BlobBackendError(f"cannot write blob {key!r}: {e}") from e
+            raise self._write_error(key, e) from e
         try:
             with os.fdopen(fd, "wb") as out:
                 for chunk in iter_source(source):
@@ -81,11 +83,20 @@ class LocalBlobStore:
             raise
         except OSError as e:
             _unlink_quietly(tmp_name)
-            raise BlobBackendError(f"cannot write blob {key!r}: {e}") from e
+            raise self._write_error(key, e) from e
         except BaseException:
             _unlink_quietly(tmp_name)
             raise
         return BlobInfo(key=key, length=counter.length, sha256=digest)
+
+    def _write_error(self, key: str, e: OSError) -> BlobBackendError:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            # The partial temp file is gone already (the caller unlinks it): say so, so an
+            # operator knows the store needs space, not repair.
+            return BlobStorageFullError(
+                f"cannot write blob {key!r}: no space left in the blob directory {self.root} "
+                f"({e.strerror}); nothing was stored")
+        return BlobBackendError(f"cannot write blob {key!r}: {e}")
 
     def open(self, key: str) -> BinaryIO:
         path = self._path(key)

@@ -50,6 +50,9 @@ class S3BlobStore:
         secret_key: str | None = None,
         prefix: str = "",
         part_size: int = DEFAULT_PART_SIZE,
+        max_attempts: int = 5,
+        connect_timeout: float = 10,
+        read_timeout: float = 120,
         client: Any = None,
     ) -> None:
         if part_size < MIN_PART_SIZE:
@@ -68,9 +71,12 @@ class S3BlobStore:
                     signature_version="s3v4",
                     # Path-style works on MinIO/moto and on AWS; virtual-host needs DNS.
                     s3={"addressing_style": "path" if endpoint_url else "auto"},
-                    retries={"max_attempts": 5, "mode": "standard"},
-                    connect_timeout=10,
-                    read_timeout=120,
+                    # botocore's own retry with backoff (refused, reset, timed out, 5xx,
+                    # throttled); every call of a put resends a whole part, so a retried
+                    # call never stores a mix (docs/architecture.md "Outages").
+                    retries={"max_attempts": max_attempts, "mode": "standard"},
+                    connect_timeout=connect_timeout,
+                    read_timeout=read_timeout,
                 ),
             )
         self._s3 = client

@@ -7,6 +7,12 @@ conditional-request rule (If-None-Match → 304) the poll route applies
 returned while ONE background reload runs (stale-while-revalidate), so polls during a slow
 reload are answered from memory instead of queueing behind database reads.
 
+When a reload fails (the database or the store is away: docs/architecture.md "Outages"), the
+last good entry keeps being served, re-stamped so the next reload is tried in the background
+one `ttl` later: polls do not wait on a database that is down, and the first reload after it
+is back brings the current bytes. A channel with no entry yet falls back to the bucket's copy
+(the loader, server/services/serving.py `current_manifest`).
+
 A publish through this process drops the channel's entry at once (the publisher's
 "published" event, wired in server/wiring.py); a reload that started before the publish
 does not put its older bytes back (a generation counter per channel).
@@ -18,8 +24,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from server.publish.errors import ChannelNotFoundError
 from server.publish.httpcache import etag_for, if_none_match
 
 log = logging.getLogger("modelfleet.serving")
@@ -59,6 +66,7 @@ class PollStats:
     `modelfleet_http_requests` (server/api/observe.py), like every other request."""
 
     reloads: int = 0  # background reloads started
+    served_last_good: int = 0  # failed loads answered with the last good entry
 
 
 class ManifestCache:
@@ -116,7 +124,20 @@ class ManifestCache:
 
     def load_sync(self, channel: str) -> CachedManifest:
         generation = self._generation.get(channel, 0)
-        data, sha256 = self.loader(channel)
+        try:
+            data, sha256 = self.loader(channel)
+        except ChannelNotFoundError:
+            raise
+        except Exception:
+            last = self._entries.get(channel)
+            if last is None or self._generation.get(channel, 0) != generation:
+                raise
+            log.warning("reloading the manifest of %s failed; serving the last good one",
+                        channel, exc_info=True)
+            self.stats.served_last_good += 1
+            kept = replace(last, loaded_at=time.monotonic())
+            self._entries[channel] = kept
+            return kept
         entry = CachedManifest.of(data, etag_for(sha256))
         # A publish during the read invalidated the channel: keep its newer state instead.
         if self._generation.get(channel, 0) == generation:

@@ -33,6 +33,7 @@ from server.blobstore import BlobStore
 from server.blobstore.keys import artifact_key, channel_manifest_key, manifest_key, patch_key
 from server.db import audit
 from server.db import models as db
+from server.db.outage import is_transient_conflict
 from server.publish import records
 from server.publish.bucket import ManifestWriter, serve_offered
 from server.publish.builder import build_manifest, join_url
@@ -249,6 +250,8 @@ def publish_change(
                     published = sign_and_store(session, pub, row)
                 session.commit()
             except (IntegrityError, OperationalError) as e:
+                if isinstance(e, OperationalError) and not is_transient_conflict(e):
+                    raise  # the database is down: a 503 (server/db/outage.py), not a race
                 # A concurrent publisher took this serial (or SQLite was busy): start over.
                 session.rollback()
                 last = e

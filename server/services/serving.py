@@ -3,6 +3,7 @@ artifact or patch sha256, signed root versions; and the import of signed roots a
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Literal
@@ -11,8 +12,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.blobstore import BlobStore
+from server.blobstore import BlobNotFoundError, BlobStore
+from server.blobstore.keys import channel_manifest_key
 from server.db import models as db
+from server.db.outage import DATABASE_ERRORS, classify
 from server.errors import NotFoundError
 from server.publish import rootstore
 from server.publish.errors import ChannelNotFoundError
@@ -24,19 +27,36 @@ log = logging.getLogger("modelfleet.serving")
 
 def current_manifest(factory: sessionmaker[Session], store: BlobStore,
                      channel: str) -> tuple[bytes, str]:
-    """(signed bytes, sha256) of the channel's newest manifest (the manifest cache's loader)."""
-    with factory() as session:
-        row = session.execute(
-            select(db.SignedManifest.blob_key, db.SignedManifest.sha256)
-            .join(db.Channel, db.Channel.id == db.SignedManifest.channel_id)
-            .where(db.Channel.name == channel)
-            .order_by(db.SignedManifest.serial.desc()).limit(1)
-        ).first()
+    """(signed bytes, sha256) of the channel's newest manifest (the manifest cache's loader).
+    While the database is down: the bucket's copy (`v1/channels/<c>/manifest`, the same
+    signed bytes devices may read straight from the bucket), if there is one."""
+    try:
+        with factory() as session:
+            row = session.execute(
+                select(db.SignedManifest.blob_key, db.SignedManifest.sha256)
+                .join(db.Channel, db.Channel.id == db.SignedManifest.channel_id)
+                .where(db.Channel.name == channel)
+                .order_by(db.SignedManifest.serial.desc()).limit(1)
+            ).first()
+    except DATABASE_ERRORS as e:
+        if classify(e) is None:
+            raise
+        return _bucket_manifest(store, channel, e)
     if row is None:
         raise ChannelNotFoundError(f"channel {channel!r} does not exist or has no manifest yet")
     with store.open(row.blob_key) as f:
         data = f.read(MANIFEST_MAX_BYTES + 1)
     return data, str(row.sha256)
+
+
+def _bucket_manifest(store: BlobStore, channel: str, outage: Exception) -> tuple[bytes, str]:
+    try:
+        with store.open(channel_manifest_key(channel)) as f:
+            data = f.read(MANIFEST_MAX_BYTES + 1)
+    except BlobNotFoundError:
+        raise outage from None
+    log.warning("database unavailable; serving the bucket's manifest of %s", channel)
+    return data, hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)

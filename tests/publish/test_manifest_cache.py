@@ -1,7 +1,7 @@
 """The one manifest-poll path (server/publish/manifest_cache.py) and its wiring: every publish,
 from any source, drops the cached manifest through the publisher's "published" event; a
-reload that began before a publish does not put the older bytes back; the one
-conditional-request rule."""
+reload that began before a publish does not put the older bytes back; a reload that fails
+(an outage) keeps serving the last good entry; the one conditional-request rule."""
 
 from __future__ import annotations
 
@@ -88,6 +88,27 @@ def test_an_entry_past_the_stale_limit_is_not_served():
     cache.load_sync("prod")
     time.sleep(0.1)
     assert on_loop(cache, "prod") is None  # the route then loads it and reports failures
+
+
+def test_a_failed_reload_during_an_outage_serves_the_last_good_entry():
+    state = {"down": False}
+
+    def load(channel: str) -> tuple[bytes, str]:
+        if state["down"]:
+            raise ConnectionError("database down")
+        return b"serial 1", hashlib.sha256(b"serial 1").hexdigest()
+
+    cache = ManifestCache(load, ttl=0.01, max_stale=0.05)
+    good = cache.load_sync("prod")
+    state["down"] = True
+    time.sleep(0.1)  # past max_stale: the route loads, and the load fails
+    kept = cache.load_sync("prod")
+    assert (kept.data, kept.etag) == (good.data, good.etag)
+    assert cache.stats.served_last_good == 1
+    assert on_loop(cache, "prod") == kept  # re-stamped: polls meanwhile do not wait on it
+    cache.invalidate("prod")  # with no entry there is nothing good to serve: the error
+    with pytest.raises(ConnectionError):
+        cache.load_sync("prod")
 
 
 @pytest.mark.parametrize(("header", "answer"), [

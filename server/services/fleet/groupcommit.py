@@ -23,8 +23,10 @@ Safety of sharing a transaction:
   `active_versions` is computed from the row the group itself read;
 - STORE locks the device rows in id order, so two processes' groups take them in one order
   and cannot deadlock each other;
-- when a group's transaction fails (a bad value, a lost connection), it is rolled back and each
-  of its batches is retried alone, so one bad batch cannot fail the others.
+- when a group's transaction fails on a connection that turns out dead (PostgreSQL
+  restarted), it is retried once on a new connection; when it fails otherwise (a bad value),
+  it is rolled back and each of its batches is retried alone, so one bad batch cannot fail
+  the others. While PostgreSQL is down every batch answers 503 (server/db/outage.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pydantic_core import to_json
 from sqlalchemy.dialects.postgresql import psycopg as pg_dialect
 
 from server.db import models as db
+from server.db.session import PG_CONNECT_TIMEOUT_S
 from server.services.fleet.ingest import (
     DeviceRevokedAuthError,
     IngestResult,
@@ -149,6 +152,7 @@ class GroupStats:
     groups: int = 0
     batches: int = 0
     retried_alone: int = 0
+    reconnects: int = 0  # groups retried on a new connection after the old one died
 
 
 class GroupCommitter:
@@ -206,7 +210,7 @@ class GroupCommitter:
 
     async def _commit(self, group: list[_Pending]) -> None:
         try:
-            outcomes = await self._transaction(group)
+            outcomes = await self._transaction_on_live_connection(group)
         except Exception as e:
             if len(group) == 1:
                 _settle(group[0], e)
@@ -225,13 +229,32 @@ class GroupCommitter:
         for p, outcome in zip(group, outcomes, strict=True):
             _settle(p, outcome)
 
+    async def _transaction_on_live_connection(self, group: list[_Pending]
+                                              ) -> list[IngestResult | Exception]:
+        """`_transaction`, once more on a new connection when the one it used turns out
+        dead: after PostgreSQL restarted, the idle connection fails at first use, and the
+        first batch after the restart must not get a 503 for it. Safe to repeat: a report
+        stored by a commit whose answer was lost is skipped by ON CONFLICT (report_id)."""
+        try:
+            return await self._transaction(group)
+        except psycopg.OperationalError:
+            if self._conn is None or not self._conn.broken:
+                raise
+            self.stats.reconnects += 1
+            return await self._transaction(group)
+
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             if conn is not None:
                 with contextlib.suppress(Exception):
                     await conn.close()
-            self._conn = conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+            # A bounded connect: while PostgreSQL is away each request fails fast (a 503,
+            # server/db/outage.py) instead of hanging; the next one after it is back
+            # reconnects here.
+            dsn = self._dsn if "connect_timeout" in self._dsn else psycopg.conninfo.make_conninfo(
+                self._dsn, connect_timeout=PG_CONNECT_TIMEOUT_S)  # the URL's own wins
+            self._conn = conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
         return conn
 
     async def _transaction(self, group: list[_Pending]) -> list[IngestResult | Exception]:

@@ -1,0 +1,1 @@
+"""The mixed-load soak (bench/soak/run.py; `python -m bench.soak`)."""
