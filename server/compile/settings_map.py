@@ -6,7 +6,8 @@ Recognised keys, per platform block:
   (overrides of the numeric gate's faithful check for whatever precision the platform
   builds); `precision_gate` ("off" default | "seed": the precision cost must meet the seed
   thresholds); `numeric_samples` (how many reference samples the numeric gate runs, default
-  16); `task` (the model's task, set by the worker: top-k is checked for "classification");
+  16); `layer_diff` ("on" default | "off": the per-layer diff against the FP32 source);
+  `task` (the model's task, set by the worker: top-k is checked for "classification");
   `deny_ops` / `allow_ops`
   (comma-separated operator names added to / removed from the operator gate's list).
 - coreml: `precision`, `minimum_deployment_target`, `weight_compression`.
@@ -30,7 +31,7 @@ KNOWN_SOCS = {
 }
 NUMERIC_KEYS = ("min_cosine", "min_snr_db", "max_abs_diff", "min_topk_agreement", "topk",
                 "margin_db")
-TOP_LEVEL_KEYS = ("numeric_samples", "precision_gate", "task")
+TOP_LEVEL_KEYS = ("numeric_samples", "precision_gate", "task", "layer_diff")
 PRECISIONS = ("fp32", "fp16", "int8")
 
 
