@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from server.compile import target_precision
 from server.compile.compilers.base import Compiler
 from server.compile.compilers.registry import default_compilers
 from server.compile.errors import CompileError, ConversionError, TransientCompileError
@@ -202,7 +203,12 @@ class Pipeline:
         started = time.monotonic()
         try:
             compiler = self._factories[platform]()
-            artifacts = compiler.compile(request, pdir)
+            subs = target_precision.split(request) if platform == "qnn" else [request]
+            artifacts = []
+            for i, sub in enumerate(subs):  # one compile per precision the targets need
+                sdir = pdir if len(subs) == 1 else pdir / f"precision{i}"
+                sdir.mkdir(parents=True, exist_ok=True)
+                artifacts += compiler.compile(sub, sdir)
             for a in artifacts:
                 a.target = replace(a.target, shape_variant=variant)
         except TransientCompileError:
