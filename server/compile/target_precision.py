@@ -14,11 +14,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from manifests.capabilities import HTP_FP16_SINCE, htp_generation
 from server.compile.errors import InvalidSourceError
 from server.compile.types import CompileRequest
 
 PRECISIONS = ("fp16", "int8")
+# First HTP generation with native FP16. The device side reads the same fact from
+# manifests/capabilities.py (the sandbox that runs this module has no `manifests`); a test
+# keeps the two equal.
+HTP_FP16_SINCE = 69
+
+
+def htp_generation(arch: str) -> int | None:
+    """75 for a target's htp_arch "75" (or "v75"); None when it is not a number."""
+    digits = arch[1:] if arch[:1] == "v" else arch
+    return int(digits) if digits.isdigit() and len(digits) <= 3 else None
 
 
 def target_precision(target: dict[str, str], version_precision: str) -> str:
