@@ -5,6 +5,7 @@ hardware profiles each install the artifact of their own generation over real HT
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -49,6 +50,11 @@ def test_devices_of_two_htp_generations_get_the_artifact_their_hardware_runs(
     assert client.post("/v1/channels", json={"name": "prod"}).status_code == 201
     assert client.post("/v1/channels/prod/rollouts", json={
         "model": "clf", "version": "1.0.0", "percentage": 100}).status_code == 201
+    envelope = httpx.get(f"{base}/v1/channels/prod/manifest").json()
+    doc = json.loads(base64.b64decode(envelope["payload"]))
+    offered = {a["target"]["soc"]: a.get("requires") for a in
+               doc["models"]["clf"]["releases"][0]["artifacts"] if a["platform"] == "qnn"}
+    assert offered == {"SM8350": ["htp_int8"], "SM8650": ["htp_fp16"]}  # signed with each
     got = {}
     for soc, arch in (("SM8350", "v68"), ("SM8650", "v75")):
         done = _mf("device", "update", "--server", base, "--channel", "prod", "--root",
