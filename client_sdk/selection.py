@@ -8,7 +8,8 @@ shadow mode), or a ``Refusal`` saying why nothing is offered. ``direction`` comp
 with the device's local state (its pointer and active version) to tell an update from a
 rollback or a no-op, and ``drops_candidate`` says when a held candidate is no longer wanted.
 
-A plan's members are the first artifact the device can run (``primary``) and, for a non-ONNX
+A plan's members are the first artifact the device can run (``primary``: among those whose
+``requires`` its hardware meets, the one it runs best, see ``by_capability``) and, for a non-ONNX
 primary, a CPU ONNX ``fallback``: the ONNX artifact for the device's platform with the same
 variant, else the portable one (platform ``onnx``) built for the same input shapes. For a model
 in ``all_shape_variants``, one ``shape:<variant>`` member per other input-shape variant the
@@ -171,6 +172,7 @@ def members(release: Release, device: DeviceProfile, formats: Sequence[str],
     usable = [a for a in manifests.artifacts_for(release, device) if a.format in formats]
     if variant is not None:
         usable = [a for a in usable if a.variant == variant]
+    usable = by_capability(usable, device)
     if not usable:
         return []
     primary = usable[0]
@@ -182,6 +184,16 @@ def members(release: Release, device: DeviceProfile, formats: Sequence[str],
     if all_shapes:
         chosen.extend(shape_members(usable, primary))
     return chosen
+
+
+def by_capability(usable: Sequence[Artifact], device: DeviceProfile) -> list[Artifact]:
+    """The artifacts whose ``requires`` the device's hardware meets, the one it runs best
+    first (``manifests.preference``: an HTP with FP16 takes the FP16 build, one without the
+    INT8 build), manifest order among equals. A manifest without ``requires`` keeps its order,
+    so the choice is today's."""
+    caps = manifests.device_capabilities(device)
+    runnable = [a for a in usable if manifests.runs_on(a, caps)]
+    return sorted(runnable, key=lambda a: manifests.preference(a, caps))
 
 
 def shape_members(usable: Sequence[Artifact], primary: Artifact

@@ -5,6 +5,7 @@ and the standard library. The normative spec is docs/manifest.md; test vectors f
 languages are in manifests/vectors/, JSON Schemas in manifests/schema/.
 """
 
+from .capabilities import device_capabilities, htp_generation, preference, runs_on
 from .cohorts import cohort_of
 from .envelope import (
     MANIFEST_PAYLOAD_TYPE,
@@ -113,13 +114,17 @@ __all__ = [
     "bucket",
     "cohort_of",
     "compare_versions",
+    "device_capabilities",
     "filters_match",
+    "htp_generation",
     "key_id",
     "lint_manifest",
     "load_trusted_root",
     "pae",
     "parse_version",
+    "preference",
     "rollout_includes",
+    "runs_on",
     "select_artifact",
     "select_release",
     "sign_envelope",

@@ -9,7 +9,8 @@ JSON (payloadType ``application/vnd.modelfleet.manifest+json``)::
                 "failed_platforms": [str, ...]}               (optional; absent = none)
     artifact = {"platform", "variant", "format", "url", "length", "sha256",
                 "compile_settings": {str: str|int|bool}, "target": {str: str},
-                "patches": [{"from_sha256", "url", "length", "sha256", "algorithm"}]}
+                "patches": [{"from_sha256", "url", "length", "sha256", "algorithm"}],
+                "requires": [str, ...]}        (optional; absent = nothing beyond the target)
     rollout  = {"share_ppm", "salt", "mode": "active"|"shadow", "filters": <filters>,
                 "shadow": {"max_kl_micro", "max_latency_p99_us", "min_samples"} | null}
     filters  = {"platforms", "socs", "archs", "os_versions", "app_versions",
@@ -59,6 +60,13 @@ class Patch:
                             "algorithm": self.algorithm}, self.extra)
 
 
+def _capability(value: JSONValue, path: str) -> str:
+    text = string_item(value, path)
+    if not is_name(text):
+        raise MalformedError(f"{path} must be a name (letters, digits, . _ + -)")
+    return text
+
+
 def _setting(value: JSONValue, path: str) -> SettingValue:
     if not isinstance(value, (str, int, bool)):
         raise MalformedError(f"{path} must be a string, integer or boolean")
@@ -82,6 +90,9 @@ class Artifact:
     # A protected release's artifact (manifests/sealed.py): url, length and sha256 are the
     # sealed bytes'; this names the plaintext. Written only when set.
     sealed: Sealed | None = None
+    # Capabilities the device's hardware must have (manifests/capabilities.py), e.g.
+    # ["htp_fp16"]. Written only when set, so old documents and old clients are unchanged.
+    requires: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, value: JSONValue, path: str = "artifact") -> Artifact:
@@ -98,6 +109,7 @@ class Artifact:
             compile_settings=f.mapping("compile_settings", _setting, required=False),
             target=f.mapping("target", string_item, required=False),
             patches=f.array("patches", Patch.from_dict, required=False),
+            requires=f.array("requires", _capability, required=False, max_items=16),
             extra=f.extra(),
             sealed=sealed,
         )
@@ -113,6 +125,8 @@ class Artifact:
         }
         if self.sealed is not None:
             known["sealed"] = self.sealed.to_dict()
+        if self.requires:
+            known["requires"] = list(self.requires)
         return merge_extra(known, self.extra)
 
     def patch_from(self, base_sha256: str) -> Patch | None:

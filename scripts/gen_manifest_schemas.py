@@ -112,6 +112,7 @@ def manifest_schema() -> dict[str, Any]:
                        "maximum": MAX_SAFE_INTEGER}]}}),
         "target": _nullable({"type": "object", "additionalProperties": {"type": "string"}}),
         "patches": _nullable({"type": "array", "items": patch}),
+        "requires": _nullable({"type": "array", "maxItems": 16, "items": NAME}),
     })
     ranges = _nullable({"type": "array", "items": {"type": "string", "pattern": RANGE_PATTERN}})
     strings = _nullable(STRINGS)

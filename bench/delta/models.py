@@ -8,7 +8,11 @@ Each pair is a plausible model update at a chosen size, built from a seed so run
   weight bytes change by one step);
 - ``insert_tensor``: a low-rank adapter inserted in the middle of the graph (everything after
   it shifts in the file);
-- ``unrelated``: same architecture, independently initialized weights.
+- ``unrelated``: same architecture, independently initialized weights;
+- ``fp16_to_int8``: an FP16 artifact and its INT8 successor (the same float weights quantized
+  per column, as a precision change ships them: the tensors change name, type and size);
+- ``int8_finetune``: two INT8 builds of one model, the second after a small fine-tune of the
+  float weights (lr 1e-3 of the weights' spread), re-quantized with fresh scales.
 
 The graphs are valid ONNX (a MatMul/Add/Relu chain, DequantizeLinear for int8 weights) and are
 written as one file with raw_data initializers, as ``torch.onnx.export`` produces.
@@ -24,7 +28,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-SCENARIOS = ("head_only", "full_finetune", "int8_requant", "insert_tensor", "unrelated")
+SCENARIOS = ("head_only", "full_finetune", "int8_requant", "insert_tensor", "unrelated",
+             "fp16_to_int8", "int8_finetune")
 LAYERS = 12
 
 
@@ -56,6 +61,11 @@ def _quantized(weights: Weights, scale_factor: float) -> Weights:
     return Weights([], weights.biases, [_quantize(w, scale_factor) for w in weights.float_layers])
 
 
+def _half(weights: Weights) -> Weights:
+    return Weights([w.astype(np.float16) for w in weights.float_layers],
+                   [b.astype(np.float16) for b in weights.biases], [])
+
+
 def _quantize(w: np.ndarray, scale_factor: float) -> tuple[np.ndarray, np.ndarray]:
     scale = (np.abs(w).max(axis=0) / 127.0 * scale_factor).astype(np.float32)
     q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
@@ -64,6 +74,8 @@ def _quantize(w: np.ndarray, scale_factor: float) -> tuple[np.ndarray, np.ndarra
 
 def _graph(weights: Weights) -> onnx.ModelProto:
     quantized = bool(weights.int8_layers)
+    elem = (TensorProto.FLOAT16 if not quantized and weights.float_layers[0].dtype == np.float16
+            else TensorProto.FLOAT)
     count = len(weights.int8_layers) if quantized else len(weights.float_layers)
     d = (weights.int8_layers[0][0] if quantized else weights.float_layers[0]).shape[0]
     inits: list[TensorProto] = []
@@ -112,8 +124,8 @@ def _graph(weights: Weights) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes,
         "synthetic",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, d])],
-        [helper.make_tensor_value_info(current, TensorProto.FLOAT, [1, out_dim])],
+        [helper.make_tensor_value_info("x", elem, [1, d])],
+        [helper.make_tensor_value_info(current, elem, [1, out_dim])],
         inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -130,7 +142,7 @@ def write_pair(scenario: str, size_bytes: int, directory: Path, seed: int = 0) -
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; pick one of {', '.join(SCENARIOS)}")
     rng = np.random.default_rng(seed)
-    quantized = scenario == "int8_requant"
+    quantized = scenario in ("int8_requant", "int8_finetune")
     d = _dim_for(size_bytes, quantized)
     base = _init(rng, d)
     if scenario == "head_only":
@@ -158,6 +170,19 @@ def write_pair(scenario: str, size_bytes: int, directory: Path, seed: int = 0) -
         # boundary move one step (~10% of the bytes), as after a calibration change.
         floats, base = base, _quantized(base, 1.0)
         new = _quantized(floats, 1.004)
+    elif scenario == "fp16_to_int8":
+        # Sized like the INT8 file (d from 1 byte per weight); the FP16 base is twice as big.
+        d = _dim_for(size_bytes, True)
+        base = _init(rng, d)
+        floats, base = base, _half(base)
+        new = _quantized(floats, 1.0)
+    elif scenario == "int8_finetune":
+        lr = 1e-3
+        tuned = Weights(
+            [(w + lr * rng.standard_normal(w.shape).astype(np.float32) * w.std()).astype(
+                np.float32) for w in base.float_layers],
+            base.biases, [])
+        base, new = _quantized(base, 1.0), _quantized(tuned, 1.0)
     elif scenario == "insert_tensor":
         rank = max(4, d // 16)
         new = Weights(

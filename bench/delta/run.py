@@ -4,6 +4,8 @@
     python -m bench.delta --sizes 5,50,200    # add 200 MB (bsdiff4 skipped above 64 MB)
     python -m bench.delta --bsdiff4-max-mb 0  # bsdiff4 at every size (200 MB: ~3.5 GB, minutes)
     python -m bench.delta --write-docs        # also rewrite our section of docs/benchmarks.md
+    python -m bench.delta --scenarios fp16_to_int8,int8_finetune --section precision-delta \
+        --title "Delta patches across precisions" --write-docs   # its own section
 
 Every create and apply runs in its own process; its wall time (for our Python tools: the
 operation alone, without interpreter start-up) and its peak RSS are recorded, and every
@@ -36,7 +38,6 @@ if str(ROOT) not in sys.path:
 from bench.delta.models import SCENARIOS, write_pair  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- delta:begin -->", "<!-- delta:end -->"
 OURS = "mfdelta1"
 
 
@@ -185,12 +186,13 @@ def goals(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def write_docs(section: str) -> None:
+def write_docs(section: str, name: str = "delta") -> None:
     text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    block = f"{BEGIN}\n{section}\n{END}"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    block = f"{begin}\n{section}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     DOC.write_text(text)
@@ -210,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mf-bench-delta"
     )
     parser.add_argument("--write-docs", action="store_true", help=f"update {DOC.name}")
+    parser.add_argument("--section", default="delta",
+                        help="the marked section of the docs to write (default: delta)")
+    parser.add_argument("--title", default="Delta patches", help="the section's heading")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     scenarios = args.scenarios.split(",")
@@ -234,9 +239,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(table([row]).splitlines()[-1], flush=True)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     section = "\n".join([
-        "## Delta patches",
+        f"## {args.title}",
         "",
-        f"`python -m bench.delta --sizes {args.sizes}` on {when}, {os.cpu_count()} cores "
+        f"`python -m bench.delta --sizes {args.sizes}"
+        + (f" --scenarios {args.scenarios}" if args.scenarios != ",".join(SCENARIOS) else "")
+        + f"` on {when}, {os.cpu_count()} cores "
         f"({platform.machine()}, shared with other work), Python {platform.python_version()}. "
         "Patch size is % of the new file; times are wall seconds of the create/apply alone; "
         "peak MB is the process's max RSS (GNU time %M). Every applied output matched the new "
@@ -253,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(section)
     if args.write_docs:
-        write_docs(section)
+        write_docs(section, args.section)
     return 0
 
 

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from server.compile import target_precision
 from server.compile.compilers.base import Compiler
 from server.compile.compilers.registry import default_compilers
 from server.compile.errors import CompileError, ConversionError, TransientCompileError
+from server.compile.gates import layerdiff
 from server.compile.gates.operators import check_mlpackage, check_onnx, deny_list
 from server.compile.gates.support import check_support
 from server.compile.gates.verdict import Reference as _Reference
@@ -36,6 +38,12 @@ DEFAULT_PLATFORMS = ("onnx", "coreml", "qnn")
 # 20M-parameter net, so a version's reference set is cut to this many (setting overrides).
 DEFAULT_NUMERIC_SAMPLES = 16
 Log = Callable[[str], None]
+
+
+def layer_diff_setting(settings: Mapping[str, Any]) -> str:
+    """The setting `layer_diff`: "on" (default) or "off" (the per-layer diff runs the artifact
+    once more per chunk of tensors; on QNN, one more HTP compile per 160 tensors)."""
+    return str(settings.get("layer_diff", "on")).lower()
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,8 @@ class BuildOutcome:
     notes: list[str] = field(default_factory=list)
     error: str = ""
     compile_seconds: float = 0.0
+    # The per-layer diff against the FP32 source (gates/layerdiff.py), capped; {} when off.
+    layer_diff: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -72,6 +82,7 @@ class BuildOutcome:
             "compile_settings": self.compile_settings, "gates": self.gates,
             "notes": self.notes, "error": self.error,
             "compile_seconds": round(self.compile_seconds, 3),
+            "layer_diff": self.layer_diff,
             "artifact": None if self.artifact is None else {
                 "sha256": self.artifact.sha256, "length": self.artifact.length,
                 "packing": self.artifact.packing},
@@ -192,7 +203,12 @@ class Pipeline:
         started = time.monotonic()
         try:
             compiler = self._factories[platform]()
-            artifacts = compiler.compile(request, pdir)
+            subs = target_precision.split(request) if platform == "qnn" else [request]
+            artifacts = []
+            for i, sub in enumerate(subs):  # one compile per precision the targets need
+                sdir = pdir if len(subs) == 1 else pdir / f"precision{i}"
+                sdir.mkdir(parents=True, exist_ok=True)
+                artifacts += compiler.compile(sub, sdir)
             for a in artifacts:
                 a.target = replace(a.target, shape_variant=variant)
         except TransientCompileError:
@@ -235,6 +251,18 @@ class Pipeline:
         log(f"{tag} numeric gate {num.status}" + (f": {num.reason}" if num.reason else ""))
         for line in log_lines(num):
             log(f"{tag} {line}")
+        wanted = layer_diff_setting(request.settings)
+        if wanted not in ("on", "off"):
+            out.layer_diff = {"unavailable": f"the setting layer_diff must be on or off, not "
+                                             f"{wanted[:40]!r}"}
+        elif wanted == "on" and ref.outputs is not None and request.onnx_path is not None:
+            out.layer_diff = layerdiff.for_artifact(compiler, art, request.onnx_path,
+                                                    ref.feeds[0])
+            first = out.layer_diff.get("first_below")
+            if first:
+                log(f"{tag} per-layer diff vs FP32: first layer below the "
+                    f"{art.precision.value.upper()} thresholds is {first['op']} node "
+                    f"{first['node']!r} (cosine {first['cosine']}, SNR {first['snr_db']} dB)")
         if num.status == "failed":
             ok = False
             out.error = out.error or failure_message(num, art, t.platform)

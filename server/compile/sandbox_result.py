@@ -5,7 +5,8 @@ be symlinks, hard links, special files or not what they claim. `read_result` acc
 
 - a regular `result.json` of at most `MAX_RESULT_BYTES`, holding either an `error` (kind +
   message) or `outcomes` for exactly the requested platforms;
-- per outcome, known fields of the right types with capped text (error, notes, gates), names
+- per outcome, known fields of the right types with capped text (error, notes, gates, the
+  per-layer diff), names
   that are safe in blob keys, a target naming the outcome's own platform;
 - per artifact, a regular, singly linked file strictly inside the output directory whose
   sha256 and length the parent recomputes, and whose bytes look like the format it claims
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from server.compile.errors import CompileError
+from server.compile.gates import layerdiff
 from server.compile.packing import PackedArtifact
 from server.compile.pipeline import BuildOutcome, BuildSpec
 from server.compile.protoframe import is_onnx
@@ -37,6 +39,7 @@ MAX_RESULT_BYTES = 1024 * 1024
 MAX_ERROR_CHARS = 4000
 MAX_NOTES, MAX_NOTE_CHARS = 50, 1000
 MAX_GATES_BYTES = 256 * 1024
+MAX_LAYER_DIFF_BYTES = 256 * 1024  # ~1000 compact rows (gates/layerdiff.py's cap)
 MAX_OUTCOMES = 256
 MAX_FIELD_CHARS = 256
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -132,6 +135,7 @@ def _outcome(item: object, out: Path, spec: BuildSpec) -> BuildOutcome:
         raise ResultError(f"the sandboxed compile's gate report is not an object of at most "
                           f"{MAX_GATES_BYTES} bytes")
     o.gates = gates
+    o.layer_diff = _layer_diff(item.get("layer_diff", {}))
     seconds = item.get("compile_seconds", 0.0)
     o.compile_seconds = float(seconds) if isinstance(seconds, (int, float)) else 0.0
     if o.state == "ready":
@@ -140,6 +144,22 @@ def _outcome(item: object, out: Path, spec: BuildSpec) -> BuildOutcome:
         except ResultError as e:
             o.state, o.artifact, o.error = "failed", None, str(e)
     return o
+
+
+def _layer_diff(raw: object) -> dict[str, Any]:
+    """The per-layer report: an object of capped size whose rows are
+    [tensor, node, op, cosine, snr_db] with short strings and numbers (or "inf")."""
+    if not isinstance(raw, dict) or len(json.dumps(raw)) > MAX_LAYER_DIFF_BYTES:
+        raise ResultError(f"the sandboxed compile's layer diff is not an object of at most "
+                          f"{MAX_LAYER_DIFF_BYTES} bytes")
+    rows = raw.get("layers", [])
+    if not isinstance(rows, list) or len(rows) > layerdiff.MAX_LAYERS or not all(
+            isinstance(r, list) and len(r) == len(layerdiff.ROW_FIELDS)
+            and all(isinstance(x, str) and len(x) <= MAX_FIELD_CHARS for x in r[:3])
+            and all(isinstance(x, (int, float)) or x in ("inf", "-inf") for x in r[3:])
+            for r in rows):
+        raise ResultError("the sandboxed compile's layer diff rows are malformed")
+    return raw
 
 
 def _target(raw: object, platform: str) -> dict[str, str]:

@@ -6,13 +6,15 @@ Recognised keys, per platform block:
   (overrides of the numeric gate's faithful check for whatever precision the platform
   builds); `precision_gate` ("off" default | "seed": the precision cost must meet the seed
   thresholds); `numeric_samples` (how many reference samples the numeric gate runs, default
-  16); `task` (the model's task, set by the worker: top-k is checked for "classification");
+  16); `layer_diff` ("on" default | "off": the per-layer diff against the FP32 source);
+  `task` (the model's task, set by the worker: top-k is checked for "classification");
   `deny_ops` / `allow_ops`
   (comma-separated operator names added to / removed from the operator gate's list).
 - coreml: `precision`, `minimum_deployment_target`, `weight_compression`.
 - qnn: `precision`, `activation_bits`, and the target(s): `soc` alone for a known SoC
   ("SM8650"), or `soc_model` + `htp_arch` (+ optional `soc` name), or `targets` =
-  "SM8550,SM8650" / "SM8550:43:73,SM8650:57:75".
+  "SM8550,SM8650" / "SM8550:43:73,SM8650:57:75"; `target_precision` = "SM8350=int8,
+  SM8650=fp16" builds each named target at its own precision (target_precision.py).
 - qnn-hub: `device`, `chipset`, `target_runtime`, `options`.
 """
 
@@ -30,7 +32,7 @@ KNOWN_SOCS = {
 }
 NUMERIC_KEYS = ("min_cosine", "min_snr_db", "max_abs_diff", "min_topk_agreement", "topk",
                 "margin_db")
-TOP_LEVEL_KEYS = ("numeric_samples", "precision_gate", "task")
+TOP_LEVEL_KEYS = ("numeric_samples", "precision_gate", "task", "layer_diff")
 PRECISIONS = ("fp32", "fp16", "int8")
 
 
@@ -73,14 +75,35 @@ def _qnn_targets(flat: dict[str, Any]) -> list[dict[str, str]] | None:
     return None
 
 
+def _with_precisions(targets: list[dict[str, str]], spec: Any) -> list[dict[str, str]]:
+    if spec is None:
+        return targets
+    wanted = {}
+    for item in str(spec).split(","):
+        name, _, precision = item.strip().partition("=")
+        if not precision:
+            raise InvalidSourceError(f"qnn target_precision entry {item!r} must be "
+                                     "SOC=precision, e.g. SM8350=int8")
+        wanted[name.strip().upper()] = precision.strip().lower()
+    names = {t["name"].upper() for t in targets}
+    unknown = sorted(set(wanted) - names)
+    if unknown:
+        raise InvalidSourceError(f"qnn target_precision names {unknown}, which are not among "
+                                 f"the targets {sorted(names)}")
+    return [{**t, **({"precision": wanted[t["name"].upper()]}
+                     if t["name"].upper() in wanted else {})} for t in targets]
+
+
 def pipeline_settings(platform: str, flat: dict[str, Any]) -> dict[str, Any]:
     block = {k: v for k, v in flat.items()
              if k not in NUMERIC_KEYS and k not in TOP_LEVEL_KEYS
              and k not in ("deny_ops", "allow_ops", "targets", "soc_model", "htp_arch", "soc")}
     if platform == "qnn":
-        targets = _qnn_targets(flat)
+        targets = _qnn_targets(flat) or ([] if "target_precision" not in flat else
+                                         [dict(_known("SM8650"))])
+        block.pop("target_precision", None)
         if targets:
-            block["targets"] = targets
+            block["targets"] = _with_precisions(targets, flat.get("target_precision"))
     settings: dict[str, Any] = {platform: block}
     settings.update({k: flat[k] for k in TOP_LEVEL_KEYS if k in flat})
     overrides = {k: flat[k] for k in NUMERIC_KEYS if k in flat}

@@ -169,8 +169,21 @@ def load_artifact_records(session: Session, version_id: int, base_url: str
             target={k: str(v) for k, v in (a.target or {}).items()},
             patches=patches, sealed=None if a.plain_sha256 is None else manifests.Sealed(
                 plain_sha256=a.plain_sha256, plain_length=int(a.plain_length or 0)),
+            requires=requires_of(a),
         ))
     return tuple(out)
+
+
+# What an HTP artifact's precision needs of the hardware (manifests/capabilities.py).
+_HTP_REQUIRES = {"fp16": [manifests.capabilities.HTP_FP16],
+                 "int8": [manifests.capabilities.HTP_INT8]}
+
+
+def requires_of(a: db.Artifact) -> list[str]:
+    """The capabilities a device needs for artifact `a`: a QNN build's precision."""
+    if a.platform != "qnn":
+        return []
+    return list(_HTP_REQUIRES.get(str((a.compile_settings or {}).get("precision", "")), []))
 
 
 def find_locked_channel(session: Session, name: str) -> db.Channel | None:

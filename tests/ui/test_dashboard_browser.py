@@ -92,10 +92,30 @@ def _seed_version(factory: Any, settings: Any, model: str, version: str) -> None
         for platform in ("android", "ios"):
             s.add(db.Build(version_id=v.id, platform=platform, variant="",
                            state=db.BuildState.succeeded, attempts=1, gates_report={
-                               "outcomes": [{"variant": "", "gates": {
+                               "outcomes": [{"variant": "", "platform": platform,
+                                             "precision": "fp16", "state": "ready",
+                                             "layer_diff": _layer_diff(platform), "gates": {
                                    "operators": {"passed": True, "unsupported": []},
                                    "numeric": {"max_abs_diff": 0.0003, "passed": True}}}]}))
         s.commit()
+
+
+LAYERS = [("conv0", "Conv"), ("relu0", "Relu"), (XSS, "Conv"), ("head", "Gemm")]
+
+
+def _layer_diff(platform: str) -> dict[str, Any]:
+    """A per-layer diff as the pipeline stores it (gates/layerdiff.py); on "ios" the third
+    layer (named with markup) falls below the FP16 thresholds."""
+    rows = [[f"t{i}", node, op, 1.0, 70.0 - i] for i, (node, op) in enumerate(LAYERS)]
+    first = None
+    if platform == "ios":
+        rows[2][3:] = [0.99, 12.5]
+        first = {"node": XSS, "op": "Conv", "tensor": "t2", "cosine": 0.99, "snr_db": 12.5,
+                 "max_abs_diff": 0.4, "index": 2}
+    return {"basis": "the FP32 source vs the artifact", "precision": "fp16",
+            "thresholds": {"min_cosine": 0.999, "min_snr_db": 60.0}, "total": 4,
+            "truncated": False, "fields": ["tensor", "node", "op", "cosine", "snr_db"],
+            "layers": rows, "first_below": first}
 
 
 def _seed_failed_patch_job(factory: Any, version: str) -> None:
@@ -348,6 +368,24 @@ def test_version_page_shows_builds_with_their_gate_reports(page: Any, served: Se
     expect(page.locator("section.card")).to_have_count(2)  # android, ios
     expect(page.locator("dl.gates").first).to_contain_text("max_abs_diff")
     expect(page.locator("h1 .badge")).to_have_text("ready")
+
+
+def test_version_page_shows_the_per_layer_diff_as_a_heatmap(page: Any, served: Served) -> None:
+    from playwright.sync_api import expect
+
+    api = served.client.get("/v1/models/clf/versions/1.0/layers?limit=2").json()
+    assert api["total"] == 4 and api["next_offset"] == 2 and len(api["layers"]) == 2
+    page.goto(f"{served.base}/ui/#/models/clf/versions/1.0")
+    heat = page.locator("#layer-heatmap")
+    expect(heat.locator("thead th.heat-col")).to_have_count(2)  # android, ios
+    expect(heat.locator("tbody tr")).to_have_count(4)  # layers × platform/precision
+    expect(heat.locator("td.heat")).to_have_count(8)
+    expect(heat.locator("td.heat.below")).to_have_count(1)  # the ios cell of layer 3
+    expect(heat.locator("td.heat.below")).to_have_text("13")
+    expect(heat.locator("td.heat-4").first).to_be_visible()
+    expect(page.locator("#layer-diff code.first-below")).to_have_text(XSS)  # text, not markup
+    assert page.evaluate("window.__pwned") is None
+    page.screenshot(path=str(SCREENSHOT.with_name("ui-layers.png")), full_page=True)
 
 
 def test_version_page_shows_a_failed_patch_job_with_its_error_as_text(page: Any,

@@ -17,7 +17,7 @@ passes the first reference sample.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,7 +96,7 @@ def _graph_tensors(model: Any) -> list[tuple[str, str, str]]:
     return out
 
 
-def _available(model: Any) -> set[str]:
+def available_tensors(model: Any) -> set[str]:
     names = {o for n in model.graph.node for o in n.output if o}
     return names | {i.name for i in model.graph.input}
 
@@ -116,7 +116,7 @@ def cpu_session(model: Any) -> Any:
                                 providers=["CPUExecutionProvider"])
 
 
-def _run(model: Any, tensors: list[str], feeds: dict[str, NDArray[Any]], opener: Opener
+def run_tensors(model: Any, tensors: list[str], feeds: dict[str, NDArray[Any]], opener: Opener
          ) -> dict[str, NDArray[Any]]:
     import onnx
 
@@ -130,6 +130,54 @@ def _run(model: Any, tensors: list[str], feeds: dict[str, NDArray[Any]], opener:
     return dict(zip(tensors, (np.asarray(v) for v in values), strict=True))
 
 
+Fetch = Callable[[list[str]], dict[str, NDArray[Any]]]  # tensor names -> values, one sample
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Something whose intermediate tensors can be read by ONNX tensor name: an ONNX graph on
+    a session `opener`, or another runtime (the MIL executor) behind `fetch`."""
+
+    names: Container[str]
+    fetch: Fetch
+
+    @classmethod
+    def onnx(cls, model: Path | Any, feeds: dict[str, NDArray[Any]],
+             opener: Opener = cpu_session) -> Candidate:
+        import onnx
+
+        m = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+        return cls(available_tensors(m), lambda names: run_tensors(m, names, feeds, opener))
+
+
+def graph_order(names_from: Path | Any, common: Container[str]
+                ) -> list[tuple[str, str, str]]:
+    """(tensor, node, op) of the float node outputs of `names_from` that are in `common`, in
+    its (topological) node order."""
+    import onnx
+
+    named = names_from if isinstance(names_from, onnx.ModelProto) else onnx.load(str(names_from))
+    return [t for t in _graph_tensors(named) if t[0] in common]
+
+
+def compare_layers(order: list[tuple[str, str, str]], reference: Fetch, candidate: Fetch,
+                   clip: float | None = None, chunk: int = CHUNK) -> Iterator[LayerMetrics]:
+    """The metrics of each tensor of `order` both sides computed with the same size, fetched
+    `chunk` tensors at a time (a caller that stops early stops the runs too)."""
+    for start in range(0, len(order), chunk):
+        part = order[start:start + chunk]
+        names = [t for t, _, _ in part]
+        got_ref, got_cand = reference(names), candidate(names)
+        for tensor, node, op in part:
+            a, b = got_ref.get(tensor), got_cand.get(tensor)
+            if a is None or b is None or a.size != b.size or a.size == 0:
+                continue
+            if clip is not None:
+                a = np.clip(a.astype(np.float64), -clip, clip)
+                b = np.clip(b.astype(np.float64), -clip, clip)
+            yield layer_metrics(a, b, node, op, tensor)
+
+
 def layer_metrics(ref: NDArray[Any], cand: NDArray[Any], node: str, op: str,
                   tensor: str) -> LayerMetrics:
     a = np.asarray(ref, dtype=np.float64)
@@ -140,40 +188,30 @@ def layer_metrics(ref: NDArray[Any], cand: NDArray[Any], node: str, op: str,
                         max_abs_diff=float(np.nanmax(diff)) if diff.size else 0.0)
 
 
-def first_divergence(reference: Path | Any, candidate: Path | Any,
+def first_divergence(reference: Path | Any, candidate: Path | Any | Candidate,
                      feeds: dict[str, NDArray[Any]], min_cosine: float, min_snr_db: float,
                      basis: str, clip: float | None = None, opener: Opener = cpu_session,
                      chunk: int = CHUNK, names_from: Path | None = None) -> Localization:
     """Compares the float tensors both graphs compute (same name, same size), in the reference
     graph's order, and returns the first one below `min_cosine` / `min_snr_db`. With `clip`
     (FP16's 65504), values beyond the precision's range count as saturated in both: a mask
-    of -3.4e38 that FP16 holds as -65504 still masks. `opener` runs the candidate (default:
-    the CPU provider; the QNN compiler passes an HTP session), `chunk` tensors per run.
+    of -3.4e38 that FP16 holds as -65504 still masks. `opener` runs an ONNX candidate
+    (default: the CPU provider; the QNN compiler passes an HTP session), `chunk` tensors per
+    run; a `Candidate` brings its own runtime (the MIL executor of a Core ML package).
     `names_from` (the FP32 source) gives the order and the node names when the reference is
     a rewritten copy of it (the FP16 yardstick, whose tensors come out of rounding casts)."""
     import onnx
 
     ref = reference if isinstance(reference, onnx.ModelProto) else onnx.load(str(reference))
-    cand = candidate if isinstance(candidate, onnx.ModelProto) else onnx.load(str(candidate))
-    common = _available(cand) & _available(ref)
-    named = ref if names_from is None else onnx.load(str(names_from))
-    order = [t for t in _graph_tensors(named) if t[0] in common]
+    cand = candidate if isinstance(candidate, Candidate) else \
+        Candidate.onnx(candidate, feeds, opener)
+    order = graph_order(ref if names_from is None else names_from,
+                        {n for n in available_tensors(ref) if n in cand.names})
     compared, last_ok = 0, None
-    for start in range(0, len(order), chunk):
-        part = order[start:start + chunk]
-        names = [t for t, _, _ in part]
-        got_ref = _run(ref, names, feeds, cpu_session)
-        got_cand = _run(cand, names, feeds, opener)
-        for tensor, node, op in part:
-            a, b = got_ref[tensor], got_cand[tensor]
-            if a.size != b.size or a.size == 0:
-                continue
-            if clip is not None:
-                a = np.clip(a.astype(np.float64), -clip, clip)
-                b = np.clip(b.astype(np.float64), -clip, clip)
-            m = layer_metrics(a, b, node, op, tensor)
-            compared += 1
-            if m.below(min_cosine, min_snr_db):
-                return Localization(first=m, compared=compared, basis=basis, before=last_ok)
-            last_ok = m
+    for m in compare_layers(order, lambda names: run_tensors(ref, names, feeds, cpu_session),
+                            cand.fetch, clip, chunk):
+        compared += 1
+        if m.below(min_cosine, min_snr_db):
+            return Localization(first=m, compared=compared, basis=basis, before=last_ok)
+        last_ok = m
     return Localization(first=None, compared=compared, basis=basis, before=last_ok)

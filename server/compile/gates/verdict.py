@@ -4,10 +4,10 @@ the failure with advice the user can follow for this platform.
 
 Localization, one sample:
 - a faithful-check failure compares the artifact's intermediates with the source at its
-  precision: an ONNX artifact's own, on the CPU provider; for a compiler offering
-  `intermediates(artifact)` (QNN: its context binary exposes none, so the graph it compiled is
-  compiled again on the same HTP with the tensors as outputs), those; others (Core ML
-  packages) expose none, and the report says so;
+  precision, read where `layerdiff.candidate_for` finds them: an ONNX artifact's own, on the
+  CPU provider; for a compiler offering `intermediates(artifact)` (QNN: its context binary
+  exposes none, so the graph it compiled is compiled again on the same HTP with the tensors
+  as outputs), those; a Core ML package's on the MIL executor;
 - a precision cost below the seed thresholds (enforced or not) compares the FP32 source with
   the source at the precision: where that precision's loss starts.
 """
@@ -19,13 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from server.compile.compilers.base import Compiler
-from server.compile.gates import emulate, layers, numeric
+from server.compile.gates import emulate, layerdiff, layers, numeric
 from server.compile.types import CompiledArtifact, CompileRequest, Precision
 
 # Platforms where the version can ask for a higher precision, and the setting that does it.
 HIGHER_PRECISION = {"coreml": "set the coreml setting precision=fp32"}
-# Tensors per HTP diagnostic compile (each chunk compiles the graph once more).
-HTP_CHUNK = 160
 
 
 @dataclass(frozen=True)
@@ -94,20 +92,19 @@ def _localize(report: numeric.NumericGateReport, compiler: Compiler, art: Compil
     assert request.onnx_path is not None
     source = request.onnx_path
     if report.status == "failed" and not report.reason.startswith("precision cost"):
-        diag = getattr(compiler, "intermediates", None)
-        found = diag(art) if callable(diag) else None
-        if art.target.format == "onnx" and art.path.suffix == ".onnx":
-            out["faithful"] = _walk(yardstick, art.path, feeds, t.min_cosine, t.min_snr_db,
-                                    f"source at {label} vs the artifact", fp16, source)
-        elif found is not None:
-            graph, opener = found
-            out["faithful"] = _walk(yardstick, graph, feeds, t.min_cosine, t.min_snr_db,
-                                    f"source at {label} vs the artifact's graph on "
-                                    f"{art.target.runtime}", fp16, source, opener, HTP_CHUNK)
+        try:
+            found = layerdiff.candidate_for(compiler, art, feeds)
+        except Exception as e:  # a diagnostic: its failure is reported, never fatal
+            found, why = None, f"{type(e).__name__}: {str(e)[:300]}"
         else:
-            out["faithful"] = {"basis": "the artifact", "unavailable":
-                               f"the {art.target.format} artifact exposes no intermediate "
-                               "tensors"}
+            why = f"the {art.target.format} artifact exposes no intermediate tensors"
+        if found is not None:
+            cand, where, chunk = found
+            out["faithful"] = _walk(yardstick, cand, feeds, t.min_cosine, t.min_snr_db,
+                                    f"source at {label} vs {where}", fp16, source,
+                                    chunk=chunk)
+        else:
+            out["faithful"] = {"basis": "the artifact", "unavailable": why}
     seed = numeric.SEED_THRESHOLDS.get(art.precision)
     if seed is not None and report.precision_cost.get("status") == "exceeds_seed":
         out["precision"] = _walk(source, yardstick, feeds, seed.min_cosine,
@@ -116,14 +113,13 @@ def _localize(report: numeric.NumericGateReport, compiler: Compiler, art: Compil
     return out
 
 
-def _walk(reference: Path, candidate: Path, feeds: dict[str, Any], min_cosine: float,
-          min_snr_db: float, basis: str, fp16: bool, names_from: Path,
-          opener: layers.Opener = layers.cpu_session, chunk: int = layers.CHUNK
-          ) -> dict[str, Any]:
+def _walk(reference: Path, candidate: Path | layers.Candidate, feeds: dict[str, Any],
+          min_cosine: float, min_snr_db: float, basis: str, fp16: bool, names_from: Path,
+          chunk: int = layers.CHUNK) -> dict[str, Any]:
     try:
         loc = layers.first_divergence(reference, candidate, feeds, min_cosine, min_snr_db,
                                       basis, clip=emulate.FP16_MAX if fp16 else None,
-                                      opener=opener, chunk=chunk, names_from=names_from)
+                                      chunk=chunk, names_from=names_from)
     except Exception as e:  # a diagnostic: its failure is reported, never fatal
         return {"basis": basis, "unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
     return {**loc.to_dict(), "summary": loc.sentence()}

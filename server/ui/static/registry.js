@@ -3,6 +3,7 @@
 
 import { api } from "./api.js";
 import { badge, bytes, h, replace, seg, table, when } from "./dom.js";
+import { layerHeatmap } from "./layers.js";
 
 export function modelsPage(root) {
   const list = h("div");
@@ -67,13 +68,17 @@ function patchesLine(p) {
 export function versionPage(root, { name, version }) {
   const head = h("div");
   const builds = h("div");
+  const heat = layerHeatmap(name, version);
+  let heatLoaded = false;
   replace(root, h("p", { class: "crumbs" }, h("a", { href: "#/models" }, "Models"), " / ",
     h("a", { href: `#/models/${seg(name)}` }, name), " / ", version), head,
+  h("h2", null, "Per-layer diff against the FP32 source"), heat.box,
   h("h2", null, "Builds and gate reports"), builds);
   return {
     async refresh() {
       const base = `/v1/models/${seg(name)}/versions/${seg(version)}`;
       const [v, list] = await Promise.all([api(base), api(`${base}/builds?logs=false`)]);
+      if (!heatLoaded) { heatLoaded = true; await heat.load(); } // paged by hand, not polled
       replace(head, h("h1", null, `${name} ${v.version} `, badge(v.state)),
         h("p", { class: "muted" }, `${v.source_format} · ${bytes(v.length)} · sha256 `,
           h("code", null, v.sha256.slice(0, 16)), "… · uploaded ", when(v.created_at),
