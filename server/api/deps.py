@@ -159,16 +159,33 @@ def _header(credentials: HTTPAuthorizationCredentials | None, request: Request) 
 # (server/api/guard.py) reads this to authenticate before a request body is read.
 TOKEN_SCOPES: dict[Callable[..., Principal], str | None] = {}
 
+# Where a request's principal is kept once its token was looked up: by the request guard for
+# a write (before the body is read), else by the first token dependency. Every later check
+# reads it from here, so a request is authenticated once (one token lookup).
+PRINCIPAL_KEY = "modelfleet.principal"
+
+
+def principal_of(request: Request, session: Session, credentials: HTTPAuthorizationCredentials
+                 | None, settings: Settings) -> Principal:
+    """The request's principal: the one the guard authenticated, else the token looked up now
+    (its last_used_at committed)."""
+    principal = request.scope.get(PRINCIPAL_KEY)
+    if isinstance(principal, Principal):
+        return principal
+    principal = auth.authenticate(session, _header(credentials, request),
+                                  pepper=settings.token_pepper)
+    session.commit()  # persists last_used_at
+    request.scope[PRINCIPAL_KEY] = principal
+    return principal
+
 
 def require_scope(scope: str) -> Callable[..., Principal]:
-    """A dependency that authenticates the bearer token and checks it has `scope`."""
+    """A dependency that hands the route the request's principal, checked for `scope`."""
 
     def dependency(request: Request, session: SessionDep, credentials: CredentialsDep,
                    settings: SettingsDep) -> Principal:
-        principal = auth.authenticate(session, _header(credentials, request),
-                                      pepper=settings.token_pepper)
+        principal = principal_of(request, session, credentials, settings)
         auth.require(principal, scope)
-        session.commit()  # persists last_used_at
         return principal
 
     dependency.__name__ = f"require_{scope}"
@@ -179,10 +196,8 @@ def require_scope(scope: str) -> Callable[..., Principal]:
 def any_token(request: Request, session: SessionDep, credentials: CredentialsDep,
               settings: SettingsDep) -> Principal:
     """Read routes: any valid token except an `enroll`-only one (`auth.require_reader`)."""
-    principal = auth.authenticate(session, _header(credentials, request),
-                                  pepper=settings.token_pepper)
+    principal = principal_of(request, session, credentials, settings)
     auth.require_reader(principal)
-    session.commit()
     return principal
 
 

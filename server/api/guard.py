@@ -13,7 +13,9 @@ POST/PUT/PATCH/DELETE the guard, in this order and before a byte of the body is 
    device SDK, the dashboard, browsers' form uploads) sends a Content-Length;
 1. finds the route and, when the route needs a token, authenticates the `Authorization`
    header and checks the route's scope with the same machinery (`server.auth`) — a failure is
-   a 401/403 sent at once, with `Connection: close`, so the body is never read;
+   a 401/403 sent at once, with `Connection: close`, so the body is never read; the
+   principal is handed to the route's token dependency in the ASGI scope, so the token is
+   looked up once per request;
 2. multipart uploads (routes with `File`/`Form` fields): takes one of
    `max_concurrent_uploads` slots (503 + `Retry-After` when none is free) and streams the body
    into the route under the whole-upload cap (413 once the cap is passed);
@@ -42,7 +44,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server import auth
-from server.api.deps import TOKEN_SCOPES
+from server.api.deps import PRINCIPAL_KEY, TOKEN_SCOPES
 from server.api.errors import ErrorBody
 from server.api.limits import FIX as UPLOAD_FIX
 from server.api.limits import BodyTooLargeError
@@ -214,17 +216,21 @@ class RequestGuard:
         return None
 
     def _authorize(self, scope: Scope, rule: RouteRule) -> tuple[int, bytes] | None:
-        """(status, body) of the refusal, or None when the token may call the route."""
+        """(status, body) of the refusal, or None when the token may call the route; then the
+        principal is in the scope (`deps.PRINCIPAL_KEY`) for the route's token dependency,
+        which takes it instead of looking the token up again."""
         factory = scope["app"].state.session_factory
         try:
-            with factory() as session:  # last_used_at is committed by the route's dependency
+            with factory() as session:
                 principal = auth.authenticate(session, header(scope, b"authorization"),
                                               pepper=self.pepper)
                 if rule.scope is not None:
                     auth.require(principal, rule.scope)
+                session.commit()  # persists last_used_at
         except ServiceError as e:
             return e.status_code, error_payload(e.status_code, e.code, e.message, field=e.field,
                                          fix=e.fix)
+        scope[PRINCIPAL_KEY] = principal
         return None
 
     # ------------------------------------------------------------------ bodies
