@@ -32,7 +32,6 @@ request against those routers' routes (their paths carry the router prefixes).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server import auth
 from server.api.deps import PRINCIPAL_KEY, TOKEN_SCOPES
-from server.api.errors import ErrorBody
+from server.api.errors import error_body
 from server.api.limits import FIX as UPLOAD_FIX
 from server.api.limits import BodyTooLargeError
 from server.errors import ServiceError
@@ -128,12 +127,6 @@ def upload_cap(settings: Settings) -> int:
             + settings.max_metadata_bytes + MULTIPART_OVERHEAD_BYTES)
 
 
-def error_payload(status: int, code: str, detail: str, *, field: str | None = None,
-           fix: str | None = None) -> bytes:
-    body = ErrorBody(detail=detail, code=code, field=field, fix=fix)
-    return json.dumps(body.model_dump()).encode()
-
-
 async def _respond(send: Send, status: int, payload: bytes,
                    extra: list[tuple[bytes, bytes]] | None = None) -> None:
     """An error sent before the body was read: `Connection: close` stops the server from
@@ -185,9 +178,9 @@ class RequestGuard:
         if rule is not None:
             scope["route"] = rule.route  # the request's route label, refused or not
         if header(scope, b"transfer-encoding") is not None:
-            await _respond(send, 411, error_payload(
-                411, "length_required", "a chunked request body is refused: send the body "
-                "with a Content-Length", fix="send Content-Length (a chunked body may carry "
+            await _respond(send, 411, error_body(
+                "length_required", "a chunked request body is refused: send the body with a "
+                "Content-Length", fix="send Content-Length (a chunked body may carry "
                 "trailer fields, which are never read as request headers here)"))
             return
         if rule is not None and rule.token:
@@ -228,8 +221,7 @@ class RequestGuard:
                     auth.require(principal, rule.scope)
                 session.commit()  # persists last_used_at
         except ServiceError as e:
-            return e.status_code, error_payload(e.status_code, e.code, e.message, field=e.field,
-                                         fix=e.fix)
+            return e.status_code, error_body(e.code, e.message, field=e.field, fix=e.fix)
         scope[PRINCIPAL_KEY] = principal
         return None
 
@@ -246,8 +238,8 @@ class RequestGuard:
             await self._too_large(send, self.upload_cap, fix=UPLOAD_FIX)
             return
         if self.uploads_in_flight >= self.max_uploads:
-            await _respond(send, 503, error_payload(
-                503, "too_many_uploads",
+            await _respond(send, 503, error_body(
+                "too_many_uploads",
                 f"{self.max_uploads} uploads are already in progress on this server",
                 fix=f"retry in {UPLOAD_RETRY_AFTER_SECONDS} s (MODELFLEET_MAX_CONCURRENT_UPLOADS "
                 "raises the limit)"),
@@ -293,14 +285,14 @@ class RequestGuard:
 
 def too_large_payload(cap: int, *, fix: str = "send a smaller request body") -> bytes:
     """The 413 body for a request body over `cap`."""
-    return error_payload(413, "payload_too_large",
-                         f"request body is larger than the limit of {cap} bytes", fix=fix)
+    return error_body("payload_too_large",
+                      f"request body is larger than the limit of {cap} bytes", fix=fix)
 
 
 def too_deep_payload() -> bytes:
     """The 422 body for JSON nested deeper than allowed."""
-    return error_payload(422, "invalid_request", f"request body: {depth_error()}",
-                         field="body", fix="send the documented request schema (see /docs)")
+    return error_body("invalid_request", f"request body: {depth_error()}", field="body",
+                      fix="send the documented request schema (see /docs)")
 
 
 async def too_large(send: Send, cap: int, *, fix: str = "send a smaller request body") -> None:
