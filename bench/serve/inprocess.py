@@ -3,7 +3,8 @@ directly with a poll's scope, `time.process_time` per poll, so wrk and the serve
 do not count and a loaded machine disturbs the figure less than a wall-clock rate.
 
 Compares, in one run, the app `modelfleet serve` runs (bench/serve/app.py) with a bare
-FastAPI app holding one route that answers the same bytes with the same headers, and
+FastAPI app and a bare Starlette app, each holding one route that answers the same bytes
+with the same headers (the floor of the framework and of the toolkit under it), and
 `--profile` writes a pyinstrument (or cProfile) report of the app's polls.
 
     python bench/serve/inprocess.py [--polls 5000] [--profile out.html]
@@ -73,6 +74,21 @@ async def cpu_per_poll(apps: dict[str, ASGIApp], etag: str | None, polls: int,
     return {name: statistics.median(r) for name, r in runs.items()}
 
 
+def bare_starlette(body: bytes, etag: str, cache_control: str) -> ASGIApp:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def manifest(request: Request) -> Response:
+        headers = {"ETag": etag, "Cache-Control": cache_control}
+        if request.headers.get("if-none-match") == etag:
+            return Response(status_code=304, headers=headers)
+        return Response(body, media_type="application/json", headers=headers)
+
+    return Starlette(routes=[Route("/v1/channels/{channel}/manifest", manifest)])
+
+
 def bare_fastapi(body: bytes, etag: str, cache_control: str) -> ASGIApp:
     from fastapi import FastAPI, Request, Response
 
@@ -99,8 +115,9 @@ async def measure(args: argparse.Namespace, data: Path) -> dict[str, dict[str, f
         assert status == 200, (status, body)
         etag = headers[b"etag"].decode()
         assert (await poll(app, etag))[0] == 304
-        bare = bare_fastapi(body, etag, headers[b"cache-control"].decode())
-        apps = {"bare FastAPI route": bare, "our app": app}
+        same = (body, etag, headers[b"cache-control"].decode())
+        apps = {"bare Starlette route": bare_starlette(*same),
+                "bare FastAPI route": bare_fastapi(*same), "our app": app}
         by_status = {"200": await cpu_per_poll(apps, None, args.polls),
                      "304": await cpu_per_poll(apps, etag, args.polls)}
         results = {name: {status: r[name] for status, r in by_status.items()}
