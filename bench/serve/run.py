@@ -134,8 +134,12 @@ def api_command(workers: int, port: int) -> tuple[list[str], str]:
     if granian.exists():
         return ([str(granian), "--interface", "asgi", "--factory", "--host", "127.0.0.1",
                  "--port", str(port), "--workers", str(workers), "--http", "1", "--no-ws",
-                 "--loop", "uvloop", "--log-level", "warning", "bench.serve.app:make_app"],
-                f"granian --interface asgi --workers {workers} --http 1 --loop uvloop")
+                 # as `modelfleet serve` (server/http_server.py): one single-threaded
+                 # runtime per worker, no hand-over between threads per request
+                 "--runtime-mode", "st", "--loop", "uvloop", "--log-level", "warning",
+                 "bench.serve.app:make_app"],
+                f"granian --interface asgi --workers {workers} --http 1 --runtime-mode st "
+                "--loop uvloop")
     return ([sys.executable, "-m", "uvicorn", "bench.serve.app:make_app", "--factory",
              "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
              "--http", "httptools", "--loop", "uvloop", "--no-access-log",

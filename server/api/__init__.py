@@ -1,6 +1,7 @@
 """HTTP API routers. Each area adds its router module here and appends it to ROUTERS;
-`server.app.create_app` includes them in this order. Device traffic (manifest polls and
-telemetry) comes first: routing tries routes in order, and those are most requests."""
+`server.app.create_app` includes them in this order. Device traffic comes first, polls
+before telemetry: routing tries routers and their routes in order (FastAPI matches into an
+included router twice per request), and polls are most requests."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from server.api import (
 )
 
 ROUTERS: list[APIRouter] = [
-    telemetry.router,
     serving.router,
+    telemetry.router,
     readiness.router,
     metrics.router,
     audit.router,

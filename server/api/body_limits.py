@@ -13,7 +13,9 @@ POST/PUT/PATCH/DELETE the guard, in this order and before a byte of the body is 
    device SDK, the dashboard, browsers' form uploads) sends a Content-Length;
 1. finds the route and, when the route needs a token, authenticates the `Authorization`
    header and checks the route's scope with the same machinery (`server.auth`) — a failure is
-   a 401/403 sent at once, with `Connection: close`, so the body is never read;
+   a 401/403 sent at once, with `Connection: close`, so the body is never read; the
+   principal is handed to the route's token dependency in the ASGI scope, so the token is
+   looked up once per request;
 2. multipart uploads (routes with `File`/`Form` fields): takes one of
    `max_concurrent_uploads` slots (503 + `Retry-After` when none is free) and streams the body
    into the route under the whole-upload cap (413 once the cap is passed);
@@ -30,7 +32,6 @@ request against those routers' routes (their paths carry the router prefixes).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +43,8 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server import auth
-from server.api.deps import TOKEN_SCOPES
-from server.api.errors import ErrorBody
+from server.api.deps import PRINCIPAL_KEY, TOKEN_SCOPES
+from server.api.errors import error_body
 from server.api.limits import FIX as UPLOAD_FIX
 from server.api.limits import BodyTooLargeError
 from server.db.outage import DATABASE_ERRORS, classify
@@ -127,12 +128,6 @@ def upload_cap(settings: Settings) -> int:
             + settings.max_metadata_bytes + MULTIPART_OVERHEAD_BYTES)
 
 
-def error_payload(status: int, code: str, detail: str, *, field: str | None = None,
-           fix: str | None = None) -> bytes:
-    body = ErrorBody(detail=detail, code=code, field=field, fix=fix)
-    return json.dumps(body.model_dump()).encode()
-
-
 async def _respond(send: Send, status: int, payload: bytes,
                    extra: list[tuple[bytes, bytes]] | None = None) -> None:
     """An error sent before the body was read: `Connection: close` stops the server from
@@ -184,9 +179,9 @@ class RequestGuard:
         if rule is not None:
             scope["route"] = rule.route  # the request's route label, refused or not
         if header(scope, b"transfer-encoding") is not None:
-            await _respond(send, 411, error_payload(
-                411, "length_required", "a chunked request body is refused: send the body "
-                "with a Content-Length", fix="send Content-Length (a chunked body may carry "
+            await _respond(send, 411, error_body(
+                "length_required", "a chunked request body is refused: send the body with a "
+                "Content-Length", fix="send Content-Length (a chunked body may carry "
                 "trailer fields, which are never read as request headers here)"))
             return
         if rule is not None and rule.token:
@@ -216,17 +211,20 @@ class RequestGuard:
 
     def _authorize(self, scope: Scope, rule: RouteRule
                    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
-        """(status, body, headers) of the refusal, or None when the token may call the
-        route. A database that is down is a 503 with Retry-After here too (this middleware
-        runs outside the app's error handlers, where it would be a bare 500)."""
+        """(status, body, headers) of the refusal, or None when the token may call the route;
+        then the principal is in the scope (`deps.PRINCIPAL_KEY`) for the route's token
+        dependency, which takes it instead of looking the token up again. A database that is
+        down is a 503 with Retry-After here too (this middleware runs outside the app's error
+        handlers, where it would be a bare 500)."""
         factory = scope["app"].state.session_factory
         try:
             try:
-                with factory() as session:  # last_used_at: committed by the route's dependency
+                with factory() as session:
                     principal = auth.authenticate(session, header(scope, b"authorization"),
                                                   pepper=self.pepper)
                     if rule.scope is not None:
                         auth.require(principal, rule.scope)
+                    session.commit()  # persists last_used_at
             except DATABASE_ERRORS as db_error:
                 outage = classify(db_error)
                 if outage is None:
@@ -235,8 +233,8 @@ class RequestGuard:
         except ServiceError as e:
             extra = [] if e.retry_after is None else [
                 (b"retry-after", str(e.retry_after).encode())]
-            return e.status_code, error_payload(e.status_code, e.code, e.message, field=e.field,
-                                                fix=e.fix), extra
+            return e.status_code, error_body(e.code, e.message, field=e.field, fix=e.fix), extra
+        scope[PRINCIPAL_KEY] = principal
         return None
 
     # ------------------------------------------------------------------ bodies
@@ -252,8 +250,8 @@ class RequestGuard:
             await self._too_large(send, self.upload_cap, fix=UPLOAD_FIX)
             return
         if self.uploads_in_flight >= self.max_uploads:
-            await _respond(send, 503, error_payload(
-                503, "too_many_uploads",
+            await _respond(send, 503, error_body(
+                "too_many_uploads",
                 f"{self.max_uploads} uploads are already in progress on this server",
                 fix=f"retry in {UPLOAD_RETRY_AFTER_SECONDS} s (MODELFLEET_MAX_CONCURRENT_UPLOADS "
                 "raises the limit)"),
@@ -299,14 +297,14 @@ class RequestGuard:
 
 def too_large_payload(cap: int, *, fix: str = "send a smaller request body") -> bytes:
     """The 413 body for a request body over `cap`."""
-    return error_payload(413, "payload_too_large",
-                         f"request body is larger than the limit of {cap} bytes", fix=fix)
+    return error_body("payload_too_large",
+                      f"request body is larger than the limit of {cap} bytes", fix=fix)
 
 
 def too_deep_payload() -> bytes:
     """The 422 body for JSON nested deeper than allowed."""
-    return error_payload(422, "invalid_request", f"request body: {depth_error()}",
-                         field="body", fix="send the documented request schema (see /docs)")
+    return error_body("invalid_request", f"request body: {depth_error()}", field="body",
+                      fix="send the documented request schema (see /docs)")
 
 
 async def too_large(send: Send, cap: int, *, fix: str = "send a smaller request body") -> None:

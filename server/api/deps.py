@@ -63,9 +63,10 @@ async def get_publisher(services: ServicesDep) -> Publisher:
     return services.publisher
 
 
-async def get_manifest_cache(request: Request) -> ManifestCache:
-    # Straight from the request, not through ServicesDep: device routes (polls, telemetry)
-    # are most requests, and each nested dependency costs a resolution per request.
+def manifest_cache(request: Request) -> ManifestCache:
+    """The poll route's cache, read by the route itself rather than injected: polls are most
+    requests, and FastAPI resolves each dependency per request (its query, header and cookie
+    parameters, its cache key) — about a third of a poll's CPU time (bench/serve/inprocess.py)."""
     services: Services = request.app.state.services
     return services.manifest_cache
 
@@ -76,7 +77,9 @@ async def get_session_factory(services: ServicesDep) -> sessionmaker[Session]:
 
 
 async def get_fleet(request: Request) -> Fleet:
-    services: Services = request.app.state.services  # as get_manifest_cache
+    # Straight from the request, not through ServicesDep: each nested dependency costs a
+    # resolution per request.
+    services: Services = request.app.state.services
     return services.fleet
 
 
@@ -88,7 +91,6 @@ ShortSessionDep = Annotated[Session, Depends(get_session, scope="function")]
 BlobStoreDep = Annotated[BlobStore, Depends(get_blob_store)]
 JobQueueDep = Annotated[JobQueue, Depends(get_job_queue)]
 PublisherDep = Annotated[Publisher, Depends(get_publisher)]
-ManifestCacheDep = Annotated[ManifestCache, Depends(get_manifest_cache)]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 FleetDep = Annotated[Fleet, Depends(get_fleet)]
 CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
@@ -151,16 +153,33 @@ def _header(credentials: HTTPAuthorizationCredentials | None, request: Request) 
 # (server/api/body_limits.py) reads this to authenticate before a request body is read.
 TOKEN_SCOPES: dict[Callable[..., Principal], str | None] = {}
 
+# Where a request's principal is kept once its token was looked up: by the request guard for
+# a write (before the body is read), else by the first token dependency. Every later check
+# reads it from here, so a request is authenticated once (one token lookup).
+PRINCIPAL_KEY = "modelfleet.principal"
+
+
+def principal_of(request: Request, session: Session, credentials: HTTPAuthorizationCredentials
+                 | None, settings: Settings) -> Principal:
+    """The request's principal: the one the guard authenticated, else the token looked up now
+    (its last_used_at committed)."""
+    principal = request.scope.get(PRINCIPAL_KEY)
+    if isinstance(principal, Principal):
+        return principal
+    principal = auth.authenticate(session, _header(credentials, request),
+                                  pepper=settings.token_pepper)
+    session.commit()  # persists last_used_at
+    request.scope[PRINCIPAL_KEY] = principal
+    return principal
+
 
 def require_scope(scope: str) -> Callable[..., Principal]:
-    """A dependency that authenticates the bearer token and checks it has `scope`."""
+    """A dependency that hands the route the request's principal, checked for `scope`."""
 
     def dependency(request: Request, session: SessionDep, credentials: CredentialsDep,
                    settings: SettingsDep) -> Principal:
-        principal = auth.authenticate(session, _header(credentials, request),
-                                      pepper=settings.token_pepper)
+        principal = principal_of(request, session, credentials, settings)
         auth.require(principal, scope)
-        session.commit()  # persists last_used_at
         return principal
 
     dependency.__name__ = f"require_{scope}"
@@ -171,10 +190,8 @@ def require_scope(scope: str) -> Callable[..., Principal]:
 def any_token(request: Request, session: SessionDep, credentials: CredentialsDep,
               settings: SettingsDep) -> Principal:
     """Read routes: any valid token except an `enroll`-only one (`auth.require_reader`)."""
-    principal = auth.authenticate(session, _header(credentials, request),
-                                  pepper=settings.token_pepper)
+    principal = principal_of(request, session, credentials, settings)
     auth.require_reader(principal)
-    session.commit()
     return principal
 
 

@@ -1,19 +1,25 @@
-"""The one table mapping service and storage errors to HTTP responses, and the error body
-schema the OpenAPI spec documents for them.
+"""The one table mapping service and storage errors to HTTP responses, the error body schema
+the OpenAPI spec documents for them, and the one renderer of every error body the API sends
+(`error_body`): exception handlers here (HTTP errors, request validation, service, storage
+and state errors, rate limits with Retry-After, and any unexpected exception as a 500) and
+the request guard's refusals before a body is read (server/api/guard.py: 401/403, 411, 413,
+422, 503) all go through it.
 
 Body: {"detail": what went wrong, "code": machine-readable kind, "field": the offending
-input (when one), "fix": how to fix it (when known)}.
+input (or null), "fix": how to fix it (or null), "errors": the list of problems a
+request-shape validation found (or null)}.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -75,11 +81,20 @@ _BLOB_STATUS: list[tuple[type[BlobStoreError], int, str, str | None]] = [
 ]
 
 
-def error_response(status: int, code: str, detail: str, field: str | None = None,
-                   fix: str | None = None,
-                   errors: list[dict[str, Any]] | None = None) -> JSONResponse:
+def error_body(code: str, detail: str, *, field: str | None = None, fix: str | None = None,
+               errors: list[dict[str, Any]] | None = None) -> bytes:
+    """The JSON bytes of an error body (see the module docstring): every error the API
+    answers is rendered here, so all have one shape."""
     body = ErrorBody(detail=detail, code=code, field=field, fix=fix, errors=errors)
-    return JSONResponse(status_code=status, content=jsonable_encoder(body.model_dump()))
+    return json.dumps(jsonable_encoder(body.model_dump()), ensure_ascii=False,
+                      separators=(",", ":")).encode()
+
+
+def error_response(status: int, code: str, detail: str, field: str | None = None,
+                   fix: str | None = None, errors: list[dict[str, Any]] | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    return Response(error_body(code, detail, field=field, fix=fix, errors=errors),
+                    status_code=status, media_type="application/json", headers=headers)
 
 
 def _field_path(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -91,7 +106,7 @@ def _field_path(loc: tuple[Any, ...] | list[Any]) -> str:
     return out or "body"
 
 
-async def _request_validation(_request: Request, exc: Exception) -> JSONResponse:
+async def _request_validation(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     errors = [
         {"field": _field_path(e.get("loc", ())), "message": e.get("msg", ""),
@@ -105,17 +120,15 @@ async def _request_validation(_request: Request, exc: Exception) -> JSONResponse
     )
 
 
-async def _http_exception(_request: Request, exc: Exception) -> JSONResponse:
+async def _http_exception(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 400:
         # FastAPI's "error parsing the body" (undecodable JSON / multipart): it is a malformed
         # request like any other validation failure, so answer it the same way.
         return error_response(422, "invalid_request", f"request body: {exc.detail}",
                               field="body", fix="send well-formed JSON (UTF-8) or multipart")
-    response = error_response(exc.status_code, f"http_{exc.status_code}", str(exc.detail))
-    for name, value in (exc.headers or {}).items():
-        response.headers[name] = value
-    return response
+    return error_response(exc.status_code, f"http_{exc.status_code}", str(exc.detail),
+                          headers=dict(exc.headers or {}))
 
 
 def use_error_body_for_validation_errors(app: FastAPI) -> None:
@@ -138,16 +151,14 @@ def use_error_body_for_validation_errors(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-async def _service_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _service_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServiceError)
-    response = error_response(exc.status_code, exc.code, exc.message, exc.field, exc.fix,
-                              exc.errors)
-    if exc.retry_after is not None:
-        response.headers["Retry-After"] = str(exc.retry_after)
-    return response
+    headers = None if exc.retry_after is None else {"Retry-After": str(exc.retry_after)}
+    return error_response(exc.status_code, exc.code, exc.message, exc.field, exc.fix,
+                          exc.errors, headers=headers)
 
 
-async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+async def _database_error(request: Request, exc: Exception) -> Response:
     """A database that is down or full is the client's 503/507 with the reason; any other
     database error is a bug and stays a 500."""
     translated = classify(exc)
@@ -157,23 +168,30 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     return await _service_error(request, translated)
 
 
-async def _transition_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _internal_error(_request: Request, _exc: Exception) -> Response:
+    # Starlette's ServerErrorMiddleware answers with this, then re-raises the exception for
+    # the server to log with its traceback; the client learns nothing of the internals.
+    return error_response(500, "internal_error", "the server failed to answer this request",
+                          fix="retry later; if it persists, report it with the X-Request-Id "
+                          "of the response")
+
+
+async def _transition_error(_request: Request, exc: Exception) -> Response:
     return error_response(409, "invalid_state", str(exc))
 
 
-async def _blob_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _blob_error(_request: Request, exc: Exception) -> Response:
     for cls, status, code, fix in _BLOB_STATUS:
         if isinstance(exc, cls):
             if status < 500:
                 return error_response(status, code, str(exc), fix=fix)
             log.error("storage failure: %s", exc)
-            response = error_response(status, code, str(exc), fix=fix)
-            response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
-            return response
+            return error_response(status, code, str(exc), fix=fix,
+                                  headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     raise exc  # unreachable: BlobStoreError is the last row
 
 
-async def _body_too_large(_request: Request, exc: Exception) -> JSONResponse:
+async def _body_too_large(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, BodyTooLargeError)
     return error_response(413, "payload_too_large", str(exc.detail), fix=BODY_FIX)
 
@@ -188,3 +206,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(BlobStoreError, _blob_error)
     for database_error in DATABASE_ERRORS:
         app.add_exception_handler(database_error, _database_error)
+    app.add_exception_handler(Exception, _internal_error)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 from urllib.parse import quote
 
 from starlette.requests import ClientDisconnect
@@ -52,6 +53,8 @@ class RequestObserver:
     def __init__(self, app: ASGIApp, *, log_device_requests: bool = False) -> None:
         self.app = app
         self.log_device_requests = log_device_requests
+        # The counter per label set, looked up once: `labels()` takes a lock per call.
+        self._counters: dict[tuple[str, str, int], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -98,7 +101,11 @@ class RequestObserver:
     def _record(self, scope: Scope, status: int, duration_ms: float) -> None:
         method = scope["method"] if scope["method"] in METHODS else "other"
         route = getattr(scope.get("route"), "path", None) or UNMATCHED_ROUTE
-        HTTP_REQUESTS.labels(method, route, str(status)).inc()
+        key = (method, route, status)
+        counter = self._counters.get(key)
+        if counter is None:  # a few dozen label sets: routes × methods × statuses
+            counter = self._counters[key] = HTTP_REQUESTS.labels(method, route, str(status))
+        counter.inc()
         if not access_log.isEnabledFor(logging.INFO) or (
                 status < 400 and route in DEVICE_ROUTES and not self.log_device_requests):
             return

@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import RedirectResponse, StreamingResponse
 
-from server.api.deps import BlobStoreDep, ManifestCacheDep, SessionDep, ShortSessionDep
+from server.api.deps import BlobStoreDep, SessionDep, ShortSessionDep, manifest_cache
 from server.api.errors import NOT_FOUND
 from server.publish.errors import ChannelNotFoundError
 from server.publish.httpcache import RangeNotSatisfiable, etag_for, if_none_match, parse_range
@@ -37,10 +37,11 @@ router = APIRouter(prefix="/v1", tags=["serving"])
                      "description": "The channel's DSSE envelope, exactly as signed"},
                304: {"description": "If-None-Match matched the current ETag"}, **NOT_FOUND},
 )
-async def get_manifest(channel: str, request: Request, cache: ManifestCacheDep) -> Response:
+async def get_manifest(channel: str, request: Request) -> Response:
     """The channel's current signed manifest (a DSSE envelope). Poll with If-None-Match."""
     if not CHANNEL_NAME.fullmatch(channel):
         raise ChannelNotFoundError(f"channel {channel[:80]!r} does not exist")
+    cache = manifest_cache(request)
     entry = cache.lookup(channel)
     if entry is None:
         entry = await cache.load(channel)

@@ -35,11 +35,10 @@ from server.api.errors import (
     INVALID,
     NOT_FOUND,
     ErrorBody,
-    error_response,
 )
-from server.errors import RateLimitedError
+from server.errors import NotFoundError, PayloadTooLargeError
 from server.services.fleet import attestation, identity
-from server.services.fleet.enrolment import EnrolmentRateError, Grant
+from server.services.fleet.enrolment import Grant
 
 router = APIRouter(prefix="/v1", tags=["fleet"])
 
@@ -97,7 +96,7 @@ ENROL_ERRORS: dict[int | str, dict[str, Any]] = {
 @router.post("/devices/enroll", status_code=201, response_model=EnrollOut,
              responses=ENROL_ERRORS)
 def enroll_device(body: EnrollIn, response: Response, principal: EnrollPrincipal,
-                  services: ServicesDep) -> Response | EnrollOut:
+                  services: ServicesDep) -> EnrollOut:
     """Register the device's key (201). The same id and key again: 200; another key for an
     enrolled id: 409 `device_key_mismatch`; over the token's quota: 403
     `enrolment_quota_exhausted`; an id a rollout pins: 403 `device_id_pinned` (an operator
@@ -108,7 +107,7 @@ def enroll_device(body: EnrollIn, response: Response, principal: EnrollPrincipal
 @router.post("/devices/register", status_code=201, response_model=EnrollOut,
              responses=ENROL_ERRORS)
 def register_device(body: EnrollIn, response: Response, principal: RolloutPrincipal,
-                    services: ServicesDep) -> Response | EnrollOut:
+                    services: ServicesDep) -> EnrollOut:
     """An operator registers a device's key ahead of it (201; the same again: 200): no
     quota, and the way to enrol an id a rollout pins. The device's own enrolment with the
     same key is then a no-op."""
@@ -116,14 +115,12 @@ def register_device(body: EnrollIn, response: Response, principal: RolloutPrinci
 
 
 def _enrol(body: EnrollIn, response: Response, principal: Any,
-           services: ServicesDep) -> Response | EnrollOut:
-    try:
-        done = identity.enroll(services.session_factory, body.device_id, body.public_key,
-                               body.profile.model_dump(), actor=principal.actor,
-                               grant=Grant.of(principal), attestor=services.fleet.attestor,
-                               evidence=body.attestation, box_public_key=body.box_public_key)
-    except EnrolmentRateError as e:
-        return _error(429, e.code, e.message, e.fix, {"Retry-After": str(e.retry_after)})
+           services: ServicesDep) -> EnrollOut:
+    # An EnrolmentRateError is answered by the error handler: 429 with Retry-After.
+    done = identity.enroll(services.session_factory, body.device_id, body.public_key,
+                           body.profile.model_dump(), actor=principal.actor,
+                           grant=Grant.of(principal), attestor=services.fleet.attestor,
+                           evidence=body.attestation, box_public_key=body.box_public_key)
     if not done.created:
         response.status_code = 200
     return EnrollOut(device_id=done.device_id, keyid=done.keyid, enrolled_at=done.enrolled_at)
@@ -161,13 +158,6 @@ def set_channel_attestation(channel: Annotated[str, Path(max_length=64)], body: 
     return AttestationOut(channel=channel, required=required)
 
 
-def _error(status: int, code: str, detail: str, fix: str | None,
-           headers: dict[str, str] | None = None) -> Response:
-    response = error_response(status, code, detail, fix=fix)
-    response.headers.update(headers or {})
-    return response
-
-
 TELEMETRY_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Unknown or revoked device, bad signature, or a "
           "stale batch (code device_unknown | device_revoked | device_signature_invalid | "
@@ -186,11 +176,9 @@ async def post_telemetry(request: Request, service: FleetDep) -> Response:
     stored are skipped and counted as `duplicates`."""
     body = await request.body()  # already read (and capped) by the request guard
     headers = request.headers
-    try:
-        result = await service.receive(headers.get("x-device-id"),
-                                       headers.get("x-device-signature"), body)
-    except RateLimitedError as e:
-        return _error(429, e.code, e.message, e.fix, {"Retry-After": str(e.retry_after)})
+    # A RateLimitedError is answered by the error handler: 429 with Retry-After.
+    result = await service.receive(headers.get("x-device-id"),
+                                   headers.get("x-device-signature"), body)
     # Two integers: no JSON encoder, no response-model validation.
     return Response(b'{"accepted":%d,"duplicates":%d}' % (result.accepted, result.duplicates),
                     media_type="application/json")
@@ -216,10 +204,10 @@ async def post_content_key(request: Request, service: FleetDep) -> Response:
     unrevoked devices the release's rule offers it to get it."""
     grants = service.key_grants
     if grants is None:
-        return _error(404, "not_found", "this server protects no releases", None)
+        raise NotFoundError("this server protects no releases")
     body = await request.body()
     if len(body) > 4096:
-        return _error(413, "payload_too_large", "a key request is at most 4096 bytes", None)
+        raise PayloadTooLargeError("a key request is at most 4096 bytes")
     got = await run_in_threadpool(grants.grant, request.headers.get("x-device-id"),
                                   request.headers.get("x-device-signature"), body)
     return JSONResponse({"model": got.model, "version": got.version,

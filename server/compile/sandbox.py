@@ -369,8 +369,8 @@ def _hub_config(spec: BuildSpec) -> list[tuple[str, str]]:
 class SandboxedPipeline:
     """`Pipeline.build` run in a bubblewrap sandbox; returns only validated outcomes."""
 
-    def __init__(self, policy: SandboxPolicy | None = None, log: Log | None = None) -> None:
-        self.policy = policy or SandboxPolicy()
+    def __init__(self, policy: SandboxPolicy, log: Log | None = None) -> None:
+        self.policy = policy  # the wiring's (server/wiring.py `sandboxed_builds`)
         self._log = log or (lambda _msg: None)
 
     def build(self, spec: BuildSpec, workdir: Path) -> list[BuildOutcome]:

@@ -38,8 +38,7 @@ from manifests import sealed
 from server.blobstore.interface import BlobBackendError, BlobStore
 from server.compile.errors import CompileError, TransientCompileError
 from server.compile.pipeline import BuildOutcome, BuildSpec
-from server.compile.sandbox import Builder, SandboxPolicy
-from server.compile.sandbox import pipeline_factory as sandboxed
+from server.compile.sandbox import Builder
 from server.compile.settings_map import pipeline_settings
 from server.compile.types import InputSpec, SourceFormat
 from server.db import versions
@@ -89,8 +88,9 @@ class _JobLog:
 
 class BuildRunner:
     def __init__(self, session_factory: sessionmaker[Session], store: BlobStore, *,
-                 worker_id: str, work_root: Path | None = None,
-                 pipeline_factory: Callable[[Callable[[str], None]], Builder] | None = None,
+                 worker_id: str,
+                 pipeline_factory: Callable[[Callable[[str], None]], Builder],
+                 work_root: Path | None = None,
                  retry: RetryPolicy | None = None, heartbeat_s: float = 5.0,
                  stale_after_s: float = 120.0, max_build_s: float = 3600.0,
                  patch_policy: DeltaPolicy | None = None,
@@ -102,8 +102,9 @@ class BuildRunner:
         self._store = store
         self.worker_id = worker_id
         self._work_root = work_root
-        # Uploaded models are untrusted: by default every build runs in the compile sandbox.
-        self._pipeline_factory = pipeline_factory or sandboxed(SandboxPolicy())
+        # No default: the wiring chooses (server/wiring.py `sandboxed_builds`, the sandbox
+        # with the deployment's limits), so no runner builds a sandbox of its own.
+        self._pipeline_factory = pipeline_factory
         # A compile still running after `max_build_s` is presumed hung: its heartbeat stops so
         # another worker can take the build over (this one's late result is then discarded).
         self.lease: Lease[Build, BuildState] = Lease(

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import re
-import uuid
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
@@ -51,7 +51,10 @@ def request_id_from(header: bytes | str | None) -> str:
         value = header.decode("latin-1") if isinstance(header, bytes) else header
         if _SANE_REQUEST_ID.fullmatch(value):
             return value
-    return uuid.uuid4().hex
+    # 128 bits from the process's PRNG: an id to find log lines by, not a secret, so no
+    # os.urandom (uuid4) per request — a syscall that drops the GIL on every poll.
+    # (The module's generator is re-seeded in every forked worker.)
+    return f"{random.getrandbits(128):032x}"
 
 
 def redact(text: str) -> str:

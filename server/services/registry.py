@@ -176,7 +176,8 @@ def _metadata(raw: str, model_file: UploadedFile | None, limits: Limits) -> Vers
         digest_file(model_file.file, field=model_file.field, max_bytes=limits.max_model_bytes)
         if detect_model_format(model_file.file) != "onnx":
             raise
-        raise undeclared_inputs_error(onnx_graph_inputs(model_file.file), e) from None
+        raise undeclared_inputs_error(onnx_graph_inputs(read_onnx(model_file.file)),
+                                      e) from None
 
 
 def _fingerprint(metadata: dict[str, Any], digests: dict[str, str]) -> dict[str, Any]:
@@ -218,8 +219,10 @@ def upload_version(
         if f.field == UploadKind.model.value:
             formats[f.field] = detect_model_format(f.file)
             if formats[f.field] == "onnx":
-                check_onnx_self_contained(read_onnx(f.file))  # the parsed copy is dropped
-                graph = onnx_graph_inputs(f.file)
+                parsed = read_onnx(f.file)
+                check_onnx_self_contained(parsed)
+                graph = onnx_graph_inputs(parsed)
+                del parsed  # the size of the file: not kept while the upload is stored
                 check_input_names(meta.inputs, graph)
                 check_declared_inputs(meta.inputs, graph)
         else:

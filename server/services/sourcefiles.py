@@ -1,29 +1,25 @@
 """Recognising uploaded files by their content, not their name: ONNX, torch ExportedProgram
 (.pt2), TorchScript, and NumPy .npz archives. Formats are told from headers and zip
-directories; the ONNX external-data check parses the model with protobuf (`read_onnx`), the
-graph inputs are read field by field without loading the weights.
+directories. An ONNX model is parsed once, by protobuf (`read_onnx`), never by hand; the
+external-data check and the graph inputs read that parse.
 """
 
 from __future__ import annotations
 
 import hashlib
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
 import onnx
 from google.protobuf.message import DecodeError
 
-from server.compile.protoframe import is_onnx, read_varint
+from server.compile.protoframe import is_onnx
 from server.errors import PayloadTooLargeError, UnsupportedFileError
 
 CHUNK = 1024 * 1024
 MODEL_FORMATS = ("onnx", "pt2", "torchscript")
 MAX_ONNX_BYTES = 2**31 - 1
-
-# ModelProto fields (onnx.proto3): number -> wire type (0 varint, 2 length-delimited).
-_ONNX_GRAPH_FIELD = 7
 
 
 @dataclass(frozen=True)
@@ -158,40 +154,9 @@ def _external_tensor(model: onnx.ModelProto) -> str:
     return ""
 
 
-def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, int, int, int]]:
-    """(field number, wire type, value or payload offset, payload size) for each protobuf
-    field from the current position to `end`; payloads are skipped, not read."""
-    while f.tell() < end:
-        tag = read_varint(f)
-        if tag is None:
-            return
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value = read_varint(f)
-            if value is None:
-                return
-            yield number, wire, value, 0
-        elif wire == 2:
-            size = read_varint(f)
-            if size is None or f.tell() + size > end:
-                return
-            offset = f.tell()
-            yield number, wire, offset, size
-            f.seek(offset + size)
-        elif wire in (1, 5):
-            f.seek(8 if wire == 1 else 4, 1)
-        else:
-            return
-
-
-_GRAPH_INITIALIZER = 5
-
-
-_GRAPH_INPUT = 11
-_TENSOR_NAME = 8
 MAX_NAME_BYTES = 4096
 # One graph input's ValueInfoProto (name, type, shape, doc string): real ones are a few
-# hundred bytes; anything larger is refused before it reaches the protobuf parser.
+# hundred bytes; a larger one is refused before its fields are read.
 MAX_VALUE_INFO_BYTES = 64 * 1024
 MAX_INPUT_DIMS = 64
 # Old exporters list every weight as a graph input too: allow many, but not unbounded.
@@ -225,43 +190,17 @@ class GraphInput:
                 "dynamic_dims": self.dynamic}
 
 
-def onnx_input_names(f: BinaryIO) -> list[str]:
-    """The model's real inputs: graph inputs that are not initializers (older exporters list
-    weights as inputs too). Streams like `check_onnx_self_contained`."""
-    return [i.name for i in onnx_graph_inputs(f)]
-
-
-def onnx_graph_inputs(f: BinaryIO) -> list[GraphInput]:
-    """The graph's real inputs (initializers left out) in order, each with dtype and dims.
-
-    Streams the graph's fields like `check_onnx_self_contained`, seeking over weights; each
-    input's ValueInfoProto, bounded by MAX_VALUE_INFO_BYTES, is parsed by the onnx protobuf
-    library, so a hostile file costs at most that much memory per input."""
-    end = f.seek(0, 2)
-    f.seek(0)
-    inputs: list[GraphInput] = []
-    initializers: set[str] = set()
-    try:
-        for number, wire, offset, size in _fields(f, end):
-            if number != _ONNX_GRAPH_FIELD or wire != 2:
-                continue
-            f.seek(offset)
-            for g_number, g_wire, g_offset, g_size in _fields(f, offset + size):
-                if g_wire != 2 or g_number not in (_GRAPH_INPUT, _GRAPH_INITIALIZER):
-                    continue
-                f.seek(g_offset)
-                if g_number == _GRAPH_INITIALIZER:
-                    name = _first_string(f, g_offset + g_size, _TENSOR_NAME)
-                    if name is not None:
-                        initializers.add(name)
-                    continue
-                if len(inputs) >= MAX_GRAPH_INPUTS:
-                    raise _bad_inputs(f"it lists more than {MAX_GRAPH_INPUTS} graph inputs")
-                inputs.append(_graph_input(f.read(g_size) if g_size <= MAX_VALUE_INFO_BYTES
-                                           else None, len(inputs)))
-            f.seek(offset + size)
-    finally:
-        f.seek(0)
+def onnx_graph_inputs(model: onnx.ModelProto) -> list[GraphInput]:
+    """The graph's real inputs (initializers left out) in order, each with dtype and dims,
+    from the model `read_onnx` parsed: protobuf found the fields, so whatever it skips
+    (unknown fields, groups) or merges (repeated graph fields) is skipped or merged here as
+    in every loader. Each input is bounded (MAX_VALUE_INFO_BYTES, MAX_INPUT_DIMS,
+    MAX_NAME_BYTES), and so is their number (MAX_GRAPH_INPUTS)."""
+    graph = model.graph
+    if len(graph.input) > MAX_GRAPH_INPUTS:
+        raise _bad_inputs(f"it lists more than {MAX_GRAPH_INPUTS} graph inputs")
+    initializers = {t.name for t in graph.initializer}
+    inputs = [_graph_input(vi, index) for index, vi in enumerate(graph.input)]
     return [i for i in inputs if i.name not in initializers]
 
 
@@ -272,16 +211,9 @@ def _bad_inputs(why: str) -> UnsupportedFileError:
         "well-formed inputs); check that the file is not truncated")
 
 
-def _graph_input(raw: bytes | None, index: int) -> GraphInput:
-    from google.protobuf.message import DecodeError
-    from onnx import ValueInfoProto
-
-    if raw is None:
+def _graph_input(vi: onnx.ValueInfoProto, index: int) -> GraphInput:
+    if vi.ByteSize() > MAX_VALUE_INFO_BYTES:
         raise _bad_inputs(f"graph input #{index} is larger than {MAX_VALUE_INFO_BYTES} bytes")
-    try:
-        vi = ValueInfoProto.FromString(raw)
-    except (DecodeError, RecursionError, ValueError) as e:
-        raise _bad_inputs(f"graph input #{index} does not parse: {e}") from None
     if len(vi.name.encode()) > MAX_NAME_BYTES:
         raise _bad_inputs(f"graph input #{index} has a name over {MAX_NAME_BYTES} bytes")
     kind = vi.type.WhichOneof("value")
@@ -302,14 +234,6 @@ def _graph_input(raw: bytes | None, index: int) -> GraphInput:
             # Some exporters write -1 or "?" for "unknown": an unnamed dynamic dim.
             dims.append("" if d.dim_param in ("?", "-1") else d.dim_param[:MAX_NAME_BYTES])
     return GraphInput(vi.name, dtype, dims)
-
-
-def _first_string(f: BinaryIO, end: int, field: int) -> str | None:
-    for number, wire, offset, size in _fields(f, end):
-        if number == field and wire == 2 and size <= MAX_NAME_BYTES:
-            f.seek(offset)
-            return f.read(size).decode("utf-8", errors="replace")
-    return None
 
 
 def _torch_zip_format(f: BinaryIO) -> str | None:

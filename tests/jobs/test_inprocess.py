@@ -15,6 +15,7 @@ from sqlalchemy import select, update
 from server.app import create_app
 from server.compile import Pipeline
 from server.compile.errors import TransientCompileError
+from server.compile.sandbox import SandboxPolicy, pipeline_factory
 from server.db.models import Build, BuildState, ModelVersion, VersionState
 from server.db.session import make_engine, make_session_factory
 from server.db.types import utcnow
@@ -24,6 +25,9 @@ from server.jobs.lease import public_worker_name
 from server.jobs.runner import BuildRunner, RetryPolicy, _JobLog, wait_for
 from server.observability.metrics import BUILD_JOBS
 from tests.jobs.jobs_helpers import make_settings, publish_token, uploader
+
+# Builds as a deployment runs them by default: in the compile sandbox.
+SANDBOXED = pipeline_factory(SandboxPolicy())
 
 CONV_INPUTS = [{"name": "image", "dtype": "float32", "shape": [1, 3, 16, 16]}]
 
@@ -205,8 +209,10 @@ def test_transient_failures_give_up_after_max_attempts(registry_with_upload):
 def test_build_abandoned_by_a_dead_worker_is_taken_over_and_the_dead_one_cannot_write(
         registry_with_upload):
     sf, store = registry_with_upload
-    dead = BuildRunner(sf, store, worker_id="dead", stale_after_s=5)
-    alive = BuildRunner(sf, store, worker_id="alive", stale_after_s=5)
+    dead = BuildRunner(sf, store, worker_id="dead", stale_after_s=5,
+                       pipeline_factory=SANDBOXED)
+    alive = BuildRunner(sf, store, worker_id="alive", stale_after_s=5,
+                        pipeline_factory=SANDBOXED)
     build_id = _build(sf).id
     assert dead.claim(build_id)
     assert not alive.claim(build_id)  # fresh heartbeat: still owned
@@ -242,7 +248,8 @@ def test_failed_builds_can_be_retried_through_the_api(convnet_files, tmp_path):
         assert [b["state"] for b in r.json()["builds"]] == ["queued"]
         assert client.post("/v1/models/conv/versions/1.0.0/builds/retry").status_code == 401
 
-        InProcessJobQueue(BuildRunner(sf, app.state.blob_store, worker_id="w2")).drain()
+        InProcessJobQueue(BuildRunner(sf, app.state.blob_store, worker_id="w2",
+                                      pipeline_factory=SANDBOXED)).drain()
         body = client.get("/v1/models/conv/versions/1.0.0/builds?logs=true").json()
         assert client.get("/v1/models/conv/versions/1.0.0").json()["state"] == "ready"
         assert body[0]["attempts"] == 2
@@ -262,7 +269,8 @@ def test_hung_compile_stops_heartbeating_and_another_worker_takes_over(registry_
     sf, store = registry_with_upload
     hung = BuildRunner(sf, store, worker_id="hung", heartbeat_s=0.1, stale_after_s=0.5,
                        max_build_s=0.3, pipeline_factory=lambda log: HangingPipeline(log=log))
-    rescuer = BuildRunner(sf, store, worker_id="rescuer", stale_after_s=0.5)
+    rescuer = BuildRunner(sf, store, worker_id="rescuer", stale_after_s=0.5,
+                          pipeline_factory=SANDBOXED)
     build_id = _build(sf).id
     t = threading.Thread(target=hung.process, args=(build_id,))
     t.start()

@@ -12,6 +12,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.blobstore import LocalBlobStore
+from server.compile.sandbox import SandboxPolicy, pipeline_factory
 from server.db import models as db
 from server.db.migrate import upgrade
 from server.db.session import make_engine, make_session_factory
@@ -19,6 +20,9 @@ from server.db.types import utcnow
 from server.jobs.lease import Lease, RetryPolicy
 from server.jobs.patch_runner import PatchRunner
 from server.jobs.runner import BuildRunner
+
+# Builds as a deployment runs them by default: in the compile sandbox.
+SANDBOXED = pipeline_factory(SandboxPolicy())
 
 KINDS = ["build", "patch_job"]
 
@@ -153,7 +157,7 @@ NO_PUBLISHER: Any = object()  # this test runs no patch job
 
 def test_both_runners_lease_their_jobs_through_the_one_mechanism(factory, tmp_path) -> None:
     builds = BuildRunner(factory, LocalBlobStore(tmp_path), worker_id="w", stale_after_s=7,
-                         max_build_s=9)
+                         max_build_s=9, pipeline_factory=SANDBOXED)
     patches = PatchRunner(factory, NO_PUBLISHER, worker_id="w", stale_after_s=7, max_job_s=9)
     for lease in (builds.lease, patches.lease):
         assert isinstance(lease, Lease)
@@ -161,7 +165,8 @@ def test_both_runners_lease_their_jobs_through_the_one_mechanism(factory, tmp_pa
     build_key = _job(factory, "build")
     assert builds.claimable_ids() == [build_key]
     assert builds.claim(build_key) and not BuildRunner(
-        factory, LocalBlobStore(tmp_path), worker_id="other").claim(build_key)
+        factory, LocalBlobStore(tmp_path), worker_id="other",
+        pipeline_factory=SANDBOXED).claim(build_key)
     with factory() as s:  # a second version with a patch job
         model = s.scalars(select(db.Model)).one()
         version = db.ModelVersion(model_id=model.id, version="2.0.0", metadata_json={},

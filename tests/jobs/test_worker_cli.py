@@ -6,6 +6,10 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from modelfleet.cli import app
+from server.compile.sandbox import SandboxPolicy, pipeline_factory
+
+# Builds as a deployment runs them by default: in the compile sandbox.
+SANDBOXED = pipeline_factory(SandboxPolicy())
 
 
 def test_worker_on_the_sqlite_default_explains_the_embedded_mode(tmp_path, monkeypatch):
@@ -43,7 +47,7 @@ def test_builds_command_shows_gates_and_json(convnet_files, tmp_path):
             [{"name": "image", "dtype": "float32", "shape": [1, 3, 16, 16]}], ["onnx"],
             reference=convnet_files.reference)
     InProcessJobQueue(BuildRunner(api.state.session_factory, api.state.blob_store,
-                                  worker_id="w")).drain()
+                                  worker_id="w", pipeline_factory=SANDBOXED)).drain()
 
     runner = CliRunner()
     out = runner.invoke(app, ["builds", "conv", "1.0.0", "--data-dir", str(data), "--json",

@@ -200,7 +200,7 @@ def test_missing_sandbox_fails_the_build_closed(tmp_path: Path, monkeypatch) -> 
     spec = BuildSpec(source_path=model, source_format=SourceFormat.ONNX,
                      variants={"default": (InputSpec("x", (1, 4)),)}, platforms=("onnx",))
     with pytest.raises(CompileError, match="MODELFLEET_SANDBOX=off"):
-        SandboxedPipeline().build(spec, tmp_path / "work")
+        SandboxedPipeline(SandboxPolicy()).build(spec, tmp_path / "work")
 
 
 def test_sandbox_opt_out_is_refused_in_production() -> None:

@@ -20,6 +20,7 @@ from server.services.sourcefiles import (
     MAX_VALUE_INFO_BYTES,
     GraphInput,
     onnx_graph_inputs,
+    read_onnx,
 )
 from tests.compile.vad_model import vad_onnx
 from tests.server.test_registry_api import blob_keys, count, create_model, sqlite_only, upload
@@ -151,7 +152,7 @@ def _varint(n: int) -> bytes:
 
 
 def test_graph_inputs_are_read_with_the_onnx_protobuf_library() -> None:
-    got = onnx_graph_inputs(io.BytesIO(_dynamic_bytes()))
+    got = onnx_graph_inputs(read_onnx(io.BytesIO(_dynamic_bytes())))
     assert got == [GraphInput("x", "float32", ["batch", 3, "", ""]),
                    GraphInput("t", "int64", [1]), GraphInput("sr", "int64", [])]
 
@@ -160,14 +161,15 @@ def test_oversized_graph_input_cannot_balloon_memory_and_is_415() -> None:
     huge = helper.make_tensor_value_info("big", TensorProto.FLOAT, [1])
     huge.doc_string = "a" * (MAX_VALUE_INFO_BYTES + 1)
     with pytest.raises(UnsupportedFileError, match="larger than 65536 bytes"):
-        onnx_graph_inputs(_with_input(huge.SerializeToString()))
+        onnx_graph_inputs(read_onnx(_with_input(huge.SerializeToString())))
 
 
 def test_malformed_graph_input_bytes_are_415_not_a_crash() -> None:
-    # name field, then a length-delimited type field claiming more bytes than it holds
+    # name field, then a length-delimited type field claiming more bytes than it holds: the
+    # model is parsed whole by protobuf, so the whole file is refused.
     bad = b"\x0a\x03abc" + b"\x12\x7f\x0a"
-    with pytest.raises(UnsupportedFileError, match="graph input #3 does not parse"):
-        onnx_graph_inputs(_with_input(bad))
+    with pytest.raises(UnsupportedFileError, match="not a valid ONNX model"):
+        read_onnx(_with_input(bad))
 
 
 def test_deeply_nested_input_type_is_refused_not_a_recursion_crash() -> None:
@@ -178,5 +180,30 @@ def test_deeply_nested_input_type_is_refused_not_a_recursion_crash() -> None:
             b"\x0a" + _varint(len(inner)) + inner
     bad = b"\x0a\x01z" + b"\x12" + _varint(len(inner)) + inner
     assert len(bad) < MAX_VALUE_INFO_BYTES  # reaches the parser, not the size cap
-    with pytest.raises(UnsupportedFileError, match="does not parse"):
-        onnx_graph_inputs(_with_input(bad))
+    with pytest.raises(UnsupportedFileError, match="not a valid ONNX model"):
+        read_onnx(_with_input(bad))
+
+
+def _group(number: int) -> bytes:
+    """An unknown protobuf group field (wire types 3 … 4) holding one varint: protobuf
+    skips it; a hand-written field walker stopped at it."""
+    return _varint((number << 3) | 3) + b"\x08\x01" + _varint((number << 3) | 4)
+
+
+def test_graph_input_and_initializer_behind_an_unknown_group_field_are_read() -> None:
+    """The graph's fields after an unknown group are the graph's fields for every ONNX loader:
+    an input there is listed, an initializer there is not taken for an input."""
+    model = onnx.ModelProto.FromString(_dynamic_bytes())
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [1], [0.5])
+    late_input = helper.make_tensor_value_info("late", TensorProto.FLOAT, [2])
+    weight_input = helper.make_tensor_value_info("w", TensorProto.FLOAT, [1])
+    graph = (model.graph.SerializeToString() + _group(900)
+             + bytes([(11 << 3) | 2]) + _varint(late_input.ByteSize())
+             + late_input.SerializeToString()
+             + bytes([(11 << 3) | 2]) + _varint(weight_input.ByteSize())
+             + weight_input.SerializeToString()
+             + bytes([(5 << 3) | 2]) + _varint(weight.ByteSize()) + weight.SerializeToString())
+    model.ClearField("graph")
+    raw = model.SerializeToString() + bytes([(7 << 3) | 2]) + _varint(len(graph)) + graph
+    names = [i.name for i in onnx_graph_inputs(read_onnx(io.BytesIO(raw)))]
+    assert names == ["x", "t", "sr", "late"]
