@@ -24,6 +24,7 @@ from pathlib import Path
 
 import manifests
 from manifests import Root, SigningKey
+from server import crashpoints
 from server.publish.errors import KeyStoreError, RotationError
 from server.publish.keyfile import key_file_bytes, load_release_key, load_root_keys, write_atomic
 from server.publish.roots import (
@@ -182,6 +183,8 @@ def rotate_root(
         retired.parent.mkdir(mode=0o700, exist_ok=True)
         write_atomic(retired, key_file_bytes("release", current_release), 0o600)
     write_atomic(paths.root_path(root.version), data, 0o644)
+    crashpoints.reached("rotate.root_written")
     if rotate_release:
         os.replace(next_release, paths.release_key_path)
+        crashpoints.reached("rotate.release_replaced")
     return KeysResult(root, data, paths.root_path(root.version), release.keyid, written)

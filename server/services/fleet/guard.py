@@ -25,6 +25,7 @@ from typing import Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from server import crashpoints
 from server.db import models as db
 from server.publish import rollouts as ro
 from server.publish.publisher import Publisher
@@ -150,10 +151,13 @@ class FleetGuard:
             promote = (verdict.decision == "pass" and release.auto_promote
                        and release.mode is db.RolloutMode.shadow
                        and release.state is db.ReleaseState.active)
+        if verdict.decision == "halt" or promote:
+            crashpoints.reached("guard.decided")
         if verdict.decision == "halt":
             view = ro.halt_rollout(self.factory, self.publisher, rollout_id, actor="system",
                                    reason=verdict.reason)
             action = GuardAction(rollout_id, "halted", verdict.reason, view.serial, view.channel)
+            crashpoints.reached("guard.published")
             if view.serial is not None:  # this request's halt (a concurrent one is a no-op)
                 log.warning("rollout %d halted: %s", rollout_id, verdict.reason)
                 self._notify(action, view)
@@ -161,6 +165,7 @@ class FleetGuard:
         if promote:
             view = ro.promote_rollout(self.factory, self.publisher, rollout_id,
                                       actor="system", reason=verdict.reason)
+            crashpoints.reached("guard.published")
             return GuardAction(rollout_id, "promoted", verdict.reason, view.serial,
                                view.channel)
         return None
