@@ -12,7 +12,10 @@ test that breaks it on purpose and expects it reported (tests/faults/test_invari
    to run, patching with no patch job to run, a running job nobody holds.
 4. Uploads are whole: every source upload's blob exists with its sha256 (a retried upload
    of the same version thus finds a whole version to answer with), one row per version.
-5. The audit log has every change that took effect and none that did not: each committed
+5. What is served is trusted: each channel's served manifest verifies under the newest
+   root the server serves (a release-key rotation that died halfway must not leave devices
+   that took the new root refusing every manifest).
+6. The audit log has every change that took effect and none that did not: each committed
    serial is named by an event of its channel (events of a publishing transaction carry
    its serial), no event names a serial that was never committed; each version has its
    `version.upload` event and each upload event its version; each version with patches
@@ -50,7 +53,8 @@ def violations(factory: sessionmaker[Session], store: BlobStore,
         served = {name: blobs.read(channel_manifest_key(name))
                   for name in s.scalars(select(db.Channel.name))}
         return [*manifest_violations(s, blobs, seen or {}, served), *stuck_violations(s),
-                *upload_violations(s, blobs), *audit_violations(s)]
+                *upload_violations(s, blobs), *trust_violations(s, served),
+                *audit_violations(s)]
 
 
 class Blobs:
@@ -170,6 +174,24 @@ def upload_violations(s: Session, blobs: Blobs) -> list[str]:
             .group_by(db.ModelVersion.model_id, db.ModelVersion.version)
             .having(func.count() > 1)):
         out.append(f"model {model_id} has {n} rows of version {version}")
+    return out
+
+
+def trust_violations(s: Session, served: Mapping[str, bytes | None]) -> list[str]:
+    newest = s.scalars(select(db.RootDocument.data)
+                       .order_by(db.RootDocument.version.desc()).limit(1)).first()
+    if newest is None:
+        return []
+    root = manifests.load_trusted_root(newest)
+    out = []
+    for channel, data in sorted(served.items()):
+        if data is None:
+            continue
+        try:  # expiry aside (a test clock may be anywhere): signatures and shape
+            manifests.verify_manifest(root, data, now=0, channel=channel, trusted=None)
+        except manifests.ManifestError as e:
+            out.append(f"{channel}'s served manifest does not verify under root "
+                       f"v{root.version}: {e}")
     return out
 
 
