@@ -25,9 +25,9 @@ def test_a_rotation_killed_midway_is_finished_by_the_next_start(
         step: str, backend: tuple[str, Any], forker: ForkServer, tmp_path: Path) -> None:
     url, s3 = backend
     with rig(tmp_path, url, s3, forker) as r:
-        r.start()
-        r.drive(new_cycles=1)
-        assert r.call("POST", "/v1/channels", json={"name": "beta"}).status_code == 201
+        r.start()  # two channels, each with a signed manifest (no model needed)
+        for channel in ("prod", "beta"):
+            assert r.call("POST", "/v1/channels", json={"name": channel}).status_code == 201
         r.stop()
         rotate = subprocess.run(
             [sys.executable, "-m", "modelfleet", "keys", "rotate", "--data-dir", str(r.data),

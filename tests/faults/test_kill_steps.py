@@ -5,8 +5,9 @@ that every invariant holds (tests/support/invariants.py).
 
 One chain of server lives per backend: life k is armed at step k and first finishes what
 life k-1 left, then drives the release's life on until step k kills it. Lives are forked
-warm (tests/faults/forkserve.py); one test runs the chain's riskiest step under the real
-`modelfleet serve` (granian) to show its whole process group dies and recovers the same way.
+warm (tests/faults/forkserve.py); one test runs a publish step under the real
+`modelfleet serve` (granian) to show its whole process group dies and recovers the same way
+(starting it costs seconds more than a fork).
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ def test_a_server_killed_at_every_step_recovers_with_every_invariant(
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_modelfleet_serve_killed_after_a_commit_recovers(postgres_url: str, s3_bucket: Any,
-                                                        tmp_path: Path) -> None:
+def test_modelfleet_serve_killed_between_commit_and_bucket_write_recovers(
+        postgres_url: str, s3_bucket: Any, tmp_path: Path) -> None:
     with rig(tmp_path, postgres_url, s3_bucket) as r:
-        assert life(r, "build.artifacts_stored")
         assert life(r, "publish.committed")
         finish(r)

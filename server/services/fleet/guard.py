@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from server import crashpoints
@@ -140,6 +141,15 @@ class FleetGuard:
             if action is not None:
                 actions.append(action)
         return actions
+
+    def evaluate_active(self) -> list[GuardAction]:
+        """Judge every active rollout once, as a process starts: a halt or promotion that
+        an earlier process decided but died before publishing is taken now, not at the
+        next report (which a quiet fleet may never send)."""
+        with self.factory() as session:
+            ids = list(session.scalars(select(db.Release.id).where(
+                db.Release.state == db.ReleaseState.active)))
+        return self.evaluate(ids)
 
     def _evaluate_one(self, rollout_id: int) -> GuardAction | None:
         with self.factory() as session:
