@@ -30,6 +30,7 @@ import httpx
 
 import manifests
 from server.blobstore import BlobStore, make_blob_store
+from server.crashpoints import STEPS
 from server.db.migrate import upgrade
 from server.db.session import make_engine, make_session_factory
 from server.publish.rules import release_salt
@@ -43,6 +44,8 @@ from tests.support.server_keys import init_test_keys
 REPO = Path(__file__).resolve().parents[2]
 INPUTS = [{"name": "x", "dtype": "float32", "shape": [1, 4]}]
 STEPS_PERCENT = [10, 50, 100]
+# The crash points a server process passes (the rotate.*/resign.* ones are the CLI's).
+SERVE_STEPS = [s for s in STEPS if not s.startswith(("rotate.", "resign."))]
 
 
 def model_bytes(version: str) -> bytes:

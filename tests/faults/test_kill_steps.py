@@ -17,10 +17,7 @@ from typing import Any
 
 import pytest
 
-from server.crashpoints import STEPS
-from tests.faults.harness import ForkServer, finish, life, rig
-
-SERVE_STEPS = [s for s in STEPS if not s.startswith(("rotate.", "resign."))]
+from tests.faults.harness import SERVE_STEPS, ForkServer, finish, life, rig
 
 
 @pytest.mark.slow

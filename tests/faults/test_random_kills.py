@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import postgres_database
-from tests.faults.harness import ForkServer, finish, life, rig
-from tests.faults.test_kill_steps import SERVE_STEPS
+from tests.faults.harness import SERVE_STEPS, ForkServer, finish, life, rig
 
 RUNS = {"sqlite": 30, "postgresql": 20}
 LIVES_PER_RIG = 10
