@@ -88,13 +88,18 @@ def create_app(
 
 @contextlib.asynccontextmanager
 async def background(services: Services) -> AsyncIterator[None]:
-    """An API process's own work: import signed roots from DATA_DIR/roots, re-sign manifests
-    before they expire, take due ramp steps of healthy rollouts."""
+    """An API process's own work: import signed roots from DATA_DIR/roots, judge the active
+    rollouts once, re-sign manifests before they expire, take due ramp steps of healthy
+    rollouts."""
     try:
         await run_in_threadpool(import_roots, services.session_factory,
                                 key_paths(services.settings))
     except PublishError as e:  # serve anyway: manifests and artifacts do not need the roots
         log.error("signed roots not imported: %s", e.message)
+    try:  # decisions a killed process took but did not publish (docs/architecture.md)
+        await run_in_threadpool(services.fleet.guard.evaluate_active)
+    except Exception:  # e.g. the database is down at start: the next report re-judges
+        log.exception("judging the active rollouts at start failed")
     tasks = [asyncio.create_task(resign_loop(services.session_factory, services.publisher)),
              asyncio.create_task(ramp_loop(services.fleet.ramp,
                                            services.settings.ramp_check_seconds))]

@@ -112,6 +112,9 @@ class Settings(BaseSettings):
     halt_webhook_url: str = ""
     # How often an API process looks for rollouts whose next ramp step is due.
     ramp_check_seconds: float = Field(default=15.0, gt=0)
+    # Tests only: SIGKILL this process group at a named step (server/crashpoints.py STEPS,
+    # `step` or `step@n`); refused outside development.
+    crash_at: str = ""
 
     @property
     def resolved_database_url(self) -> str:
@@ -131,6 +134,11 @@ class Settings(BaseSettings):
             )
         if self.env == "development":
             return self
+        if self.crash_at:
+            raise SettingsError(
+                "MODELFLEET_CRASH_AT is set while MODELFLEET_ENV=production: it makes the "
+                "server kill itself at a named step (for the crash tests); unset it"
+            )
         if self.sandbox == "off":
             raise SettingsError(
                 "MODELFLEET_SANDBOX=off while MODELFLEET_ENV=production: uploaded models would "

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from server import crashpoints
 from server.blobstore import BlobStore, make_blob_store
 from server.compile.sandbox import Builder, SandboxPolicy, pipeline_factory
 from server.db.session import make_engine, make_session_factory
@@ -96,6 +97,7 @@ def content_keys(settings: Settings) -> ContentKeys:
 
 
 def build_core(settings: Settings, *, blob_store: BlobStore | None = None) -> Core:
+    crashpoints.arm(settings.crash_at)  # a no-op unless a crash test set MODELFLEET_CRASH_AT
     engine = make_engine(settings.resolved_database_url)
     store = blob_store if blob_store is not None else make_blob_store(settings)
     return Core(settings, engine, make_session_factory(engine), store,

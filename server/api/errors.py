@@ -2,7 +2,7 @@
 the OpenAPI spec documents for them, and the one renderer of every error body the API sends
 (`error_body`): exception handlers here (HTTP errors, request validation, service, storage
 and state errors, rate limits with Retry-After, and any unexpected exception as a 500) and
-the request guard's refusals before a body is read (server/api/guard.py: 401/403, 411, 413,
+the request guard's refusals before a body is read (server/api/body_limits.py: 401/403, 411, 413,
 422, 503) all go through it.
 
 Body: {"detail": what went wrong, "code": machine-readable kind, "field": the offending

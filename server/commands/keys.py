@@ -119,9 +119,12 @@ def rotate(
     as_json: AsJson = False,
 ) -> None:
     """Make root N+1 with new root keys, signed by a threshold of root N's keys and its own."""
+    from server import crashpoints
     from server.publish.errors import PublishError
     from server.publish.keys import KeyPaths, rotate_root
+    from server.settings import Settings
 
+    crashpoints.arm(Settings(data_dir=data_dir).crash_at)  # crash tests only
     paths = KeyPaths.for_data_dir(data_dir, keys_dir)
     try:
         result = rotate_root(paths, now=int(time.time()), root_keys_dir=root_keys_dir,
@@ -140,6 +143,7 @@ def _republish_all(data_dir: Path) -> str:
     """Re-sign every channel with the new release key: devices that moved to the new root
     refuse manifests signed by the old one."""
     try:
+        from server import crashpoints
         from server.publish.publisher import publish_channel
         from server.rollouts.channels import channel_names
         from server.settings import Settings
@@ -147,8 +151,11 @@ def _republish_all(data_dir: Path) -> str:
 
         with core(Settings(data_dir=data_dir)) as c:
             names = channel_names(c.session_factory)
-            serials = [publish_channel(c.session_factory, c.publisher, n, actor="cli",
-                                       action="manifest.rekey").serial for n in names]
+            serials = []
+            for name in names:
+                serials.append(publish_channel(c.session_factory, c.publisher, name,
+                                               actor="cli", action="manifest.rekey").serial)
+                crashpoints.reached("resign.rekeyed")
         return f"re-signed {len(names)} channel(s) with the new release key (serials {serials})"
     except Exception as e:  # reported: the operator can re-publish through the API
         return (f"warning: channels not re-signed ({e}); POST /v1/channels/{{channel}}/publish "

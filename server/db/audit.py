@@ -3,20 +3,37 @@ as the write itself (so a rolled-back write leaves no audit row and vice versa).
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from server.db.models import AuditEvent
 
 MAX_AUDIT_PAGE = 500
+_PENDING = "modelfleet.audit.pending"  # session.info key: events recorded, not yet stamped
 
 
 def record(
     session: Session, actor: str, action: str, target: str = "", **details: object
 ) -> AuditEvent:
-    event = AuditEvent(actor=actor, action=action, target=target, details=details)
-    session.add(event)
-    return event
+    row = AuditEvent(actor=actor, action=action, target=target, details=details)
+    session.add(row)
+    session.info.setdefault(_PENDING, []).append(row)
+    return row
+
+
+@event.listens_for(Session, "after_commit")
+@event.listens_for(Session, "after_rollback")
+def _forget_pending(session: Session) -> None:  # a new transaction starts with none pending
+    session.info.pop(_PENDING, None)
+
+
+def stamp_serial(session: Session, serial: int) -> None:
+    """Names the manifest serial that the session's transaction publishes in each event it
+    recorded so far: the audit log then says which change made which serial, and a serial
+    with no event (or an event naming a serial that was never committed) is a lost or
+    phantom change (tests/support/invariants.py checks both)."""
+    for row in session.info.pop(_PENDING, []):
+        row.details = {**row.details, "serial": serial}
 
 
 def list_events(

@@ -92,6 +92,16 @@ class InProcessJobQueue:
                     break
         return ran
 
+    def _free_jobs_of_dead_workers(self) -> None:
+        """A process of this host killed mid-build (or mid-patch job) holds its job until the
+        heartbeat goes stale (minutes); a restarted server takes it back at once."""
+        try:
+            self.runner.lease.free_jobs_of_dead_workers()
+            if self.patches is not None:
+                self.patches.lease.free_jobs_of_dead_workers()
+        except Exception:  # the database may be unreachable at start; the timeout remains
+            log.warning("could not look for jobs of dead workers", exc_info=True)
+
     def _next_wakeup(self) -> float | None:
         dues = [self.runner.next_wakeup()]
         if self.patches is not None:
@@ -100,6 +110,7 @@ class InProcessJobQueue:
         return min(known) if known else None
 
     def _loop(self) -> None:
+        self._free_jobs_of_dead_workers()
         while not self._stop.is_set():
             try:
                 for build_id in self.runner.claimable_ids():

@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -45,6 +47,26 @@ log = logging.getLogger(__name__)
 S = TypeVar("S", bound=Enum)
 J = TypeVar("J", bound=LeasedJob[Any])
 
+
+
+def _dead_here(worker_id: str, host: str) -> bool:
+    """Whether `worker_id` (server/wiring.py's `worker:<role>:<host>:<pid>` or the in-process
+    queue's `inprocess:<host>:<pid>:<tag>`) names a process of `host` that is gone."""
+    parts = worker_id.split(":")
+    where = {"inprocess": (1, 2), "worker": (2, 3)}.get(parts[0])
+    if where is None or len(parts) <= where[1] or parts[where[0]] != host \
+            or not parts[where[1]].isdigit():
+        return False
+    pid = int(parts[where[1]])
+    if pid == os.getpid():
+        return False  # this process: an earlier queue of it, still alive
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 def public_worker_name(worker_id: str) -> str:
@@ -110,6 +132,27 @@ class Lease(Generic[J, S]):
                 attempts=m.attempts + 1, updated_at=now, **values)
             .returning(self.key).execution_options(synchronize_session=False))
         return claimed is not None
+
+    def free_jobs_of_dead_workers(self) -> list[int]:
+        """Running jobs held by a worker process of this host that no longer exists (killed,
+        crashed, the machine restarted): their heartbeat is cleared, so they are claimable
+        now instead of `stale_after_s` later. Only a process known dead is passed over (a
+        worker on another host, or one whose pid lives, waits for the timeout); a wrong
+        guess would only mean a takeover, which settling makes safe. Returns the keys."""
+        m = self.model
+        host = socket.gethostname()
+        with self._sf() as s:
+            held = s.execute(select(self.key, m.locked_by).where(
+                m.state == self.running, m.locked_by.is_not(None))).all()
+            dead = [key for key, who in held if _dead_here(str(who), host)]
+            if dead:
+                s.execute(update(m).where(self.key.in_(dead), m.state == self.running)
+                          .values(heartbeat_at=None)
+                          .execution_options(synchronize_session=False))
+                s.commit()
+                log.warning("%s %s were held by dead workers of this host; claimable now",
+                            m.__tablename__, dead)
+        return dead
 
     def claimable_keys(self, limit: int = 10) -> list[int]:
         """Keys of the jobs due now (or abandoned by a dead worker), oldest row first."""

@@ -37,6 +37,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
+from server import crashpoints
 from server.db import audit, versions
 from server.db.models import Artifact, Patch, PatchJob, PatchJobState
 from server.db.types import utcnow
@@ -143,6 +144,7 @@ class PatchRunner:
             with self.lease.heartbeat(version_id):
                 patch_and_republish(self._sf, self._publisher, version_id,
                                     policy=self.policy, republish=attempts > 1)
+                crashpoints.reached("patch.republished")
         except DeltaInputError as e:
             log.error("patch job of version %s failed: %s", version_id, e)
             self._settle(version_id, error=str(e), retry=False)

@@ -35,6 +35,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from manifests import sealed
+from server import crashpoints
 from server.blobstore.interface import BlobBackendError, BlobStore
 from server.compile.errors import CompileError, TransientCompileError
 from server.compile.pipeline import BuildOutcome, BuildSpec
@@ -241,6 +242,7 @@ class BuildRunner:
             stored.append((o, key, done))
             job_log(f"stored {o.platform}/{o.variant} as {key}"
                     + (" (sealed)" if done else ""))
+        crashpoints.reached("build.artifacts_stored")
         ok = bool(outcomes) and all(o.state == "ready" for o in outcomes)
         with self._sf() as s:
             build = self.lease.owned(s, build_id)
@@ -271,6 +273,7 @@ class BuildRunner:
             self.lease.finish(build, BuildState.succeeded if ok else BuildState.failed, error)
             versions.settle(s, build.version_id, patch_first=self._patch_first)
             s.commit()
+        crashpoints.reached("build.settled")
         BUILD_JOBS.labels("succeeded" if ok else "failed").inc()
 
     def _fail(self, build_id: int, error: str, job_log: _JobLog) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import manifests
 from manifests import Root, SigningKey
+from server import crashpoints
 from server.publish.errors import KeyStoreError, RotationError
 from server.publish.keyfile import key_file_bytes, load_release_key, load_root_keys, write_atomic
 from server.publish.roots import (
@@ -139,6 +140,33 @@ def init_keys(
     return KeysResult(root, data, paths.root_path(1), release.keyid, written)
 
 
+NEXT_RELEASE_KEY_FILE = "release-next.key"
+
+
+def finish_interrupted_rotation(paths: KeyPaths) -> str | None:
+    """Repair a `keys rotate --rotate-release` that died between writing root N+1 and moving
+    the new release key into place (docs/architecture.md, "Crashes, step by step"): root N+1
+    trusts only the new key, so the server must sign with it — the move is completed. A
+    `release-next.key` that the newest root does not name is from a rotation that died
+    before its root was written: it is removed (the rotation never happened). Returns what
+    it did, or None when there was nothing to repair."""
+    pending = paths.keys_dir / NEXT_RELEASE_KEY_FILE
+    if not pending.exists():
+        return None
+    versions = root_versions(paths)
+    newest = manifests.load_trusted_root(read_root_bytes(paths, versions[-1])) \
+        if versions else None
+    key = load_release_key(pending)
+    try:
+        if newest is not None and key.keyid in newest.roles["release"].keyids:
+            os.replace(pending, paths.release_key_path)
+            return f"completed the rotation to root v{newest.version}'s release key"
+        pending.unlink()
+    except FileNotFoundError:  # another process starting at once repaired it first
+        return None
+    return "removed the release key of a rotation that never wrote its root"
+
+
 def rotate_root(
     paths: KeyPaths, *, now: int, root_keys_dir: Path | None = None,
     new_root_keys: int | None = None, threshold: int | None = None,
@@ -150,6 +178,7 @@ def rotate_root(
     directory) and by all the new root keys, and checked with manifests.verify_root_update
     before anything is written. The previous release key is moved to retired/ when replaced.
     """
+    finish_interrupted_rotation(paths)
     chain = load_root_chain(paths)
     old, _ = chain[-1]
     old_signers = root_signers_for_rotation(
@@ -175,13 +204,15 @@ def rotate_root(
     for key in new_roots:
         write_atomic(paths.root_key_path(key), key_file_bytes("root", key), 0o600)
         written.append(paths.root_key_path(key))
-    next_release = paths.keys_dir / "release-next.key"
+    next_release = paths.keys_dir / NEXT_RELEASE_KEY_FILE
     if rotate_release:
         write_atomic(next_release, key_file_bytes("release", release), 0o600)
         retired = paths.keys_dir / "retired" / f"release-{current_release.keyid[:16]}.key"
         retired.parent.mkdir(mode=0o700, exist_ok=True)
         write_atomic(retired, key_file_bytes("release", current_release), 0o600)
     write_atomic(paths.root_path(root.version), data, 0o644)
+    crashpoints.reached("rotate.root_written")
     if rotate_release:
         os.replace(next_release, paths.release_key_path)
+        crashpoints.reached("rotate.release_replaced")
     return KeysResult(root, data, paths.root_path(root.version), release.keyid, written)

@@ -27,6 +27,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
+from server import crashpoints
 from server.blobstore import BlobStore
 from server.db import audit
 from server.db import models as db
@@ -108,6 +109,7 @@ def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_i
                 base_paths = [(_plain_sha(b), clear.get(b)) for b in bases]
                 by_sha = {_plain_sha(b): b for b in bases}
                 seal_key = clear.key(art)
+                made = 0
                 for result in make_patches(new_path, base_paths, tmp / "work", policy):
                     path, sha, length = result.path, result.sha256, result.length
                     if seal_key is not None:
@@ -117,10 +119,15 @@ def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_i
                         sha, length = sealed_file.sha256, sealed_file.length
                     with open(path, "rb") as f:
                         key = store_patch(store, sha, f)
-                    added += _insert_patch(
+                    crashpoints.reached("patch.stored")
+                    made += _insert_patch(
                         session, from_artifact_id=by_sha[result.from_sha256].id,
                         to_artifact_id=art.id, algorithm=result.algorithm,
                         sha256=sha, length=length, blob_key=key)
+                if made:  # audited with the rows: a crash after this commit loses neither
+                    audit.record(session, "system", "patches.create", f"version:{version_id}",
+                                 count=made, artifact=art.sha256)
+                added += made
                 session.commit()  # per artifact: a crash later keeps what is done
                 for p in tmp.iterdir():
                     if p.is_file():
@@ -181,9 +188,5 @@ def patch_and_republish(factory: sessionmaker[Session], pub: Publisher, version_
         return []
     with factory() as session:
         names = channels_offering(session, version_id)
-        if added:
-            audit.record(session, "system", "patches.create", f"version:{version_id}",
-                         count=added)
-            session.commit()
     return [publish_channel(factory, pub, name, actor="system", action="manifest.patches")
             for name in names]

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import manifests
 from manifests.manifest import Mode
+from server import crashpoints
 from server.blobstore import BlobStore
 from server.blobstore.keys import artifact_key, channel_manifest_key, manifest_key, patch_key
 from server.db import audit
@@ -230,9 +231,11 @@ def sign_and_store(session: Session, pub: Publisher, channel: db.Channel) -> Pub
         )
     key = manifest_key(channel.name, serial)
     info = pub.blob_store.put(key, [signed], content_type="application/json")
+    crashpoints.reached("publish.signed")
     sha = hashlib.sha256(signed).hexdigest()
     session.add(db.SignedManifest(channel_id=channel.id, serial=serial, blob_key=key,
                                   sha256=sha, length=info.length, expires=expires))
+    audit.stamp_serial(session, serial)
     session.flush()  # the unique (channel_id, serial) constraint fires here, not at commit
     return PublishedManifest(channel.name, serial, sha, info.length, expires, key, signed)
 
@@ -271,6 +274,7 @@ def publish_change(
                 time.sleep(0.005 * (attempt + 1))
                 continue
         if published is not None:
+            crashpoints.reached("publish.committed")
             update_current(pub, published)
         return result, published
     raise SerialConflictError(
@@ -287,6 +291,7 @@ def update_current(pub: Publisher, published: PublishedManifest) -> None:
         pub.current.write(pub.blob_store, published.channel, published.serial, published.data)
     except Exception:  # the DB is the source of truth; the re-sign loop's sync repairs it
         log.exception("could not update %s", channel_manifest_key(published.channel))
+    crashpoints.reached("publish.served")
     pub.announce(published)
 
 

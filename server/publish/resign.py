@@ -19,10 +19,13 @@ import logging
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+import manifests
+from server.blobstore import BlobStore, BlobStoreError
 from server.db import audit
 from server.db import models as db
 from server.publish.bucket import sync_served
 from server.publish.publisher import (
+    MANIFEST_MAX_BYTES,
     Audited,
     PublishedManifest,
     Publisher,
@@ -58,17 +61,44 @@ def channels_due(session: Session, now: int, margin: int) -> list[str]:
     return [name for name, exp in rows if exp is None or exp - now <= margin]
 
 
+def channels_signed_by_other_keys(session: Session, store: BlobStore, keyid: str) -> list[str]:
+    """Channels whose newest manifest carries no signature by `keyid` (the release key now):
+    a release-key rotation that died before re-signing them all, or a key replaced by hand.
+    Devices that moved to the root naming the new key refuse those manifests."""
+    out = []
+    for name, blob_key in session.execute(
+            select(db.Channel.name, db.SignedManifest.blob_key)
+            .join(db.SignedManifest, db.SignedManifest.channel_id == db.Channel.id)
+            .where(db.SignedManifest.serial == select(func.max(db.SignedManifest.serial))
+                   .where(db.SignedManifest.channel_id == db.Channel.id)
+                   .correlate(db.Channel).scalar_subquery())
+            .order_by(db.Channel.name)):
+        try:
+            with store.open(blob_key) as f:
+                envelope = manifests.Envelope.from_bytes(f.read(MANIFEST_MAX_BYTES + 1),
+                                                         MANIFEST_MAX_BYTES)
+        except (BlobStoreError, manifests.ManifestError):
+            log.exception("cannot read channel %r's newest manifest %s", name, blob_key)
+            continue
+        if all(sig.keyid != keyid for sig in envelope.signatures):
+            out.append(name)
+    return out
+
+
 def resign_due(factory: sessionmaker[Session], pub: Publisher, *,
                margin: int | None = None) -> list[PublishedManifest]:
-    """Re-sign every channel that is due; returns what was published."""
+    """Re-sign every channel that is due, or whose newest manifest another key signed;
+    returns what was published."""
     margin = resign_margin(pub.lifetime_seconds) if margin is None else margin
     now = pub.clock()
     with factory() as session:
         due = channels_due(session, now, margin)
+        rekey = set(channels_signed_by_other_keys(session, pub.blob_store, pub.signer.keyid()))
     out: list[PublishedManifest] = []
-    for name in due:
+    for name in sorted(set(due) | rekey):
         try:
-            published = _resign_one(factory, pub, name, now, margin)
+            published = _resign_one(factory, pub, name, now, margin if name not in rekey
+                                    else None)
         except Exception as e:  # isolate: the next channel must still be re-signed
             log.exception("re-signing channel %r failed; continuing with the others", name)
             _record_failure(factory, name, e)
@@ -80,14 +110,17 @@ def resign_due(factory: sessionmaker[Session], pub: Publisher, *,
 
 
 def _resign_one(factory: sessionmaker[Session], pub: Publisher, name: str, now: int,
-                margin: int) -> PublishedManifest | None:
+                margin: int | None) -> PublishedManifest | None:
+    """Re-sign `name` if still due (`margin`), or unconditionally (None: a re-key, which a
+    concurrent replica's re-key only makes happen twice, harmlessly)."""
     def change(session: Session, ch: db.Channel) -> Audited:
         latest = latest_manifest(session, ch.id)
-        if latest is not None and latest.expires - now > margin:
-            return Audited("manifest.resign", ch.name, {}, publish=False)  # someone did
-        audit.record(session, "system", "manifest.resign", f"channel:{ch.name}",
+        action = "manifest.resign" if margin is not None else "manifest.rekey"
+        if margin is not None and latest is not None and latest.expires - now > margin:
+            return Audited(action, ch.name, {}, publish=False)  # someone did
+        audit.record(session, "system", action, f"channel:{ch.name}",
                      previous_expires=None if latest is None else latest.expires)
-        return Audited("manifest.resign", ch.name, {})
+        return Audited(action, ch.name, {})
 
     _, published = publish_change(factory, pub, name, change)
     return published

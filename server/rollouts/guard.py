@@ -23,8 +23,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from server import crashpoints
 from server.db import models as db
 from server.publish.publisher import Publisher
 from server.rollouts import service as ro
@@ -140,6 +142,15 @@ class FleetGuard:
                 actions.append(action)
         return actions
 
+    def evaluate_active(self) -> list[GuardAction]:
+        """Judge every active rollout once, as a process starts: a halt or promotion that
+        an earlier process decided but died before publishing is taken now, not at the
+        next report (which a quiet fleet may never send)."""
+        with self.factory() as session:
+            ids = list(session.scalars(select(db.Release.id).where(
+                db.Release.state == db.ReleaseState.active)))
+        return self.evaluate(ids)
+
     def _evaluate_one(self, rollout_id: int) -> GuardAction | None:
         with self.factory() as session:
             release = session.get(db.Release, rollout_id)
@@ -150,10 +161,13 @@ class FleetGuard:
             promote = (verdict.decision == "pass" and release.auto_promote
                        and release.mode is db.RolloutMode.shadow
                        and release.state is db.ReleaseState.active)
+        if verdict.decision == "halt" or promote:
+            crashpoints.reached("guard.decided")
         if verdict.decision == "halt":
             view = ro.halt_rollout(self.factory, self.publisher, rollout_id, actor="system",
                                    reason=verdict.reason)
             action = GuardAction(rollout_id, "halted", verdict.reason, view.serial, view.channel)
+            crashpoints.reached("guard.published")
             if view.serial is not None:  # this request's halt (a concurrent one is a no-op)
                 log.warning("rollout %d halted: %s", rollout_id, verdict.reason)
                 self._notify(action, view)
@@ -161,6 +175,7 @@ class FleetGuard:
         if promote:
             view = ro.promote_rollout(self.factory, self.publisher, rollout_id,
                                       actor="system", reason=verdict.reason)
+            crashpoints.reached("guard.published")
             return GuardAction(rollout_id, "promoted", verdict.reason, view.serial,
                                view.channel)
         return None

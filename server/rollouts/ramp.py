@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from server import crashpoints
 from server.db import audit
 from server.db import models as db
 from server.db.types import utcnow
@@ -102,6 +103,7 @@ def advance_ramp(factory: sessionmaker[Session], pub: Publisher, rollout_id: int
                      rollout_id=rollout_id, share_ppm=share, reason=reason, step=k + 2,
                      steps=len(steps))
         taken.append(RampStep(rollout_id, ch.name, k + 2, len(steps), share, 0, reason))
+        crashpoints.reached("ramp.moved")
         return Audited("rollout.ramp", str(rollout_id), {}, rollout_id=rollout_id)
 
     _, published = publish_change(factory, pub, view.channel, change)

@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
 from manifests import sealed
+from server import crashpoints
 from server.blobstore import BlobStore
 from server.blobstore.keys import source_key
 from server.db import audit
@@ -254,6 +255,7 @@ def upload_version(
             # a key that was never written is harmless.
             keys.append(key)
             put_source(store, key, f.file, lengths[f.field], digests[f.field], seal_key)
+        crashpoints.reached("upload.blobs_written")
         version = ModelVersion(
             model_id=model.id, version=meta.version, state=VersionState.uploaded,
             metadata_json=metadata_json, source_format=formats["model"], created_by=actor,
@@ -289,6 +291,7 @@ def upload_version(
         session.rollback()
         _delete_quietly(store, keys)
         raise
+    crashpoints.reached("upload.committed")
     _enqueue(queue, version.id)
     return get_version(session, model_name, meta.version), True
 

@@ -19,7 +19,7 @@ from server.db.outage import DATABASE_ERRORS, classify
 from server.errors import NotFoundError
 from server.publish import rootstore
 from server.publish.errors import ChannelNotFoundError
-from server.publish.keys import KeyPaths
+from server.publish.keys import KeyPaths, finish_interrupted_rotation
 from server.publish.publisher import MANIFEST_MAX_BYTES
 
 log = logging.getLogger("modelfleet.serving")
@@ -90,7 +90,15 @@ def root_document(session: Session, version: int) -> bytes:
 
 
 def import_roots(factory: sessionmaker[Session], paths: KeyPaths) -> list[int]:
-    """Stores the signed roots of DATA_DIR/roots the database lacks; the versions added."""
+    """Stores the signed roots of DATA_DIR/roots the database lacks; the versions added.
+    First completes a key rotation that died halfway (`finish_interrupted_rotation`)."""
+    try:
+        repaired = finish_interrupted_rotation(paths)
+    except OSError as e:  # e.g. a read-only key mount: `modelfleet keys rotate` repairs it
+        log.error("an interrupted key rotation could not be repaired here: %s", e)
+    else:
+        if repaired:
+            log.warning("keys: %s", repaired)
     for attempt in (1, 2):
         try:
             with factory() as session:

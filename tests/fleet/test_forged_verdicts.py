@@ -289,7 +289,8 @@ def test_an_operator_resumes_a_halted_rollout_with_a_reason_and_fresh_evidence(
     [event] = audit(fleet, "rollout.resume")
     assert event["details"] == {"rollout_id": rollout["id"], "from": "halted",
                                 "share_ppm": 400_000,
-                                "reason": "the failing device was a test rig"}
+                                "reason": "the failing device was a test rig",
+                                "serial": before + 1}
     # The vote that halted it no longer counts: a pass does not re-trigger the halt.
     state = rollout_state(fleet, rollout["id"])
     assert state["health"]["devices"]["failed"] == 0
