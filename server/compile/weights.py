@@ -37,7 +37,7 @@ MIN_ELEMENTS = 64
 MAX_WEIGHT_FILE_BYTES = 8 * 1024**3
 FLOATS = ("float16", "float32")
 INTS = ("int8", "uint8")
-COREML_MODEL = Path("Data/com.apple.CoreML")
+QUANTIZED_SUFFIX = "_quantized"  # onnxruntime's quantizers: X → X_quantized, X_scale, …
 
 
 class WeightsError(Exception):
@@ -79,6 +79,21 @@ def read(path: Path) -> list[Tensor]:
         return _onnx_tensors(_load_onnx(path))
     with _package_dir(path) as pkg:
         return [Tensor(ref.name, ref.read()) for ref in _blob_refs(pkg)[1]]
+
+
+def by_name(tensors: list[Tensor]) -> dict[str, np.ndarray[Any, Any]]:
+    """Name → values, plus — for a copy re-quantized by onnxruntime's quantizers (X becomes
+    X_quantized with X_scale and X_zero_point, one scale per tensor) — X → its dequantized
+    float32 values, so a re-quantized copy is compared with the float original."""
+    out = {t.name: t.values for t in tensors}
+    for name, q in list(out.items()):
+        base = name.removesuffix(QUANTIZED_SUFFIX)
+        scale, zero = out.get(f"{base}_scale"), out.get(f"{base}_zero_point")
+        if base == name or scale is None or scale.size != 1 or base in out:
+            continue
+        zp = np.float32(0) if zero is None or zero.size != 1 else np.float32(zero.reshape(-1)[0])
+        out[base] = (q.astype(np.float32) - zp) * np.float32(scale.reshape(-1)[0])
+    return out
 
 
 def rewrite(path: Path, change: Rewrite) -> None:
@@ -132,7 +147,8 @@ def _onnx_tensors(model: Any) -> list[Tensor]:
             raise WeightsError(f"initializer {init.name} lives in external data; give the "
                                "self-contained model file")
         arr = numpy_helper.to_array(init).reshape(-1)
-        if arr.dtype.name in INTS and init.name not in quantized:
+        if arr.dtype.name in INTS and init.name not in quantized \
+                and not init.name.endswith((QUANTIZED_SUFFIX, "_zero_point")):
             continue  # integers that are not quantized weights: shapes, indices
         out.append(Tensor(init.name, arr))
     return out
