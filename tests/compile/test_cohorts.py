@@ -67,6 +67,7 @@ def tensors(path, tmp):  # type: ignore[no-untyped-def]
     return {t.name: t.values for t in weights.read(path)}
 
 
+@pytest.mark.slow
 def test_each_cohort_gets_a_gated_artifact_marked_in_its_own_dtype(mlp, tmp_path):
     spec = mlp_spec(mlp, ("onnx", "coreml"), WatermarkSpec(COHORTS, KEY))
     out = by_platform(Pipeline().build(spec, tmp_path / "build"))
