@@ -1,6 +1,6 @@
 """Per-cohort watermarked artifacts (issue 23): each cohort's copy of a watermarked
-version's artifact, and the private key of the unmarked artifact that identification
-compares a leaked file with. One table and one nullable column; existing rows are
+version's artifact, the patches to each copy, and the private key of the unmarked artifact that identification
+compares a leaked file with. Two tables and one nullable column; existing rows are
 unwatermarked.
 
 Revision ID: 0009
@@ -38,9 +38,28 @@ def upgrade() -> None:
     )
     op.create_index('ix_cohort_artifacts_artifact_id', 'cohort_artifacts', ['artifact_id'])
     op.create_index('ix_cohort_artifacts_sha256', 'cohort_artifacts', ['sha256'])
+    op.create_table(
+        'cohort_patches',
+        sa.Column('id', sa.Integer(), primary_key=True),
+        sa.Column('to_cohort_artifact_id', sa.Integer(), sa.ForeignKey('cohort_artifacts.id'),
+                  nullable=False),
+        sa.Column('from_sha256', sa.String(64), nullable=False),
+        sa.Column('algorithm', sa.String(32), nullable=False),
+        sa.Column('sha256', sa.String(64), nullable=False),
+        sa.Column('length', sa.BigInteger(), nullable=False),
+        sa.Column('blob_key', sa.String(512), nullable=False),
+        sa.UniqueConstraint('to_cohort_artifact_id', 'from_sha256',
+                            name='uq_cohort_patches_to_cohort_artifact_id'),
+    )
+    op.create_index('ix_cohort_patches_to_cohort_artifact_id', 'cohort_patches',
+                    ['to_cohort_artifact_id'])
+    op.create_index('ix_cohort_patches_sha256', 'cohort_patches', ['sha256'])
 
 
 def downgrade() -> None:
+    op.drop_index('ix_cohort_patches_sha256', 'cohort_patches')
+    op.drop_index('ix_cohort_patches_to_cohort_artifact_id', 'cohort_patches')
+    op.drop_table('cohort_patches')
     op.drop_index('ix_cohort_artifacts_sha256', 'cohort_artifacts')
     op.drop_index('ix_cohort_artifacts_artifact_id', 'cohort_artifacts')
     op.drop_table('cohort_artifacts')

@@ -247,6 +247,24 @@ class CohortArtifact(Base):
     plain_length: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
+class CohortPatch(Base):
+    """A delta to one cohort's copy from what a device of that cohort may hold: the same
+    cohort's copy of an earlier version, or an unwatermarked earlier artifact
+    (server/publish/patches.py)."""
+
+    __tablename__ = "cohort_patches"
+    __table_args__ = (UniqueConstraint("to_cohort_artifact_id", "from_sha256"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    to_cohort_artifact_id: Mapped[int] = mapped_column(ForeignKey("cohort_artifacts.id"),
+                                                       index=True)
+    from_sha256: Mapped[str] = mapped_column(String(64))  # the base as the device holds it
+    algorithm: Mapped[str] = mapped_column(String(32))
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    length: Mapped[int] = mapped_column(BigInteger)
+    blob_key: Mapped[str] = mapped_column(String(512))
+
+
 class ContentKey(Base):
     """A protected version's content key, wrapped (XSalsa20-Poly1305 secretbox) under the
     server's key-encryption key (server/services/protection.py); never stored in the clear."""

@@ -187,7 +187,14 @@ def _cohorts(session: Session, a: db.Artifact, base_url: str) -> manifests.Cohor
         .where(db.ModelVersion.id == a.version_id))
     return manifests.Cohorts(salt=str(model), artifacts=[manifests.CohortArtifact(
         url=join_url(base_url, artifact_path(c.sha256)), length=c.length, sha256=c.sha256,
-        sealed=_sealed(c.plain_sha256, c.plain_length)) for c in a.cohorts])
+        sealed=_sealed(c.plain_sha256, c.plain_length), patches=[
+            manifests.Patch(from_sha256=p.from_sha256, url=join_url(base_url,
+                            patch_path(p.sha256)), length=p.length, sha256=p.sha256,
+                            algorithm=p.algorithm)
+            for p in session.scalars(select(db.CohortPatch)
+                                     .where(db.CohortPatch.to_cohort_artifact_id == c.id)
+                                     .order_by(db.CohortPatch.length))])
+        for c in a.cohorts])
 
 
 def lock_channel(session: Session, name: str) -> db.Channel:

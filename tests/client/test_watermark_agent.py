@@ -30,9 +30,11 @@ COHORTS = 4
 MODEL = "wm"
 
 
-def matmul_model(seed: int) -> bytes:
-    """y = x @ W with a 256×256 W: 65,536 weights, 2,048 of them marked per cohort."""
+def matmul_model(seed: int, tweak: int = 0) -> bytes:
+    """y = x @ W with a 256×256 W: 65,536 weights, 2,048 of them marked per cohort (the
+    first `tweak` rows changed: a new version with a small delta)."""
     w = (np.random.default_rng(seed).standard_normal((256, 256)) / 16).astype(np.float32)
+    w[:tweak] *= 1.5
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W"], ["y"])], "mm",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
@@ -63,24 +65,28 @@ def _identify(env: dict[str, Any], path: Path) -> tuple[int, dict[str, Any]]:
     return done.returncode, dict(json.loads(done.stdout))
 
 
-@pytest.fixture(scope="module")
-def marked(served: dict[str, Any]) -> dict[str, Any]:
-    env, client = served, served["client"]
-    assert client.post("/v1/models", json={"name": MODEL}).status_code == 201
-    meta = {"version": "1.0.0", "platforms": ["onnx"], "watermark": {"cohorts": COHORTS},
+def _upload(client: httpx.Client, version: str, model: bytes) -> None:
+    meta = {"version": version, "platforms": ["onnx"], "watermark": {"cohorts": COHORTS},
             "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 256]}]}
     ref = _npz(x=np.random.default_rng(1).standard_normal((4, 1, 256)).astype(np.float32))
     r = client.post(f"/v1/models/{MODEL}/versions",
-                    files={"model": ("m.onnx", matmul_model(3)), "reference": ("r.npz", ref)},
+                    files={"model": ("m.onnx", model), "reference": ("r.npz", ref)},
                     data={"metadata": json.dumps(meta)})
     assert r.status_code == 201, r.text
     for _ in range(480):
-        got = client.get(f"/v1/models/{MODEL}/versions/1.0.0").json()
+        got = client.get(f"/v1/models/{MODEL}/versions/{version}").json()
         if got["state"] in ("ready", "failed"):
             break
         time.sleep(0.5)
     assert got["state"] == "ready", got
-    _rollout(client, MODEL, "1.0.0")
+    _rollout(client, MODEL, version)
+
+
+@pytest.fixture(scope="module")
+def marked(served: dict[str, Any]) -> dict[str, Any]:
+    env, client = served, served["client"]
+    assert client.post("/v1/models", json={"name": MODEL}).status_code == 201
+    _upload(client, "1.0.0", matmul_model(3))
     devices = _devices()
     env["wm"] = {}
     for device in devices:
@@ -122,6 +128,20 @@ def test_identify_names_each_devices_cohort_from_its_downloaded_file(marked):
         assert found["cohort"] == cohort_of(MODEL, device, COHORTS), (device, found)
         assert (found["model"], found["version"]) == (MODEL, "1.0.0")
         assert found["false_positive"] <= 1e-9
+
+
+def test_next_version_reaches_each_cohort_as_a_patch_to_its_own_copy(marked):
+    _upload(marked["client"], "2.0.0", matmul_model(3, tweak=4))
+    for device in marked["wm"]:
+        code, out, err = _update(marked, device, model=MODEL)
+        assert code == 0, (out, err)
+        m = out["models"][0]
+        assert (m["outcome"], m["via"], m["version"]) == ("updated", "patch", "2.0.0"), m
+        bundle = BundleStore(marked["tmp"] / device).active(MODEL)
+        assert bundle is not None
+        code, found = _identify(marked, bundle.member_path(bundle.members[0]))
+        assert code == 0 and found["version"] == "2.0.0", found
+        assert found["cohort"] == cohort_of(MODEL, device, COHORTS)
 
 
 def test_identify_says_none_for_the_unmarked_upload_and_a_foreign_file(marked, tmp_path):
