@@ -67,7 +67,7 @@ def kind_of(path: Path) -> str:
         head = f.read(512)
     if head[:4] == b"PK\x03\x04" or (len(head) >= 262 and head[257:262] == b"ustar"):
         return "mlpackage"
-    if path.suffix in (".bin", ".dlc") or head[:4] in (b"QNNX",):
+    if path.suffix in (".bin", ".dlc"):
         raise WeightsError(f"{path.name} looks like a QNN context binary: its weights are "
                            "compiled for the DSP and cannot be read (docs/security.md)")
     return "onnx"
