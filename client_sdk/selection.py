@@ -169,7 +169,9 @@ def members(release: Release, device: DeviceProfile, formats: Sequence[str],
     [] when nothing in ``release`` runs on this device."""
     # Matching artifacts, or the portable ones when the release lists this device's platform
     # as failed (released without its build).
-    usable = [a for a in manifests.artifacts_for(release, device) if a.format in formats]
+    # A watermarked artifact stands for its per-cohort copies: this device's is the one.
+    usable = [a.for_device(device.device_id) for a in manifests.artifacts_for(release, device)
+              if a.format in formats]
     if variant is not None:
         usable = [a for a in usable if a.variant == variant]
     usable = by_capability(usable, device)
@@ -180,6 +182,7 @@ def members(release: Release, device: DeviceProfile, formats: Sequence[str],
     if primary.format != FORMAT_ONNX:
         cpu = cpu_fallback(release, primary, device)
         if cpu is not None:
+            cpu = cpu.for_device(device.device_id)
             chosen.append((member("fallback", cpu), cpu))
     if all_shapes:
         chosen.extend(shape_members(usable, primary))

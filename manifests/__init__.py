@@ -34,6 +34,8 @@ from .lint import LintFinding, lint_manifest
 from .manifest import (
     PPM,
     Artifact,
+    CohortArtifact,
+    Cohorts,
     Filters,
     Manifest,
     ModelEntry,
@@ -78,6 +80,8 @@ __all__ = [
     "ROOT_PAYLOAD_TYPE",
     "ROOT_ROLE",
     "Artifact",
+    "CohortArtifact",
+    "Cohorts",
     "DeviceProfile",
     "Envelope",
     "EquivocationError",

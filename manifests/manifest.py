@@ -27,6 +27,7 @@ from typing import ClassVar, Literal, cast
 
 from . import strictjson
 from ._fields import Fields, is_name, merge_extra, nonempty_string_item, string_item
+from .cohorts import MAX_COHORTS, cohort_of
 from .errors import MalformedError, WrongTypeError
 from .sealed import Sealed
 from .strictjson import JSONObject, JSONValue
@@ -67,6 +68,63 @@ def _capability(value: JSONValue, path: str) -> str:
     return text
 
 
+def _sealed(f: Fields, path: str) -> Sealed | None:
+    raw = f.optional_object("sealed")
+    return None if raw is None else Sealed.from_dict(raw, f"{path}.sealed")
+
+
+@dataclass(frozen=True)
+class CohortArtifact:
+    """One watermark cohort's copy of an artifact: its own bytes, seal and patches."""
+
+    url: str
+    length: int
+    sha256: str
+    patches: list[Patch] = field(default_factory=list)
+    sealed: Sealed | None = None
+    extra: JSONObject = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, value: JSONValue, path: str = "cohort") -> CohortArtifact:
+        f = Fields(value, path)
+        return cls(url=f.url("url"), length=f.integer("length"), sha256=f.sha256("sha256"),
+                   patches=f.array("patches", Patch.from_dict, required=False),
+                   sealed=_sealed(f, path), extra=f.extra())
+
+    def to_dict(self) -> JSONObject:
+        patches: list[JSONValue] = [p.to_dict() for p in self.patches]
+        known: JSONObject = {"url": self.url, "length": self.length, "sha256": self.sha256,
+                             "patches": patches}
+        if self.sealed is not None:
+            known["sealed"] = self.sealed.to_dict()
+        return merge_extra(known, self.extra)
+
+
+@dataclass(frozen=True)
+class Cohorts:
+    """A watermarked artifact's per-cohort copies (issue 23): a device takes
+    ``artifacts[cohort_of(salt, device_id, len(artifacts))]`` (manifests/cohorts.py) instead
+    of the artifact's own url. Additive: an SDK that predates it ignores the field and takes
+    the artifact's url, which is cohort 0's copy."""
+
+    salt: str
+    artifacts: list[CohortArtifact]
+    extra: JSONObject = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, value: JSONValue, path: str = "cohorts") -> Cohorts:
+        f = Fields(value, path)
+        salt = f.string("salt", max_len=256)
+        artifacts = f.array("artifacts", CohortArtifact.from_dict, max_items=MAX_COHORTS)
+        if not artifacts:
+            raise f.fail("artifacts", "must list at least one cohort")
+        return cls(salt, artifacts, f.extra())
+
+    def to_dict(self) -> JSONObject:
+        artifacts: list[JSONValue] = [a.to_dict() for a in self.artifacts]
+        return merge_extra({"salt": self.salt, "artifacts": artifacts}, self.extra)
+
+
 def _setting(value: JSONValue, path: str) -> SettingValue:
     if not isinstance(value, (str, int, bool)):
         raise MalformedError(f"{path} must be a string, integer or boolean")
@@ -93,12 +151,16 @@ class Artifact:
     # Capabilities the device's hardware must have (manifests/capabilities.py), e.g.
     # ["htp_fp16"]. Written only when set, so old documents and old clients are unchanged.
     requires: list[str] = field(default_factory=list)
+    # A watermarked release's per-cohort copies (written only when set).
+    cohorts: Cohorts | None = None
 
     @classmethod
     def from_dict(cls, value: JSONValue, path: str = "artifact") -> Artifact:
         f = Fields(value, path)
-        raw_sealed = f.optional_object("sealed")
-        sealed = None if raw_sealed is None else Sealed.from_dict(raw_sealed, f"{path}.sealed")
+        sealed = _sealed(f, path)
+        raw_cohorts = f.optional_object("cohorts")
+        cohorts = None if raw_cohorts is None else Cohorts.from_dict(raw_cohorts,
+                                                                     f"{path}.cohorts")
         return cls(
             platform=f.name("platform"),
             variant=f.name("variant", allow_empty=True),
@@ -112,6 +174,7 @@ class Artifact:
             requires=f.array("requires", _capability, required=False, max_items=16),
             extra=f.extra(),
             sealed=sealed,
+            cohorts=cohorts,
         )
 
     def to_dict(self) -> JSONObject:
@@ -127,7 +190,18 @@ class Artifact:
             known["sealed"] = self.sealed.to_dict()
         if self.requires:
             known["requires"] = list(self.requires)
+        if self.cohorts is not None:
+            known["cohorts"] = self.cohorts.to_dict()
         return merge_extra(known, self.extra)
+
+    def for_device(self, device_id: str) -> Artifact:
+        """The artifact this device downloads: its cohort's copy when watermarked."""
+        if self.cohorts is None:
+            return self
+        c = self.cohorts.artifacts[cohort_of(self.cohorts.salt, device_id,
+                                             len(self.cohorts.artifacts))]
+        return replace(self, url=c.url, length=c.length, sha256=c.sha256,
+                       patches=list(c.patches), sealed=c.sealed, cohorts=None)
 
     def patch_from(self, base_sha256: str) -> Patch | None:
         """The first patch that applies to a local file with hash ``base_sha256``, if any."""

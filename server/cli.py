@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import typer
 
-from server.commands import bucket, keys, serve, tokens, worker
+from server.commands import bucket, keys, serve, tokens, watermark, worker
 
 
 def register(app: typer.Typer) -> None:
-    for module in (serve, tokens, keys, worker, bucket):
+    for module in (serve, tokens, keys, worker, bucket, watermark):
         module.register(app)

@@ -34,7 +34,12 @@ from server.jobs.patch_runner import PatchRunner
 from server.jobs.runner import BuildRunner
 from server.publish.keys import KeyPaths
 from server.publish.manifest_cache import ManifestCache
-from server.publish.protection import KEK_FILE, ContentKeys
+from server.publish.protection import (
+    KEK_FILE,
+    WATERMARK_KEY_FILE,
+    ContentKeys,
+    WatermarkSecret,
+)
 from server.publish.publisher import PublishedManifest, Publisher
 from server.publish.signer import LocalKeySigner
 from server.rollouts.guard import FleetGuard
@@ -94,6 +99,11 @@ class Core:
 def content_keys(settings: Settings) -> ContentKeys:
     """Protected versions' content keys, wrapped under KEYS_DIR/content.kek."""
     return ContentKeys(key_paths(settings).keys_dir / KEK_FILE)
+
+
+def watermark_secret(settings: Settings) -> WatermarkSecret:
+    """The watermark secret, KEYS_DIR/watermark.key (created on first use)."""
+    return WatermarkSecret(key_paths(settings).keys_dir / WATERMARK_KEY_FILE)
 
 
 def build_core(settings: Settings, *, blob_store: BlobStore | None = None) -> Core:
@@ -176,7 +186,8 @@ def make_job_queue(base: Core) -> JobQueue:
     worker_id = InProcessJobQueue.worker_name()
     runner = BuildRunner(base.session_factory, base.blob_store, worker_id=worker_id,
                          pipeline_factory=sandboxed_builds(base.settings),
-                         content_keys=base.publisher.content_keys)
+                         content_keys=base.publisher.content_keys,
+                         watermark=watermark_secret(base.settings))
     patches = PatchRunner(base.session_factory, base.publisher, worker_id=worker_id)
     queue = InProcessJobQueue(runner, patches)
     queue.start()  # picks up builds left queued or abandoned by an earlier process
@@ -219,7 +230,8 @@ def build_worker(settings: Settings, *, heartbeat_s: float = 10.0,
     runner = BuildRunner(base.session_factory, base.blob_store, worker_id=name,
                          heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s,
                          pipeline_factory=sandboxed_builds(settings),
-                         content_keys=base.publisher.content_keys) \
+                         content_keys=base.publisher.content_keys,
+                         watermark=watermark_secret(base.settings)) \
         if role in ("all", "compile") else None
     patches = PatchRunner(base.session_factory, base.publisher, worker_id=name,
                           heartbeat_s=heartbeat_s, stale_after_s=stalled_after_s) \

@@ -16,6 +16,8 @@ two versions with one artifact share it. Private to the server:
                                                      reference); token: random per upload, so
                                                      a failed upload never collides
     manifests/<channel>/<serial>.json                every signed manifest of a channel
+    unmarked/<sha256>                                a watermarked artifact's unmarked
+                                                     original (for `watermark identify`)
 
 Keys are part of the stored data (rows keep them): change them only with a migration. Rows
 made before the `v1/` layout name older keys (`artifacts/<model>/…/<sha256>/<file>`,
@@ -34,6 +36,12 @@ ROOTS_PREFIX = "v1/root/"
 
 def source_key(model: str, version: str, field: str, token: str | None = None) -> str:
     return f"sources/{model}/{version}/{token or uuid.uuid4().hex}/{field}"
+
+
+def unmarked_key(sha256: str) -> str:
+    """A watermarked artifact's unmarked original (private: identification compares leaks
+    with it; never under v1/, never served)."""
+    return f"unmarked/{sha256}"
 
 
 def artifact_key(sha256: str) -> str:

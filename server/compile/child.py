@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from server.compile.cohorts import WatermarkSpec
 from server.compile.errors import CompileError, TransientCompileError
 from server.compile.pipeline import BuildOutcome, BuildSpec, Pipeline
 from server.compile.sandbox_result import RESULT_FILE
@@ -32,13 +33,16 @@ def _spec(req: dict[str, Any]) -> BuildSpec:
         variants={name: tuple(InputSpec.from_dict(i) for i in inputs)
                   for name, inputs in req["variants"].items()},
         platforms=tuple(req["platforms"]), settings=dict(req["settings"]),
-        calibration_path=opt("calibration"), reference_path=opt("reference"))
+        calibration_path=opt("calibration"), reference_path=opt("reference"),
+        watermark=WatermarkSpec.from_dict(req["watermark"]) if req.get("watermark") else None)
 
 
 def _outcome(o: BuildOutcome, out: Path) -> dict[str, Any]:
     doc = o.to_dict()
     if o.artifact is not None:
         doc["artifact"]["path"] = o.artifact.path.relative_to(out).as_posix()
+    for entry, c in zip(doc["cohorts"], o.cohorts, strict=True):
+        entry["path"] = c.path.relative_to(out).as_posix()
     return doc
 
 

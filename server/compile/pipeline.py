@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from server.compile import target_precision
+from server.compile.cohorts import WatermarkSpec, build_cohorts
 from server.compile.compilers.base import Compiler
 from server.compile.compilers.registry import default_compilers
 from server.compile.errors import CompileError, ConversionError, TransientCompileError
@@ -56,6 +57,8 @@ class BuildSpec:
     settings: dict[str, Any] = field(default_factory=dict)
     calibration_path: Path | None = None
     reference_path: Path | None = None
+    # Per-cohort watermarked copies of every readable artifact (server/compile/cohorts.py).
+    watermark: WatermarkSpec | None = None
 
 
 @dataclass
@@ -74,6 +77,8 @@ class BuildOutcome:
     compile_seconds: float = 0.0
     # The per-layer diff against the FP32 source (gates/layerdiff.py), capped; {} when off.
     layer_diff: dict[str, Any] = field(default_factory=dict)
+    # A watermarked version's copies, cohort c at index c (the unmarked `artifact` beside).
+    cohorts: list[PackedArtifact] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +91,8 @@ class BuildOutcome:
             "artifact": None if self.artifact is None else {
                 "sha256": self.artifact.sha256, "length": self.artifact.length,
                 "packing": self.artifact.packing},
+            "cohorts": [{"sha256": c.sha256, "length": c.length, "packing": c.packing}
+                        for c in self.cohorts],
         }
 
 
@@ -146,7 +153,7 @@ class Pipeline:
                 calibration_path=spec.calibration_path, onnx_path=onnx_path,
                 reference_path=spec.reference_path or spec.calibration_path)
             outcomes.extend(self._build_platform(platform, request, vdir / platform,
-                                                 feeds, reference, ref_reason))
+                                                 feeds, reference, ref_reason, spec.watermark))
         if shape_gate:
             # The gates above judged the specialized graph; say so on every outcome.
             for o in outcomes:
@@ -174,8 +181,8 @@ class Pipeline:
         return feeds, ref, ""
 
     def _build_platform(self, platform: str, request: CompileRequest, pdir: Path,
-                        feeds: list[Any], reference: list[Any] | None, ref_reason: str
-                        ) -> list[BuildOutcome]:
+                        feeds: list[Any], reference: list[Any] | None, ref_reason: str,
+                        watermark: WatermarkSpec | None = None) -> list[BuildOutcome]:
         log = self._log
         variant = request.shape_variant
         if pdir.exists():
@@ -223,12 +230,13 @@ class Pipeline:
         log(f"[{variant}/{platform}] compiled {len(artifacts)} artifact(s) in {seconds:.2f}s")
         return [self._check_and_pack(compiler, a, dict(gates), _Reference(feeds, reference,
                                                                           ref_reason),
-                                     request, pdir, seconds / max(len(artifacts), 1))
+                                     request, pdir, seconds / max(len(artifacts), 1),
+                                     watermark)
                 for a in artifacts]
 
     def _check_and_pack(self, compiler: Compiler, art: CompiledArtifact, gates: dict[str, Any],
-                        ref: _Reference, request: CompileRequest, pdir: Path, seconds: float
-                        ) -> BuildOutcome:
+                        ref: _Reference, request: CompileRequest, pdir: Path, seconds: float,
+                        watermark: WatermarkSpec | None = None) -> BuildOutcome:
         log = self._log
         t = art.target
         tag = f"[{t.variant}/{t.platform}]"
@@ -267,6 +275,15 @@ class Pipeline:
             ok = False
             out.error = out.error or failure_message(num, art, t.platform)
         out.gates = gates
+        if ok and watermark is not None:
+            started = time.monotonic()
+            marked = build_cohorts(compiler, art, request, ref, pdir, watermark, log)
+            gates["watermark"] = {**marked.gate,
+                                  "seconds": round(time.monotonic() - started, 3)}
+            out.cohorts = marked.packed
+            if marked.error:
+                ok, out.error = False, marked.error
+                log(f"{tag} {marked.error}")
         if ok:
             out.artifact = pack(art.path, pdir / "packed" / t.variant)
             out.state = "ready"

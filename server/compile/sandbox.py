@@ -353,6 +353,7 @@ def _request(spec: BuildSpec, names: dict[str, str]) -> dict[str, Any]:
             "platforms": list(spec.platforms), "settings": spec.settings,
             "calibration": f"{JOB}/in/{names['calibration']}" if spec.calibration_path else None,
             "reference": f"{JOB}/in/{names['reference']}" if spec.reference_path else None,
+            "watermark": spec.watermark.to_dict() if spec.watermark else None,
             "out": f"{JOB}/out"}
 
 

@@ -141,8 +141,9 @@ def _outcome(item: object, out: Path, spec: BuildSpec) -> BuildOutcome:
     if o.state == "ready":
         try:
             o.artifact = _artifact(item.get("artifact"), out, o.format)
+            o.cohorts = _cohorts(item.get("cohorts", []), out, o.format, spec)
         except ResultError as e:
-            o.state, o.artifact, o.error = "failed", None, str(e)
+            o.state, o.artifact, o.cohorts, o.error = "failed", None, [], str(e)
     return o
 
 
@@ -160,6 +161,16 @@ def _layer_diff(raw: object) -> dict[str, Any]:
             for r in rows):
         raise ResultError("the sandboxed compile's layer diff rows are malformed")
     return raw
+
+
+def _cohorts(raw: object, out: Path, fmt: str, spec: BuildSpec) -> list[PackedArtifact]:
+    """A watermarked version's per-cohort copies: none, or exactly one per cohort."""
+    want = spec.watermark.cohorts if spec.watermark is not None else 0
+    if not isinstance(raw, list) or len(raw) not in (0, want):
+        got = len(raw) if isinstance(raw, list) else "no"
+        raise ResultError(f"the sandboxed compile returned {got} cohort artifacts, not 0 or "
+                          f"{want}")
+    return [_artifact(item, out, fmt) for item in raw]
 
 
 def _target(raw: object, platform: str) -> dict[str, str]:

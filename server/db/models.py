@@ -221,6 +221,48 @@ class Artifact(Base):
     # plaintext's (NULL: stored in the clear).
     plain_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     plain_length: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # A watermarked version's artifact: the row above is cohort 0's copy (what an SDK that
+    # predates cohorts takes), `cohorts` every cohort's, and this the private blob of the
+    # unmarked artifact that `modelfleet watermark identify` compares a leak with (sealed
+    # like the artifact when the version is protected). NULL: not watermarked.
+    unmarked_blob_key: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    cohorts: Mapped[list[CohortArtifact]] = relationship(
+        order_by="CohortArtifact.cohort", cascade="all, delete-orphan")
+
+
+class CohortArtifact(Base):
+    """One watermark cohort's copy of an artifact (server/compile/cohorts.py), served like an
+    artifact at v1/artifacts/<sha256>."""
+
+    __tablename__ = "cohort_artifacts"
+    __table_args__ = (UniqueConstraint("artifact_id", "cohort"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id"), index=True)
+    cohort: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    length: Mapped[int] = mapped_column(BigInteger)
+    blob_key: Mapped[str] = mapped_column(String(512))
+    plain_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    plain_length: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class CohortPatch(Base):
+    """A delta to one cohort's copy from what a device of that cohort may hold: the same
+    cohort's copy of an earlier version, or an unwatermarked earlier artifact
+    (server/publish/patches.py)."""
+
+    __tablename__ = "cohort_patches"
+    __table_args__ = (UniqueConstraint("to_cohort_artifact_id", "from_sha256"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    to_cohort_artifact_id: Mapped[int] = mapped_column(ForeignKey("cohort_artifacts.id"),
+                                                       index=True)
+    from_sha256: Mapped[str] = mapped_column(String(64))  # the base as the device holds it
+    algorithm: Mapped[str] = mapped_column(String(32))
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    length: Mapped[int] = mapped_column(BigInteger)
+    blob_key: Mapped[str] = mapped_column(String(512))
 
 
 class ContentKey(Base):

@@ -37,6 +37,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from manifests import sealed
 from server import crashpoints
 from server.blobstore.interface import BlobBackendError, BlobStore
+from server.blobstore.keys import unmarked_key
+from server.compile.cohorts import WatermarkSpec
 from server.compile.errors import CompileError, TransientCompileError
 from server.compile.pipeline import BuildOutcome, BuildSpec
 from server.compile.sandbox import Builder
@@ -47,6 +49,7 @@ from server.db.models import (
     Artifact,
     Build,
     BuildState,
+    CohortArtifact,
     Model,
     ModelVersion,
     SourceUpload,
@@ -54,11 +57,12 @@ from server.db.models import (
 )
 from server.db.types import utcnow
 from server.delta import DeltaPolicy
+from server.hashing import file_sha256
 from server.jobs.lease import Lease, RetryPolicy, public_worker_name
 from server.jobs.patch_runner import patch_before_ready
 from server.observability.metrics import BUILD_JOBS
 from server.publish.bucket import store_artifact
-from server.publish.protection import ContentKeys, SealedFile, seal_file
+from server.publish.protection import ContentKeys, SealedFile, WatermarkSecret, seal_file
 
 __all__ = ["BuildRunner", "RetryPolicy", "wait_for"]
 
@@ -95,7 +99,9 @@ class BuildRunner:
                  retry: RetryPolicy | None = None, heartbeat_s: float = 5.0,
                  stale_after_s: float = 120.0, max_build_s: float = 3600.0,
                  patch_policy: DeltaPolicy | None = None,
-                 content_keys: ContentKeys | None = None) -> None:
+                 content_keys: ContentKeys | None = None,
+                 watermark: WatermarkSecret | None = None) -> None:
+        self._watermark = watermark  # watermarked versions: each release's derived key
         self._sf = session_factory
         self._content_keys = content_keys  # protected versions: unseal sources, seal artifacts
         # Which bases count (the K of patch_bases) when deciding a version must patch first.
@@ -195,6 +201,14 @@ class BuildRunner:
             # The model's task decides which outputs the numeric gate checks top-k on.
             settings["task"] = task.value
             variant = build.variant
+            marks = meta.get("watermark") or None
+            watermark = None
+            if marks:  # the sandbox gets this release's key only, never the secret
+                if self._watermark is None:
+                    raise CompileError("version is watermarked but this worker has no "
+                                       "watermark secret (give it the keys directory)")
+                watermark = WatermarkSpec(int(marks["cohorts"]), self._watermark.release_key(
+                    model.name, version.version))
             seal_key = None
             if version.protected:
                 if self._content_keys is None:
@@ -219,29 +233,47 @@ class BuildRunner:
             variants={variant: inputs}, platforms=(platform,),
             settings=pipeline_settings(platform, settings),
             calibration_path=paths.get(UploadKind.calibration),
-            reference_path=paths.get(UploadKind.reference))
+            reference_path=paths.get(UploadKind.reference), watermark=watermark)
         return spec, seal_key
+
+    def _store_file(self, path: Path, seal_key: bytes | None, key_for: Callable[[str], str] | None
+               = None) -> tuple[str, str, int, SealedFile | None]:
+        """(blob key, sha256, length, sealing) of one built file: sealed under `seal_key`
+        when the version is protected; at its read key unless `key_for` names a private one."""
+        done = None
+        if seal_key is not None:  # gated in the clear; stored and served sealed
+            sealed_path = path.with_name(path.name + ".sealed")
+            with path.open("rb") as f, sealed_path.open("wb") as out:
+                done = seal_file(seal_key, f, out)
+            path = sealed_path
+        sha, length = file_sha256(path)
+        with path.open("rb") as f:
+            if key_for is None:
+                # Content-addressed, at its read key (v1/artifacts/<sha256>): a worker that
+                # lost its claim can never overwrite the blob a newer owner recorded.
+                key = store_artifact(self._store, sha, f)
+            else:
+                key = key_for(sha)
+                self._store.put(key, f, max_bytes=length, expected_sha256=sha)
+        return key, sha, length, done
 
     def _finish(self, build_id: int, seal_key: bytes | None, outcomes: list[BuildOutcome],
                 job_log: _JobLog) -> None:
-        stored: list[tuple[BuildOutcome, str, SealedFile | None]] = []
+        stored: list[tuple[BuildOutcome, Stored, list[Stored], str | None]] = []
         for o in outcomes:
             if o.artifact is None:
                 continue
-            path, sha = o.artifact.path, o.artifact.sha256
-            done = None
-            if seal_key is not None:  # gated in the clear; stored and served sealed
-                path = path.with_name(path.name + ".sealed")
-                with o.artifact.path.open("rb") as f, path.open("wb") as out:
-                    done = seal_file(seal_key, f, out)
-                sha = done.sha256
-            # Content-addressed, at its read key (v1/artifacts/<sha256>): a worker that lost
-            # its claim can never overwrite the blob a newer owner recorded.
-            with path.open("rb") as f:
-                key = store_artifact(self._store, sha, f)
-            stored.append((o, key, done))
-            job_log(f"stored {o.platform}/{o.variant} as {key}"
-                    + (" (sealed)" if done else ""))
+            # A watermarked artifact is served only as its cohorts' copies (cohort 0's for
+            # SDKs that predate cohorts); the unmarked one is kept privately, for identify.
+            cohorts = [self._store_file(c.path, seal_key) for c in o.cohorts]
+            unmarked = self._store_file(o.artifact.path, seal_key, unmarked_key)[0] \
+                if cohorts else None
+            main = cohorts[0] if cohorts else self._store_file(o.artifact.path, seal_key)
+            stored.append((o, main, cohorts, unmarked))
+            job_log(f"stored {o.platform}/{o.variant} as {main[0]}"
+                    + (" (sealed)" if main[3] else "")
+                    + (f", {len(cohorts)} watermarked cohort copies, the unmarked one at "
+                       f"{unmarked}" if cohorts else ""))
         crashpoints.reached("build.artifacts_stored")
         ok = bool(outcomes) and all(o.state == "ready" for o in outcomes)
         with self._sf() as s:
@@ -249,7 +281,7 @@ class BuildRunner:
             if build is None:
                 job_log("lost the claim to another worker; results discarded")
                 return
-            for o, key, done in stored:
+            for o, main, cohorts, unmarked in stored:
                 row = s.scalar(select(Artifact).where(
                     Artifact.version_id == build.version_id, Artifact.platform == o.platform,
                     Artifact.variant == o.variant))
@@ -258,13 +290,16 @@ class BuildRunner:
                                    variant=o.variant)
                     s.add(row)
                 assert o.artifact is not None
+                key, sha, length, done = main
                 row.build_id, row.format, row.blob_key = build.id, o.format, key
-                row.sha256, row.length = o.artifact.sha256, o.artifact.length
-                row.plain_sha256 = row.plain_length = None
-                if done is not None:
-                    row.sha256, row.length = done.sha256, done.length
-                    row.plain_sha256, row.plain_length = done.plain_sha256, done.plain_length
+                row.sha256, row.length = sha, length
+                row.plain_sha256, row.plain_length = _plain(done)
                 row.target, row.compile_settings = o.target, o.compile_settings
+                row.unmarked_blob_key = unmarked
+                row.cohorts = [CohortArtifact(cohort=c, blob_key=k, sha256=h, length=n,
+                                              plain_sha256=_plain(d)[0],
+                                              plain_length=_plain(d)[1])
+                               for c, (k, h, n, d) in enumerate(cohorts)]
             build.gates_report = {"outcomes": [o.to_dict() for o in outcomes]}
             error = "" if ok else "; ".join(
                 f"{o.variant}: {o.error}" for o in outcomes if o.state != "ready")[:4000]
@@ -303,6 +338,14 @@ class BuildRunner:
             self.lease.back_off(build, error[:4000])
             s.commit()
         BUILD_JOBS.labels("retried").inc()
+
+
+# A stored file: (blob key, sha256, length, its sealing when protected)
+Stored = tuple[str, str, int, SealedFile | None]
+
+
+def _plain(done: SealedFile | None) -> tuple[str | None, int | None]:
+    return (None, None) if done is None else (done.plain_sha256, done.plain_length)
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:

@@ -97,6 +97,8 @@ def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_i
             artifacts = session.scalars(
                 select(db.Artifact).where(db.Artifact.version_id == version_id)).all()
             for art in artifacts:
+                if art.cohorts:
+                    added += _cohort_patches(session, store, tmp, content_keys, art, policy)
                 done = set(session.scalars(select(db.Patch.from_artifact_id)
                                            .where(db.Patch.to_artifact_id == art.id)))
                 bases = [b for b in patch_bases(session, art, policy.k) if b.id not in done
@@ -138,6 +140,54 @@ def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_i
     return added
 
 
+def _cohort_patches(session: Session, store: BlobStore, tmp: Path,
+                    content_keys: ContentKeys | None, art: db.Artifact,
+                    policy: DeltaPolicy) -> int:
+    """The patches to each cohort's copy of `art`, from what a device of that cohort holds
+    of each base: the base's copy of the same cohort when the base has as many cohorts, else
+    the base artifact itself (an unwatermarked release, which every device took)."""
+    added = 0
+    clear = _Plaintexts(session, store, tmp, content_keys)
+    seal_key = clear.key(art)
+    for copy in art.cohorts:
+        done = set(session.scalars(select(db.CohortPatch.from_sha256)
+                                   .where(db.CohortPatch.to_cohort_artifact_id == copy.id)))
+        held: list[tuple[str, db.Artifact | db.CohortArtifact, int]] = []
+        for b in patch_bases(session, art, policy.k):
+            base: db.Artifact | db.CohortArtifact = b
+            if len(b.cohorts) == len(art.cohorts):
+                base = b.cohorts[copy.cohort]
+            if base.sha256 not in done and (seal_key is not None or b.plain_sha256 is None):
+                held.append((base.sha256, base, b.version_id))
+        if not held:
+            continue
+        new_path = clear.get_blob(copy.blob_key, copy.plain_sha256, art.version_id,
+                                  f"cohort-{copy.id}")
+        paths = [(base.plain_sha256 or base.sha256,
+                  clear.get_blob(base.blob_key, base.plain_sha256, version_id, f"b-{i}"))
+                 for i, (_, base, version_id) in enumerate(held)]
+        by_plain = {base.plain_sha256 or base.sha256: sha for sha, base, _ in held}
+        for result in make_patches(new_path, paths, tmp / "work", policy):
+            path, sha, length = result.path, result.sha256, result.length
+            if seal_key is not None:
+                path = result.path.with_name(result.path.name + ".sealed")
+                with result.path.open("rb") as f, path.open("wb") as out:
+                    sealed_file = seal_file(seal_key, f, out)
+                sha, length = sealed_file.sha256, sealed_file.length
+            with open(path, "rb") as f:
+                key = store_patch(store, sha, f)
+            session.add(db.CohortPatch(to_cohort_artifact_id=copy.id,
+                                       from_sha256=by_plain[result.from_sha256],
+                                       algorithm=result.algorithm, sha256=sha, length=length,
+                                       blob_key=key))
+            added += 1
+        session.commit()  # per copy: a crash later keeps what is done
+        for p in tmp.iterdir():
+            if p.is_file():
+                p.unlink(missing_ok=True)
+    return added
+
+
 def _plain_sha(art: db.Artifact) -> str:
     return art.plain_sha256 or art.sha256
 
@@ -158,11 +208,18 @@ class _Plaintexts:
         return self.content_keys.key_for(self.session, art.version_id)
 
     def get(self, art: db.Artifact) -> Path:
-        path = _download(self.store, art.blob_key, self.tmp / f"art-{art.id}")
-        key = self.key(art)
-        if key is None:
+        return self.get_blob(art.blob_key, art.plain_sha256, art.version_id, f"art-{art.id}")
+
+    def get_blob(self, blob_key: str, plain_sha256: str | None, version_id: int,
+                 name: str) -> Path:
+        path = _download(self.store, blob_key, self.tmp / name)
+        if plain_sha256 is None:
             return path
-        clear = unseal_path(key, path, self.tmp / f"plain-{art.id}")
+        if self.content_keys is None:
+            raise KeyStoreError(f"blob {blob_key} is sealed but this process has no content "
+                                "keys", fix="give it the keys directory's content.kek")
+        key = self.content_keys.key_for(self.session, version_id)
+        clear = unseal_path(key, path, self.tmp / f"plain-{name}")
         path.unlink()
         return clear
 

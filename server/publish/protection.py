@@ -29,6 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from manifests import sealed
+from server import watermark
 from server.db import models as db
 from server.publish.errors import KeyStoreError
 
@@ -129,6 +130,26 @@ class ContentKeys:
                 f"(kek id {self.kek_id}, wrapped under {row.kek_id})",
                 ) from None
 
+
+
+WATERMARK_KEY_FILE = "watermark.key"
+
+
+@dataclass
+class WatermarkSecret:
+    """The server's watermark secret (KEYS_DIR/watermark.key, made like the KEK on first
+    use); builds get only a release's key derived from it (server/watermark.release_key)."""
+
+    path: Path
+    _secret: bytes | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:  # never print a key
+        return f"WatermarkSecret(path={self.path!s})"
+
+    def release_key(self, model: str, version: str) -> bytes:
+        if self._secret is None:
+            self._secret = load_or_create_kek(self.path)
+        return watermark.release_key(self._secret, model, version)
 
 
 def seal_file(key: bytes, source: BinaryIO, sink: BinaryIO) -> SealedFile:

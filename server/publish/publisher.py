@@ -168,9 +168,8 @@ def load_artifact_records(session: Session, version_id: int, base_url: str
             compile_settings={k: v for k, v in (a.compile_settings or {}).items()
                               if isinstance(v, str | int | bool)},
             target={k: str(v) for k, v in (a.target or {}).items()},
-            patches=patches, sealed=None if a.plain_sha256 is None else manifests.Sealed(
-                plain_sha256=a.plain_sha256, plain_length=int(a.plain_length or 0)),
-            requires=requires_of(a),
+            patches=patches, sealed=_sealed(a.plain_sha256, a.plain_length),
+            requires=requires_of(a), cohorts=_cohorts(session, a, base_url),
         ))
     return tuple(out)
 
@@ -185,6 +184,31 @@ def requires_of(a: db.Artifact) -> list[str]:
     if a.platform != "qnn":
         return []
     return list(_HTP_REQUIRES.get(str((a.compile_settings or {}).get("precision", "")), []))
+
+
+def _sealed(plain_sha256: str | None, plain_length: int | None) -> manifests.Sealed | None:
+    return None if plain_sha256 is None else manifests.Sealed(
+        plain_sha256=plain_sha256, plain_length=int(plain_length or 0))
+
+
+def _cohorts(session: Session, a: db.Artifact, base_url: str) -> manifests.Cohorts | None:
+    """A watermarked artifact's per-cohort copies; the salt is the model's name, so a device
+    stays in one cohort across the model's versions."""
+    if not a.cohorts:
+        return None
+    model = session.scalar(select(db.Model.name).join(
+        db.ModelVersion, db.ModelVersion.model_id == db.Model.id)
+        .where(db.ModelVersion.id == a.version_id))
+    return manifests.Cohorts(salt=str(model), artifacts=[manifests.CohortArtifact(
+        url=join_url(base_url, artifact_path(c.sha256)), length=c.length, sha256=c.sha256,
+        sealed=_sealed(c.plain_sha256, c.plain_length), patches=[
+            manifests.Patch(from_sha256=p.from_sha256, url=join_url(base_url,
+                            patch_path(p.sha256)), length=p.length, sha256=p.sha256,
+                            algorithm=p.algorithm)
+            for p in session.scalars(select(db.CohortPatch)
+                                     .where(db.CohortPatch.to_cohort_artifact_id == c.id)
+                                     .order_by(db.CohortPatch.length))])
+        for c in a.cohorts])
 
 
 def find_locked_channel(session: Session, name: str) -> db.Channel | None:

@@ -70,6 +70,10 @@ def blob_ref(session: Session, kind: Literal["artifact", "patch"], sha256: str) 
     table = db.Artifact if kind == "artifact" else db.Patch
     row = session.execute(select(table.blob_key, table.length)
                           .where(table.sha256 == sha256).limit(1)).first()
+    if row is None:  # a watermark cohort's copy, or a patch to one
+        cohort = db.CohortArtifact if kind == "artifact" else db.CohortPatch
+        row = session.execute(select(cohort.blob_key, cohort.length)
+                              .where(cohort.sha256 == sha256).limit(1)).first()
     if row is None:
         raise NotFoundError(f"no {kind} with sha256 {sha256}")
     return BlobRef(str(row.blob_key), int(row.length))

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
+from manifests.cohorts import MAX_COHORTS
 from server.errors import InvalidInputError, PayloadTooLargeError
 from server.json_depth import depth_error, too_deep
 
@@ -51,6 +52,12 @@ class InputSpec(BaseModel):
     )
 
 
+class WatermarkIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cohorts: Annotated[int, Field(ge=2, le=MAX_COHORTS)]
+
+
 class VersionMetadataIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -60,6 +67,8 @@ class VersionMetadataIn(BaseModel):
     notes: Annotated[str, Field(max_length=4000)] = ""
     # Stored and served sealed; its content key only for devices offered it (security.md).
     protected: bool = False
+    # Per-cohort watermarked artifacts (security.md "Per-cohort watermarks"); off: null.
+    watermark: WatermarkIn | None = None
 
 
 class VersionMetadata(BaseModel):
@@ -71,6 +80,7 @@ class VersionMetadata(BaseModel):
     variants: list[str]
     notes: str = ""
     protected: bool = False
+    watermark: dict[str, int] | None = None  # {"cohorts": N}
 
 
 class UndeclaredInputsError(InvalidInputError):
@@ -154,7 +164,8 @@ def _first_error(e: ValidationError) -> InvalidInputError:
     elif kind == "missing":
         fix = f"add the required field {field}"
     elif kind == "extra_forbidden":
-        fix = f"remove {field}; allowed fields: version, platforms, inputs, notes, protected"
+        fix = (f"remove {field}; allowed fields: version, platforms, inputs, notes, "
+               "protected, watermark")
     return InvalidInputError(f"{field}: {err['msg']}", field=field, fix=fix)
 
 
@@ -210,4 +221,5 @@ def _normalise(m: VersionMetadataIn) -> VersionMetadata:
         for s in m.inputs
     ]
     return VersionMetadata(version=m.version, platforms=platforms, inputs=inputs,
-                           variants=variants, notes=m.notes, protected=m.protected)
+                           variants=variants, notes=m.notes, protected=m.protected,
+                           watermark=None if m.watermark is None else m.watermark.model_dump())

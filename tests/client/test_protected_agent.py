@@ -152,9 +152,10 @@ def _update(env: dict[str, Any], device: str, *, enrol: bool = True,
     return done.returncode, json.loads(done.stdout or "{}"), done.stderr
 
 
-def _predict(env: dict[str, Any], device: str, model: str = "clf") -> dict[str, Any]:
-    x = env["tmp"] / "x.npz"
-    np.savez(x, x=np.ones((1, 4), dtype=np.float32))
+def _predict(env: dict[str, Any], device: str, model: str = "clf", width: int = 4
+             ) -> dict[str, Any]:
+    x = env["tmp"] / f"x{width}.npz"
+    np.savez(x, x=np.ones((1, width), dtype=np.float32))
     done = _mf("device", "predict", "--data-dir", str(env["tmp"] / device), "--model", model,
                "--input", str(x))
     assert done.returncode == 0, done.stderr

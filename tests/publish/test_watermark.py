@@ -17,7 +17,7 @@ from server import watermark as wm
 
 SECRET = b"server watermark secret for tests"
 COHORTS = 64
-N = 100_000
+N = 1_500_000  # the sparse (1/32) mark needs ≳ 1M weights for a per-tensor INT8 re-quantization
 VECTORS = Path(__file__).resolve().parents[2] / "manifests" / "vectors" / "cohorts.json"
 
 
@@ -63,14 +63,15 @@ def test_unmarked_foreign_and_other_servers_files_give_none():
 
 
 def test_ten_thousand_foreign_files_never_name_a_cohort():
-    n, trials = 4096, 10_000
+    n, trials = 65_536, 10_000
     original = model_weights(1, n)
-    rows = wm.patterns(SECRET, COHORTS, n)
+    marked = wm.mask(SECRET, "", n)  # identify's statistic: over the marked positions
+    rows = wm.patterns(SECRET, COHORTS, n)[:, marked]
     rng = np.random.default_rng(4)
     worst = 0.0
     for _ in range(trials // 1000):
         foreign = (rng.standard_normal((1000, n)) * 0.05).astype(np.float32)
-        z = wm.scores(foreign - original, rows)
+        z = wm.scores((foreign - original)[:, marked], rows)
         worst = max(worst, float(z.max()))
     assert wm.false_positive(worst, COHORTS) > 1e-9, worst  # never named
     assert worst < 7.05  # the statistic a claim at 1e-9 with 64 cohorts needs

@@ -8,13 +8,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
 from server.compile import BuildSpec, InputSpec, SourceFormat
+from server.compile.cohorts import WatermarkSpec
 from server.compile.sandbox_result import (
     MAX_ERROR_CHARS,
     MAX_RESULT_BYTES,
@@ -147,3 +150,46 @@ def test_error_text_coming_back_is_capped(tmp_path: Path) -> None:
         {"error": {"kind": "compile", "message": "A" * 500_000}}))
     result = read_result(tmp_path, SPEC)
     assert len(result.error) < MAX_ERROR_CHARS + 50 and result.error.endswith("[truncated]")
+
+
+def _cohort_entries(out: Path, n: int) -> list[dict[str, Any]]:
+    entries = []
+    for c in range(n):
+        model = onnx.load_from_string(onnx_bytes())
+        model.producer_name = f"cohort {c}"  # distinct bytes per cohort
+        data = model.SerializeToString()
+        (out / f"c{c}").mkdir(parents=True, exist_ok=True)
+        (out / f"c{c}" / "model.onnx").write_bytes(data)
+        entries.append({"path": f"c{c}/model.onnx", "sha256": hashlib.sha256(data).hexdigest(),
+                        "length": len(data), "packing": "file"})
+    return entries
+
+
+WATERMARKED = replace(SPEC, watermark=WatermarkSpec(3, b"k" * 32))
+
+
+def test_cohort_artifacts_come_back_validated_one_per_cohort(tmp_path: Path) -> None:
+    data = onnx_bytes()
+    (tmp_path / "model.onnx").write_bytes(data)
+    write(tmp_path, outcome("model.onnx", data, cohorts=_cohort_entries(tmp_path, 3)))
+    (o,) = read_result(tmp_path, WATERMARKED).outcomes
+    assert o.state == "ready" and [c.path.parent.name for c in o.cohorts] == ["c0", "c1", "c2"]
+
+
+def test_a_wrong_number_of_cohort_artifacts_is_refused(tmp_path: Path) -> None:
+    data = onnx_bytes()
+    (tmp_path / "model.onnx").write_bytes(data)
+    write(tmp_path, outcome("model.onnx", data, cohorts=_cohort_entries(tmp_path, 2)))
+    (o,) = read_result(tmp_path, WATERMARKED).outcomes
+    assert o.state == "failed" and o.cohorts == [] and "not 0 or 3" in o.error
+
+
+def test_cohort_artifact_symlink_to_a_host_file_is_not_stored(tmp_path: Path) -> None:
+    data = onnx_bytes()
+    (tmp_path / "model.onnx").write_bytes(data)
+    entries = _cohort_entries(tmp_path, 3)
+    (tmp_path / "c1" / "model.onnx").unlink()
+    (tmp_path / "c1" / "model.onnx").symlink_to("/etc/passwd")
+    write(tmp_path, outcome("model.onnx", data, cohorts=entries))
+    (o,) = read_result(tmp_path, WATERMARKED).outcomes
+    assert o.state == "failed" and o.artifact is None and o.cohorts == []

@@ -1,0 +1,195 @@
+"""What per-cohort watermarks cost and how they hold (issue 23, docs/security.md):
+
+    python -m bench.compile.bench_watermark [--models a,b] [--platforms onnx] [--cohorts 64]
+                                            [--trials 10000]
+
+Per corpus model (tests/corpus, fetched into ~/.cache/modelfleet/corpus) and platform, the
+worker's pipeline runs twice in the same process — without a watermark (the baseline) and
+with `--cohorts` cohorts — and the table shows: the baseline's state, how many cohort
+artifacts passed (every one must, when the baseline does), the lowest output PSNR of a copy
+against the unmarked artifact, compile seconds of both runs, the bytes stored (one artifact
+vs every copy), the patch bytes from the unmarked artifact to cohort 0 and from cohort 0 to
+cohort 1 (server/delta, as the patch worker makes them), and identification of cohort 1's
+copy as shipped (z, false-positive bound).
+
+Then the false-positive trial: `--trials` foreign files (a same-layout model with other
+weights: 65,536 weights, fixed seed) against a marked original, scored as `identify` scores
+(every cohort, masked positions), counting any named cohort — a wrong cohort — and the
+highest z; and a tenth as many marked copies after an FP16 round trip, counting wrong and
+missed cohorts. (1% weight noise and INT8 re-quantization need ≳ 1M weights: see
+tests/publish/test_watermark.py.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform as host
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KEY = b"bench watermark release key"
+
+
+def _build(model: Any, plat: str, workdir: Path, cohorts: int | None) -> tuple[Any, float]:
+    from server.compile.cohorts import WatermarkSpec
+    from server.compile.pipeline import BuildSpec, Pipeline
+    from server.compile.settings_map import pipeline_settings
+
+    spec = BuildSpec(source_path=model.path, source_format=model.fmt,
+                     variants={"default": model.inputs}, platforms=(plat,),
+                     settings=pipeline_settings(plat, model.platforms[plat]),
+                     reference_path=model.reference,
+                     watermark=WatermarkSpec(cohorts, KEY) if cohorts else None)
+    started = time.monotonic()
+    (out,) = Pipeline().build(spec, workdir)
+    return out, time.monotonic() - started
+
+
+def _patch_bytes(new: Path, base: Path, workdir: Path) -> int | None:
+    from server.delta import make_patches
+    from server.hashing import file_sha256
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    made = make_patches(new, [(file_sha256(base)[0], base)], workdir)
+    return made[0].length if made else None
+
+
+def _identify(art: Path, copy: Path, cohorts: int, workdir: Path) -> Any:
+    from server import watermark as wm
+    from server.compile import weights
+    from server.compile.packing import unpack_directory
+
+    def tensors(p: Path, name: str) -> list[weights.Tensor]:
+        return weights.read(unpack_directory(p, workdir / name) if p.suffix == ".tar" else p)
+
+    original = [(t.name, t.values) for t in tensors(art, "orig") if t.markable]
+    return wm.identify_tensors(weights.by_name(tensors(copy, "copy")), original, KEY, cohorts)
+
+
+def cell(model: Any, plat: str, cohorts: int, workdir: Path) -> dict[str, Any]:
+    _build(model, plat, workdir / "warm", None)  # imports and caches, not timed
+    base, base_s = _build(model, plat, workdir / "base", None)
+    row: dict[str, Any] = {"model": model.name, "platform": plat, "base": base.state,
+                           "base_s": base_s}
+    if base.state != "ready":
+        row["error"] = base.error[:120]
+        return row
+    marked, marked_s = _build(model, plat, workdir / "marked", cohorts)
+    gate = marked.gates.get("watermark", {})
+    row.update(state=marked.state, marked_s=marked_s, gate=gate.get("status"),
+               passed=len(marked.cohorts), psnr=gate.get("lowest_output_psnr_db"),
+               error=marked.error[:160], artifact_bytes=base.artifact.length)
+    if marked.state == "ready" and marked.cohorts:
+        unmarked = marked.artifact.path
+        row["stored_bytes"] = sum(c.length for c in marked.cohorts)
+        row["patch_unmarked_to_c0"] = _patch_bytes(marked.cohorts[0].path, unmarked,
+                                                   workdir / "d0")
+        row["patch_c0_to_c1"] = _patch_bytes(marked.cohorts[1].path, marked.cohorts[0].path,
+                                             workdir / "d1")
+        got = _identify(unmarked, marked.cohorts[1].path, cohorts, workdir / "id")
+        row.update(identified=got.cohort, z=got.z, fp=got.false_positive)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return row
+
+
+def trials(n_trials: int, cohorts: int, n: int = 65_536) -> dict[str, Any]:
+    from server import watermark as wm
+
+    rng = np.random.default_rng(2026)
+    original = (rng.standard_normal(n) * 0.05).astype(np.float32)
+    mask = wm.mask(KEY, "w", n)
+    rows = wm.patterns(KEY, cohorts, n, "w")[:, mask]
+    worst, named, started = 0.0, 0, time.monotonic()
+    for done in range(0, n_trials, 1000):
+        batch = min(1000, n_trials - done)
+        foreign = (rng.standard_normal((batch, n)) * 0.05).astype(np.float32)
+        z = wm.scores((foreign - original)[:, mask], rows)
+        worst = max(worst, float(z.max()))
+        named += int(sum(wm.false_positive(float(v), cohorts) <= wm.MAX_FALSE_POSITIVE
+                         for v in z.max(axis=1)))
+    wrong = missed = 0
+    for t in range(n_trials // 10):  # marked copies: 1/10 as many (each is a real embed)
+        c = t % cohorts
+        copy = wm.embed(original, KEY, c, name="w").astype(np.float16).astype(np.float32)
+        z = wm.scores((copy - original)[mask][None, :], rows)[0]
+        best = int(np.argmax(z))
+        if wm.false_positive(float(z[best]), cohorts) > wm.MAX_FALSE_POSITIVE:
+            missed += 1
+        elif best != c:
+            wrong += 1
+    return {"foreign": n_trials, "named": named, "worst_z": worst,
+            "worst_bound": wm.false_positive(worst, cohorts), "marked": n_trials // 10,
+            "wrong": wrong, "missed": missed, "seconds": time.monotonic() - started}
+
+
+def _mb(n: int | None) -> str:
+    return "—" if n is None else f"{n / 1e6:.2f}"
+
+
+def _kb(n: int | None) -> str:
+    return "—" if n is None else f"{n / 1e3:.1f}"
+
+
+def table(rows: list[dict[str, Any]], cohorts: int) -> str:
+    lines = [f"| model | platform | gate without | {cohorts} cohorts passed | lowest PSNR "
+             "dB | compile s without / with | stored MB one / all | patch kB unmarked→c0 "
+             "/ c0→c1 | identify c1 (z, bound) |", "|" + "---|" * 9]
+    for r in rows:
+        if r["base"] != "ready":
+            lines.append(f"| {r['model']} | {r['platform']} | {r['base']} | — (baseline "
+                         f"fails: {r.get('error', '')}) | | {r['base_s']:.1f} | | | |")
+            continue
+        ident = "—" if "z" not in r else \
+            f"{r['identified']} ({r['z']:.0f}, {r['fp']:.1e})"
+        passed = f"{r['passed']}/{cohorts}" + ("" if r["state"] == "ready"
+                                               else f" — {r['error']}")
+        lines.append(
+            f"| {r['model']} | {r['platform']} | ready | {passed} | {r['psnr']} | "
+            f"{r['base_s']:.1f} / {r['marked_s']:.1f} | {_mb(r['artifact_bytes'])} / "
+            f"{_mb(r.get('stored_bytes'))} | {_kb(r.get('patch_unmarked_to_c0'))} / "
+            f"{_kb(r.get('patch_c0_to_c1'))} | {ident} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.corpus.models import corpus
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", help="comma-separated corpus model names (default: all)")
+    ap.add_argument("--platforms", default="onnx")
+    ap.add_argument("--cohorts", type=int, default=64)
+    ap.add_argument("--trials", type=int, default=10_000)
+    args = ap.parse_args(argv)
+    print(f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {host.node()}, "
+          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    t = trials(args.trials, args.cohorts)
+    print(f"foreign files: {t['foreign']}, cohorts named (wrong): {t['named']}, highest z "
+          f"{t['worst_z']:.2f} (bound {t['worst_bound']:.3g}); marked copies after FP16: "
+          f"{t['marked']}, wrong cohort {t['wrong']}, missed {t['missed']} "
+          f"({t['seconds']:.0f} s)")
+    rows = []
+    models = corpus(args.models.split(",") if args.models else None)
+    for m in models:
+        for plat in args.platforms.split(","):
+            with tempfile.TemporaryDirectory(prefix="mf-bench-wm-") as tmp:
+                try:
+                    rows.append(cell(m, plat, args.cohorts, Path(tmp)))
+                except Exception as e:  # one model's crash is its row, not the bench's end
+                    rows.append({"model": m.name, "platform": plat, "base": "crashed",
+                                 "base_s": 0.0, "error": f"{type(e).__name__}: {e}"[:120]})
+            print(table(rows[-1:], args.cohorts).splitlines()[-1], flush=True)
+    print(table(rows, args.cohorts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Per-cohort watermarked copies of a gated artifact (issue 23; docs/security.md).
+
+A version with `watermark: {cohorts: N}` gets, for each artifact whose weights are readable
+here (ONNX, Core ML .mlpackage — server/compile/weights.py), N copies: copy c's weights
+carry cohort c's keyed fingerprint (server/watermark.py), embedded in the dtype each weight
+really has after conversion and quantization. Every copy passes two checks before it is
+packed, else the outcome fails naming the cohort:
+
+- the watermark's own cost: each output of the copy against the unmarked artifact's, on the
+  reference inputs, PSNR ≥ `MIN_PSNR_DB` (the seed's 60 dB; peak = max |unmarked output|;
+  measured on a 1M-weight MLP: 68 dB as FP16 Core ML, 75 dB as FP32 ONNX);
+- the version's numeric gate on the copy (the same call the unmarked one got) — except that
+  an FP32 artifact's faithful SNR floor (80 dB, there to catch a broken compile, which the
+  unmarked artifact has passed) is the watermark's 60 dB for its copies: their FP32 weights
+  move by FP16 steps on purpose, so that an FP16 conversion cannot wash the mark out.
+
+The key is the release's (server/watermark.release_key), never the server's secret: this
+runs inside the compile sandbox. A QNN context binary's weights are compiled for the DSP and
+not readable, so QNN artifacts stay unmarked (the gate report says so).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from server import watermark as wm
+from server.compile import weights
+from server.compile.compilers.base import Compiler
+from server.compile.gates.numeric import thresholds_for
+from server.compile.gates.verdict import Reference, numeric_gate
+from server.compile.packing import PackedArtifact, pack
+from server.compile.types import CompiledArtifact, CompileRequest, Precision
+
+MIN_PSNR_DB = 60.0
+MARKED_FORMATS = ("onnx", "mlpackage")
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class WatermarkSpec:
+    """What a build needs to mark: the number of cohorts and the release's key."""
+
+    cohorts: int
+    key: bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cohorts": self.cohorts, "key": self.key.hex()}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> WatermarkSpec:
+        return cls(int(raw["cohorts"]), bytes.fromhex(str(raw["key"])))
+
+
+@dataclass
+class CohortResult:
+    packed: list[PackedArtifact]
+    gate: dict[str, Any]
+    error: str = ""
+
+
+def output_psnr_db(unmarked: list[Any], marked: list[Any]) -> float:
+    """The lowest PSNR over outputs and samples (peak: max |unmarked output|)."""
+    worst = math.inf
+    for u_sample, m_sample in zip(unmarked, marked, strict=True):
+        for u, m in zip(u_sample, m_sample, strict=True):
+            worst = min(worst, wm.psnr_db(np.asarray(u, dtype=np.float64).reshape(-1),
+                                          np.asarray(m, dtype=np.float64).reshape(-1)))
+    return worst
+
+
+def mark_copy(src: Path, dest: Path, key: bytes, cohort: int) -> Path:
+    """A copy of the artifact `src` (file or .mlpackage directory) at `dest`, marked."""
+    if dest.exists():
+        shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        shutil.copytree(src, dest)
+    else:
+        shutil.copyfile(src, dest)
+    weights.rewrite(dest, lambda name, values: wm.embed(values, key, cohort, name=name))
+    return dest
+
+
+def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileRequest,
+                  ref: Reference, pdir: Path, spec: WatermarkSpec, log: Log) -> CohortResult:
+    """The N marked, gated and packed copies of `art` (or the first failure)."""
+    fmt = art.target.format
+    if fmt not in MARKED_FORMATS:
+        why = (f"{fmt} artifacts are not marked: their weights are compiled for the target "
+               "and cannot be read back (docs/security.md)")
+        return CohortResult([], {"status": "not_supported", "reason": why})
+    unmarked = compiler.run(art, ref.feeds) if ref.outputs is not None and \
+        art.runnable_here else None
+    worst_psnr, packed = math.inf, []
+    for c in range(spec.cohorts):
+        copy = mark_copy(art.path, pdir / "cohorts" / str(c) / art.path.name, spec.key, c)
+        marked = replace(art, path=copy)
+        if unmarked is not None:
+            psnr = output_psnr_db(unmarked, compiler.run(marked, ref.feeds))
+            worst_psnr = min(worst_psnr, psnr)
+            if psnr < MIN_PSNR_DB:
+                return CohortResult([], _gate(spec, worst_psnr, "failed"),
+                                    f"cohort {c}'s watermark moves the outputs too much "
+                                    f"(PSNR {psnr:.1f} dB < {MIN_PSNR_DB:.0f} dB)")
+        num = numeric_gate(compiler, marked, _marked_request(request), ref, pdir.parent)
+        if num.status == "failed":
+            return CohortResult([], _gate(spec, worst_psnr, "failed"),
+                                f"cohort {c}'s artifact failed the numeric gate: {num.reason}")
+        packed.append(pack(copy, pdir / "packed-cohorts" / str(c)))
+        shutil.rmtree(copy.parent)  # packed; the unpacked copy is no longer needed
+    status = "passed" if unmarked is not None else "not_run"
+    log(f"[{art.target.variant}/{art.target.platform}] {spec.cohorts} watermarked cohort "
+        f"artifacts {status}" + (f", lowest output PSNR {worst_psnr:.1f} dB"
+                                 if unmarked is not None else ""))
+    return CohortResult(packed, _gate(spec, worst_psnr, status))
+
+
+def _marked_request(request: CompileRequest) -> CompileRequest:
+    numeric = dict(request.settings.get("numeric") or {})
+    fp32 = dict(numeric.get(Precision.FP32.value) or {})
+    floor = thresholds_for(Precision.FP32, request.settings).min_snr_db
+    fp32["min_snr_db"] = min(floor, MIN_PSNR_DB)
+    numeric[Precision.FP32.value] = fp32
+    return replace(request, settings={**request.settings, "numeric": numeric})
+
+
+def _gate(spec: WatermarkSpec, worst_psnr: float, status: str) -> dict[str, Any]:
+    return {"status": status, "cohorts": spec.cohorts, "min_psnr_db": MIN_PSNR_DB,
+            "lowest_output_psnr_db": None if math.isinf(worst_psnr) else round(worst_psnr, 2)}
