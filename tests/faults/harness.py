@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from server.publish.rules import release_salt
 
 import manifests
 from server.blobstore import BlobStore, make_blob_store
 from server.crashpoints import STEPS
 from server.db.migrate import upgrade
 from server.db.session import make_engine, make_session_factory
+from server.rollouts.rules import release_salt
 from server.settings import Settings
 from tests.client.onnx_models import scaled_model
 from tests.support.fleet_devices import FleetDevice, update_report
