@@ -82,7 +82,7 @@ def test_int4_blocks_on_a_pre_ios18_target_are_refused_with_the_fix(net, tmp_pat
 
 
 def test_a_block_size_that_divides_no_weight_is_refused_not_shipped_uncompressed(net, tmp_path):
-    with pytest.raises(InvalidSourceError, match="compressed no weight.*block size 48"):
+    with pytest.raises(InvalidSourceError, match=r"compressed no weight.*block size 48"):
         _coreml(net, tmp_path, weight_compression="int4-block48",
                 minimum_deployment_target="iOS18")
 
@@ -143,7 +143,7 @@ def test_qnn_qdq_variant_has_its_types_compiles_and_runs(net, tmp_path, precisio
 
 
 def test_int4_weights_for_an_htp_before_v73_are_refused_with_the_fix(net, tmp_path):
-    with pytest.raises(InvalidSourceError, match="w4a16 needs HTP v73.*w8a16"):
+    with pytest.raises(InvalidSourceError, match=r"w4a16 needs HTP v73.*w8a16"):
         _qnn(net, tmp_path, "w4a16", arch="69")
 
 

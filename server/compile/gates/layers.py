@@ -177,3 +177,25 @@ def first_divergence(reference: Path | Any, candidate: Path | Any,
                 return Localization(first=m, compared=compared, basis=basis, before=last_ok)
             last_ok = m
     return Localization(first=None, compared=compared, basis=basis, before=last_ok)
+
+
+def all_layers(reference: Path | Any, candidate: Path | Any, feeds: dict[str, NDArray[Any]],
+               opener: Opener = cpu_session, chunk: int = CHUNK) -> list[LayerMetrics]:
+    """The metrics of every float tensor both graphs compute, in the reference graph's order
+    (the precision search ranks layers by the loss each adds; `first_divergence` stops at
+    the first one below a threshold instead)."""
+    import onnx
+
+    ref = reference if isinstance(reference, onnx.ModelProto) else onnx.load(str(reference))
+    cand = candidate if isinstance(candidate, onnx.ModelProto) else onnx.load(str(candidate))
+    common = _available(cand) & _available(ref)
+    order = [t for t in _graph_tensors(ref) if t[0] in common]
+    out = []
+    for start in range(0, len(order), chunk):
+        part = order[start:start + chunk]
+        names = [t for t, _, _ in part]
+        got_ref = _run(ref, names, feeds, cpu_session)
+        got_cand = _run(cand, names, feeds, opener)
+        out += [layer_metrics(got_ref[t], got_cand[t], node, op, t) for t, node, op in part
+                if got_ref[t].size and got_ref[t].size == got_cand[t].size]
+    return out

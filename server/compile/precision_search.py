@@ -1,0 +1,367 @@
+"""`precision: "auto"`: per platform and target, the smallest artifact that passes the gate.
+
+Candidates are tried from the fewest stored bits per weight up; each is compiled by the
+platform's own compiler and judged by the numeric gate the pipeline runs on every artifact,
+with the thresholds of ITS precision: a quantized candidate (weights of 8 bits or fewer) must
+also keep the INT8 thresholds against the FP32 source (cosine > 0.995, SNR > 40 dB, max abs
+diff < 0.5; `precision_gate: seed` for that candidate), an FP16 one the FP16 gate as the
+version sets it. The first candidate that passes wins; a failing one is recorded and skipped.
+
+- Core ML: int4-block32, int8 (per channel), int8-block32, then FP16 weights (block-wise and
+  INT4 only when the version's minimum_deployment_target is iOS18 or later: the search never
+  narrows the devices a version reaches); palettize4/6/8 when `search_candidates` names them.
+- QNN, per target: w4a16 (HTP v73+), w8a8, w8a16 (calibration inputs needed for all three),
+  then fp16 (HTP v69+; v68 has no FP16 arithmetic).
+- `search_candidates` (a platform setting, comma-separated labels) narrows and orders the list.
+- `mixed: true`: when a quantized candidate fails, the layer that added the most loss
+  (sensitivity.py, measured on the first reference sample) is kept unquantized and the
+  candidate compiled again, up to `mixed_max_layers` (default 8) layers, or until it grows
+  past what the next candidate would weigh.
+- Budget: `search_budget_seconds` (version setting, default 900) caps the compile and gate
+  seconds of all searches of one build; a candidate is not started once it is spent.
+
+The outcome's `gates["precision_search"]` is the frontier: every candidate tried (bytes,
+gate figures against FP32, compile and gate seconds, kept layers), every one skipped and why,
+and why the winner won.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from server.compile.compilers import coreml_quant
+from server.compile.compilers.base import Compiler, int_setting, settings_for
+from server.compile.compilers.coreml_quant import BLOCKWISE_TARGET
+from server.compile.compilers.qnn import FP16_MIN_ARCH, INT4_MIN_ARCH
+from server.compile.errors import CompileError, InvalidSourceError, TransientCompileError
+from server.compile.gates.numeric import NumericGateReport
+from server.compile.gates.verdict import Reference, numeric_gate
+from server.compile.types import CompiledArtifact, CompileRequest
+
+DEFAULT_BUDGET_SECONDS = 900.0
+DEFAULT_MIXED_LAYERS = 8
+Log = Callable[[str], None]
+
+
+@dataclass
+class Budget:
+    """Compile + gate seconds the searches of one build may spend."""
+
+    seconds: float
+    spent: float = 0.0
+
+    @property
+    def exhausted(self) -> bool:
+        return self.spent >= self.seconds
+
+
+def budget_of(settings: dict[str, Any]) -> Budget:
+    value = settings.get("search_budget_seconds", DEFAULT_BUDGET_SECONDS)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds >= 0:
+        raise InvalidSourceError(f"search_budget_seconds must be a number of seconds >= 0, "
+                                 f"not {value!r}")
+    return Budget(seconds)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    label: str
+    overrides: dict[str, Any]  # merged into the platform's settings block
+    bits: float  # stored bits per weight (orders the search)
+    quantized: bool  # judged with the INT8 thresholds
+
+
+# Uniform palettization keeps ~28 dB on Gaussian weights at 6 bits (one table per tensor),
+# below the INT8 gate's 40 dB, so palettize<B> is tried only when search_candidates names it.
+COREML_DEFAULT = ("int4-block32", "int8", "int8-block32", "fp16")
+_QNN = [("w4a16", 4.0), ("w8a8", 8.0), ("w8a16", 8.1), ("fp16", 16.0)]
+
+
+def _wanted(opts: dict[str, Any]) -> list[str] | None:
+    value = opts.get("search_candidates")
+    if value in (None, ""):
+        return None
+    return [v.strip() for v in str(value).split(",") if v.strip()]
+
+
+def coreml_candidates(opts: dict[str, Any]) -> tuple[list[Candidate], list[dict[str, str]]]:
+    """Core ML candidates: any `weight_compression` scheme (coreml_quant.py) or "fp16"."""
+    import coremltools as ct
+
+    target_name = str(opts.get("minimum_deployment_target", "iOS17"))
+    target = getattr(ct.target, target_name, None)
+    ios18 = target is not None and target >= getattr(ct.target, BLOCKWISE_TARGET)
+    out, skipped = [], []
+    for label in _wanted(opts) or COREML_DEFAULT:
+        c = coreml_quant.parse("none" if label == "fp16" else label)
+        if c.needs_ios18 and not ios18:
+            skipped.append({"candidate": label, "why": f"needs minimum_deployment_target "
+                            f"{BLOCKWISE_TARGET} (constexpr_blockwise_shift_scale); the version "
+                            f"targets {target_name}"})
+            continue
+        out.append(Candidate(label, {"precision": "fp16", "weight_compression": c.scheme},
+                             c.bits_per_weight, c.kind != "none"))
+    if _wanted(opts) is None:
+        out.sort(key=lambda c: c.bits)
+    return out, skipped
+
+
+def qnn_candidates(opts: dict[str, Any], target: dict[str, str], calibrated: bool
+                   ) -> tuple[list[Candidate], list[dict[str, str]]]:
+    arch = int(target["htp_arch"])
+    wanted = _wanted(opts)
+    _refuse_unknown(wanted, {label for label, _ in _QNN}, "qnn")
+    out, skipped = [], []
+    for label, bits in _QNN:
+        if wanted is not None and label not in wanted:
+            continue
+        why = ""
+        if label == "w4a16" and arch < INT4_MIN_ARCH:
+            why = f"INT4 weights need HTP v{INT4_MIN_ARCH}+; this target is v{arch}"
+        elif label == "fp16" and arch < FP16_MIN_ARCH:
+            why = f"HTP v{arch} has no FP16 arithmetic (FP16 from v{FP16_MIN_ARCH})"
+        elif label != "fp16" and not calibrated:
+            why = "needs calibration inputs (upload a calibration .npz with the version)"
+        if why:
+            skipped.append({"candidate": label, "why": why})
+            continue
+        out.append(Candidate(label, {"precision": label}, bits, label != "fp16"))
+    return _ordered(out, wanted), skipped
+
+
+def _refuse_unknown(wanted: list[str] | None, known: set[str], platform: str) -> None:
+    unknown = sorted(set(wanted or ()) - known)
+    if unknown:
+        raise InvalidSourceError(f"{platform} search_candidates {unknown} unknown; known: "
+                                 f"{sorted(known)}")
+
+
+def _ordered(cands: list[Candidate], wanted: list[str] | None) -> list[Candidate]:
+    if wanted is None:
+        return cands
+    return sorted(cands, key=lambda c: wanted.index(c.label))
+
+
+def _truthy(value: object) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+def _figures(report: NumericGateReport) -> dict[str, Any]:
+    """The artifact against the FP32 source, worst output: what the INT8 thresholds judge."""
+    rows = report.vs_fp32 or []
+    if not rows:
+        return {}
+
+    def num(key: str, pick: Callable[..., Any]) -> Any:
+        vals = [float(r[key]) for r in rows]
+        return round(pick(vals), 6)
+    return {"cosine": num("cosine", min), "snr_db": num("snr_db", min),
+            "max_abs_diff": num("max_abs_diff", max)}
+
+
+@dataclass
+class Tried:
+    label: str
+    artifact: CompiledArtifact | None
+    report: NumericGateReport | None
+    row: dict[str, Any]
+
+    @property
+    def passed(self) -> bool:
+        return self.report is not None and self.report.status == "passed"
+
+
+@dataclass
+class SearchResult:
+    artifact: CompiledArtifact | None
+    report: NumericGateReport | None
+    frontier: dict[str, Any]
+    error: str = ""
+
+
+@dataclass
+class _Search:
+    compiler: Compiler
+    platform: str
+    request: CompileRequest
+    ref: Reference
+    pdir: Path
+    budget: Budget
+    log: Log
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    plain: Path | None = None  # Core ML package with uncompressed weights (mixed baseline)
+
+    def attempt(self, cand: Candidate, keep: tuple[str, ...] = ()) -> Tried:
+        opts = settings_for(self.request, self.platform)
+        settings = copy.deepcopy(self.request.settings)
+        block = {**opts, **cand.overrides}
+        if keep:
+            # Each compiler's own opt-out of quantization for named layers.
+            block["keep_float_nodes" if self.platform == "qnn" else "keep_ops"] = list(keep)
+        settings[self.platform] = block
+        if cand.quantized:
+            settings["precision_gate"] = "seed"  # the INT8 thresholds against FP32
+        request = replace(self.request, settings=settings)
+        label = cand.label + (f"+keep{len(keep)}" if keep else "")
+        cdir = self.pdir / "search" / label.replace("+", "_")
+        cdir.mkdir(parents=True, exist_ok=True)
+        row: dict[str, Any] = {"candidate": label, "bits_per_weight": cand.bits,
+                               "thresholds": "int8" if cand.quantized else "as set (fp16)",
+                               **({"kept_layers": list(keep)} if keep else {})}
+        started = time.monotonic()
+        try:
+            (art,) = self.compiler.compile(request, cdir)
+        except TransientCompileError:
+            raise
+        except CompileError as e:
+            row.update(outcome="compile failed", error=str(e)[:400],
+                       compile_seconds=round(time.monotonic() - started, 2))
+            self.budget.spent += time.monotonic() - started
+            self.rows.append(row)
+            return Tried(label, None, None, row)
+        compiled = time.monotonic()
+        report = numeric_gate(self.compiler, art, request, self.ref, self.pdir.parent)
+        done = time.monotonic()
+        self.budget.spent += done - started
+        row.update(outcome="passed" if report.status == "passed" else f"gate {report.status}",
+                   precision=art.precision.value, bytes=_size(art.path),
+                   compile_seconds=round(compiled - started, 2),
+                   gate_seconds=round(done - compiled, 2), vs_fp32=_figures(report),
+                   **({"reason": report.reason} if report.reason else {}))
+        self.rows.append(row)
+        self.log(f"[search/{self.platform}] {label}: {row['outcome']}, {row['bytes']} bytes"
+                 + (f" ({report.reason[:160]})" if report.reason else ""))
+        return Tried(label, art, report, row)
+
+    def losses(self, tried: Tried, cand: Candidate) -> list[Any]:
+        """Layers of the failed `tried`, most loss added first (sensitivity.py)."""
+        from server.compile import sensitivity
+
+        assert tried.artifact is not None and self.request.onnx_path is not None
+        feeds = self.ref.feeds[0]
+        if self.platform == "qnn":
+            qdq = Path(str(tried.artifact.extra["qdq_model"]))
+            return sensitivity.onnx_losses(self.request.onnx_path, qdq, feeds)
+        if self.plain is None:
+            started = time.monotonic()
+            base = replace(cand, label="fp16", overrides={**cand.overrides,
+                                                           "weight_compression": "none"})
+            settings = copy.deepcopy(self.request.settings)
+            settings[self.platform] = {**settings_for(self.request, self.platform),
+                                       **base.overrides}
+            pdir = self.pdir / "search" / "mixed-baseline"
+            pdir.mkdir(parents=True, exist_ok=True)
+            (art,) = self.compiler.compile(replace(self.request, settings=settings), pdir)
+            self.budget.spent += time.monotonic() - started
+            self.plain = art.path
+        return sensitivity.coreml_losses(self.plain, tried.artifact.path, feeds)
+
+
+def search(compiler: Compiler, platform: str, request: CompileRequest, ref: Reference,
+           pdir: Path, budget: Budget, log: Log) -> SearchResult:
+    """The smallest candidate for `request` (one target) that passes its gate, and the
+    frontier; `error` says why none won."""
+    opts = settings_for(request, platform)
+    if platform == "coreml":
+        cands, skipped = coreml_candidates(opts)
+    elif platform == "qnn":
+        from server.compile.compilers.qnn import targets_of
+
+        (target,) = targets_of(opts)
+        cands, skipped = qnn_candidates(opts, target, request.calibration_path is not None)
+    else:
+        raise InvalidSourceError(f"precision auto is for coreml and qnn, not {platform}")
+    frontier: dict[str, Any] = {"gate": "precision_search", "tried": [], "skipped": skipped,
+                                "budget_seconds": budget.seconds}
+    if request.onnx_path is not None and request.onnx_path.is_file():
+        frontier["fp32_bytes"] = request.onnx_path.stat().st_size
+    if ref.outputs is None:
+        return SearchResult(None, None, frontier, (
+            "precision auto judges each candidate on the version's reference inputs, and "
+            f"there are none ({ref.reason}); upload a reference or calibration .npz, or set "
+            f"a fixed {platform} precision"))
+    mixed = _truthy(opts.get("mixed", False))
+    max_layers = int_setting(opts, "mixed_max_layers", DEFAULT_MIXED_LAYERS)
+    s = _Search(compiler, platform, request, ref, pdir, budget, log, frontier["tried"])
+    for i, cand in enumerate(cands):
+        if budget.exhausted:
+            skipped.append({"candidate": cand.label, "why": f"search budget of "
+                            f"{budget.seconds:g} s spent ({budget.spent:.1f} s)"})
+            continue
+        tried = s.attempt(cand)
+        if tried.passed:
+            return _won(tried, frontier, budget)
+        if not (mixed and cand.quantized and tried.artifact is not None):
+            continue
+        next_bits = cands[i + 1].bits if i + 1 < len(cands) else 16.0
+        won = _mix(s, cand, tried, max_layers, next_bits)
+        if won is not None:
+            return _won(won, frontier, budget)
+    frontier["spent_seconds"] = round(budget.spent, 2)
+    tried_text = "; ".join(f"{r['candidate']}: {r.get('reason') or r.get('error') or r['outcome']}"
+                           for r in frontier["tried"])[:900]
+    skipped_text = "; ".join(f"{r['candidate']}: {r['why']}" for r in skipped)[:400]
+    return SearchResult(None, None, frontier, (
+        f"precision auto: no {platform} candidate passed its gate"
+        + (f" (tried: {tried_text})" if tried_text else "")
+        + (f" (skipped: {skipped_text})" if skipped_text else "")
+        + ". Options: set mixed=true to keep the most sensitive layers at higher precision, "
+        "raise search_budget_seconds, upload calibration inputs, or set a fixed precision."))
+
+
+def _mix(s: _Search, cand: Candidate, first: Tried, max_layers: int, next_bits: float
+         ) -> Tried | None:
+    keep: list[str] = []
+    tried = first
+    limit = int(_size(first.artifact.path) * next_bits / cand.bits) if first.artifact else 0
+    for _ in range(max_layers):
+        if s.budget.exhausted:
+            break
+        try:
+            ranked = s.losses(tried, cand)
+        except Exception as e:  # a diagnostic that fails ends the mixing, never the build
+            first.row["mixed_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            return None
+        pick = next((x for x in ranked if x.name not in keep), None)
+        if pick is None:
+            return None
+        keep.append(pick.name)
+        tried = s.attempt(cand, tuple(keep))
+        tried.row["kept_because"] = pick.to_dict()
+        if tried.passed:
+            return tried
+        if tried.artifact is None or _size(tried.artifact.path) > limit:
+            return None
+    return None
+
+
+def _won(tried: Tried, frontier: dict[str, Any], budget: Budget) -> SearchResult:
+    assert tried.artifact is not None
+    frontier["spent_seconds"] = round(budget.spent, 2)
+    failed = [r for r in frontier["tried"] if r is not tried.row]
+    size = tried.row["bytes"]
+    ratio = (f", {size / frontier['fp32_bytes']:.3f}× the FP32 source"
+             if frontier.get("fp32_bytes") else "")
+    why = (f"{tried.label} ({size} bytes{ratio}) is the smallest candidate that passed the "
+           f"{tried.row['thresholds']} gate")
+    if failed:
+        why += "; tried before it: " + "; ".join(
+            f"{r['candidate']} ({r.get('reason') or r.get('error') or r['outcome']})"[:200]
+            for r in failed)
+    frontier["winner"] = {"candidate": tried.label, "bytes": size, "why": why}
+    return SearchResult(tried.artifact, tried.report, frontier)
