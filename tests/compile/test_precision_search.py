@@ -108,7 +108,11 @@ def test_qnn_mixed_leaves_the_outlier_node_out_of_the_quantization(nets, tmp_pat
 
 
 def test_budget_stops_the_search_and_says_so(nets, tmp_path):
-    settings = {**_coreml(), "search_budget_seconds": 0.001}
+    # As an upload's metadata gives it: a version-level setting beside the platform's.
+    settings = pipeline_settings("coreml", {**_coreml()["coreml"],
+                                            "search_budget_seconds": "0.001"})
+    assert settings["search_budget_seconds"] == "0.001" and \
+        "search_budget_seconds" not in settings["coreml"]
     (out,) = _build(nets["plain"], "coreml", settings, tmp_path)
     frontier = out.gates["precision_search"]
     # One candidate starts (the budget is checked before each), the rest are skipped.
@@ -130,3 +134,10 @@ def test_block_wise_candidates_are_skipped_for_a_pre_ios18_version(nets, tmp_pat
     skipped = {s["candidate"]: s["why"] for s in out.gates["precision_search"]["skipped"]}
     assert set(skipped) == {"int4-block32", "int8-block32"} and "iOS18" in skipped["int8-block32"]
     assert _tried(out)[0] == "int8"
+
+
+def test_a_negative_budget_is_refused(nets, tmp_path):
+    from server.compile.errors import InvalidSourceError
+
+    with pytest.raises(InvalidSourceError, match="search_budget_seconds"):
+        _build(nets["plain"], "coreml", {**_coreml(), "search_budget_seconds": -1}, tmp_path)

@@ -119,9 +119,42 @@ def _unsupported_op(err: Exception) -> list[str]:
 class CoreMLCompiler:
     platform = "coreml"
 
-    def compile(self, request: CompileRequest, workdir: Path) -> list[CompiledArtifact]:
+    def __init__(self) -> None:
+        # The last conversion, by what it depends on: the precision search compresses one
+        # converted model several ways (coremltools' compression leaves its input intact).
+        self._converted: tuple[tuple[Any, ...], Any] | None = None
+
+    def _convert(self, request: CompileRequest, target: Any, precision: Precision) -> Any:
         import coremltools as ct
         import torch
+
+        key = (request.source_path, request.source_format, request.shape_variant,
+               request.inputs, request.onnx_path, precision, target)
+        if self._converted is not None and self._converted[0] == key:
+            return self._converted[1]
+        onnx_source = request.source_format is SourceFormat.ONNX
+        if onnx_source:
+            program = _program_from_onnx(request, target)
+        else:
+            program = load_exported_program(request.source_path, request.source_format,
+                                            request.inputs)
+        kwargs: dict[str, Any] = {}
+        if isinstance(program, torch.export.ExportedProgram):
+            # The core ATen set: coremltools has no converter for many non-core ops
+            # (new_ones, max_pool2d without indices, …) that export keeps.
+            program = contiguous_placeholders(
+                _fill_pool_defaults(program.run_decompositions()))
+        if not onnx_source:  # a MIL program from ONNX already has typed inputs
+            kwargs["inputs"] = [_tensor_type(ct, s) for s in request.inputs]
+        mlmodel = ct.convert(
+            program, convert_to="mlprogram", minimum_deployment_target=target,
+            compute_precision=(ct.precision.FLOAT16 if precision is Precision.FP16
+                               else ct.precision.FLOAT32), **kwargs)
+        self._converted = (key, mlmodel)
+        return mlmodel
+
+    def compile(self, request: CompileRequest, workdir: Path) -> list[CompiledArtifact]:
+        import coremltools as ct
 
         opts = settings_for(request, "coreml")
         wanted = str(opts.get("precision", "fp16"))
@@ -153,27 +186,10 @@ class CoreMLCompiler:
             raise InvalidSourceError(f"Core ML ML Programs need iOS15 / macOS12 or newer, not "
                                      f"{target_name}")
         coreml_quant.check_target(compression, target_name, target)
-        if onnx_source:
-            program = _program_from_onnx(request, target)
-        else:
-            program = load_exported_program(request.source_path, request.source_format,
-                                            request.inputs)
         try:
             with quiet():
-                kwargs: dict[str, Any] = {}
-                if isinstance(program, torch.export.ExportedProgram):
-                    # The core ATen set: coremltools has no converter for many non-core ops
-                    # (new_ones, max_pool2d without indices, …) that export keeps.
-                    program = contiguous_placeholders(
-                        _fill_pool_defaults(program.run_decompositions()))
-                if not onnx_source:  # a MIL program from ONNX already has typed inputs
-                    kwargs["inputs"] = [_tensor_type(ct, s) for s in request.inputs]
-                mlmodel = ct.convert(
-                    program, convert_to="mlprogram", minimum_deployment_target=target,
-                    compute_precision=(ct.precision.FLOAT16 if precision is Precision.FP16
-                                       else ct.precision.FLOAT32), **kwargs)
-                mlmodel = coreml_quant.compress(mlmodel, compression, threshold, palette_mode,
-                                                keep_ops)
+                mlmodel = coreml_quant.compress(self._convert(request, target, precision),
+                                                compression, threshold, palette_mode, keep_ops)
         except (ConversionError, InvalidSourceError):
             raise
         except ImportError as e:  # e.g. kmeans palettization needs scikit-learn
