@@ -138,7 +138,7 @@ def search_cell(model: str, plat: str, out: Any, seconds: float) -> dict[str, An
                 f"{r['candidate']}:{'ok' if r['outcome'] == 'passed' else 'x'}"
                 for r in frontier.get("tried", [])],
             "search_seconds": frontier.get("spent_seconds"), "seconds": round(seconds, 1),
-            "error": out.error}
+            "why": winner.get("why", ""), "error": out.error}
 
 
 def auto_table(cells: list[dict[str, Any]]) -> str:
