@@ -17,8 +17,11 @@ version sets it. The first candidate that passes wins; a failing one is recorded
   (sensitivity.py, measured on the first reference sample) is kept unquantized and the
   candidate compiled again, up to `mixed_max_layers` (default 8) layers, or until it grows
   past what the next candidate would weigh.
-- Budget: `search_budget_seconds` (version setting, default 900) caps the compile and gate
-  seconds of all searches of one build; a candidate is not started once it is spent.
+- Budget: `search_budget_seconds` (default 900) caps the compile and gate seconds of all
+  searches of one build — one `Pipeline.build`, i.e. one platform × shape variant of a
+  version as a worker runs it, all of that platform's targets sharing it; a candidate is not
+  started once it is spent. (Builds of one version run as separate jobs, possibly on
+  separate workers, so the cap is per build, not summed across a version's builds.)
 
 The outcome's `gates["precision_search"]` is the frontier: every candidate tried (bytes,
 gate figures against FP32, compile and gate seconds, kept layers), every one skipped and why,

@@ -7,8 +7,8 @@ Recognised keys, per platform block:
   builds); `precision_gate` ("off" default | "seed": the precision cost must meet the seed
   thresholds); `numeric_samples` (how many reference samples the numeric gate runs, default
   16); `task` (the model's task, set by the worker: top-k is checked for "classification");
-  `search_budget_seconds` (compile + gate seconds all `precision: auto` searches of the
-  version's build may spend, default 900);
+  `search_budget_seconds` (compile + gate seconds all `precision: auto` searches of one
+  build — this platform and shape variant, all its targets — may spend, default 900);
   `deny_ops` / `allow_ops`
   (comma-separated operator names added to / removed from the operator gate's list).
 - coreml: `precision` (fp16 | fp32 | auto), `minimum_deployment_target`, `weight_compression`,
