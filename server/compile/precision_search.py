@@ -224,7 +224,7 @@ class _Search:
         cdir = self.pdir / "search" / label.replace("+", "_")
         cdir.mkdir(parents=True, exist_ok=True)
         row: dict[str, Any] = {"candidate": label, "bits_per_weight": cand.bits,
-                               "thresholds": "int8" if cand.quantized else "as set (fp16)",
+                               "thresholds": "int8" if cand.quantized else "fp16",
                                **({"kept_layers": list(keep)} if keep else {})}
         started = time.monotonic()
         try:
@@ -360,8 +360,10 @@ def _won(tried: Tried, frontier: dict[str, Any], budget: Budget) -> SearchResult
     size = tried.row["bytes"]
     ratio = (f", {size / frontier['fp32_bytes']:.3f}× the FP32 source"
              if frontier.get("fp32_bytes") else "")
-    why = (f"{tried.label} ({size} bytes{ratio}) is the smallest candidate that passed the "
-           f"{tried.row['thresholds']} gate")
+    gate = ("the INT8 thresholds against FP32 (cosine > 0.995, SNR > 40 dB, max abs diff < "
+            "0.5)" if tried.row["thresholds"] == "int8" else "the version's FP16 gate")
+    why = (f"{tried.label} ({size} bytes{ratio}) is the smallest candidate that passed its "
+           f"gate, {gate}")
     if failed:
         why += "; tried before it: " + "; ".join(
             f"{r['candidate']} ({r.get('reason') or r.get('error') or r['outcome']})"[:200]
