@@ -16,7 +16,9 @@ version sets it. The first candidate that passes wins; a failing one is recorded
 - `mixed: true`: when a quantized candidate fails, the layer that added the most loss
   (sensitivity.py, measured on the first reference sample) is kept unquantized and the
   candidate compiled again, up to `mixed_max_layers` (default 8) layers, or until it grows
-  past what the next candidate would weigh.
+  past what the next candidate would weigh; a candidate more than `mixed_max_gap_db`
+  (default 15) below the gate's 40 dB SNR is not mixed (INT4 at ~16 dB is not rescued by a
+  few layers, and its mixing would spend the budget the next candidate needs).
 - Budget: `search_budget_seconds` (default 900) caps the compile and gate seconds of all
   searches of one build — one `Pipeline.build`, i.e. one platform × shape variant of a
   version as a worker runs it, all of that platform's targets sharing it; a candidate is not
@@ -42,12 +44,14 @@ from server.compile.compilers.base import Compiler, int_setting, settings_for
 from server.compile.compilers.coreml_quant import BLOCKWISE_TARGET
 from server.compile.compilers.qnn import FP16_MIN_ARCH, INT4_MIN_ARCH
 from server.compile.errors import CompileError, InvalidSourceError, TransientCompileError
-from server.compile.gates.numeric import NumericGateReport
+from server.compile.gates.numeric import SEED_THRESHOLDS, NumericGateReport
 from server.compile.gates.verdict import Reference, numeric_gate
-from server.compile.types import CompiledArtifact, CompileRequest
+from server.compile.types import CompiledArtifact, CompileRequest, Precision
 
 DEFAULT_BUDGET_SECONDS = 900.0
 DEFAULT_MIXED_LAYERS = 8
+DEFAULT_MIXED_GAP_DB = 15
+INT8_SNR_DB = SEED_THRESHOLDS[Precision.INT8].min_snr_db
 Log = Callable[[str], None]
 
 
@@ -300,6 +304,7 @@ def search(compiler: Compiler, platform: str, request: CompileRequest, ref: Refe
             f"a fixed {platform} precision"))
     mixed = _truthy(opts.get("mixed", False))
     max_layers = int_setting(opts, "mixed_max_layers", DEFAULT_MIXED_LAYERS)
+    max_gap = float(int_setting(opts, "mixed_max_gap_db", DEFAULT_MIXED_GAP_DB))
     s = _Search(compiler, platform, request, ref, pdir, budget, log, frontier["tried"])
     for i, cand in enumerate(cands):
         if budget.exhausted:
@@ -310,6 +315,13 @@ def search(compiler: Compiler, platform: str, request: CompileRequest, ref: Refe
         if tried.passed:
             return _won(tried, frontier, budget)
         if not (mixed and cand.quantized and tried.artifact is not None):
+            continue
+        gap = INT8_SNR_DB - float(tried.row.get("vs_fp32", {}).get("snr_db", INT8_SNR_DB))
+        if gap > max_gap:
+            # A few FP16 layers do not buy back this much; spend the budget on the next one.
+            tried.row["mixed"] = (f"not tried: SNR {INT8_SNR_DB - gap:.1f} dB is {gap:.1f} dB "
+                                  f"below the gate's {INT8_SNR_DB:g} dB (mixed_max_gap_db "
+                                  f"{max_gap:g})")
             continue
         next_bits = cands[i + 1].bits if i + 1 < len(cands) else 16.0
         won = _mix(s, cand, tried, max_layers, next_bits)

@@ -88,10 +88,14 @@ def test_mixed_keeps_the_measured_most_sensitive_layer_at_fp16_until_the_gate_pa
                       tmp_path / "plain")
     assert _tried(plain) == ["int8", "fp16"] and plain.variant == "fp16"
     (out,) = _build(nets["outlier"], "coreml",
-                    _coreml(search_candidates="int8,fp16", mixed=True), tmp_path / "mixed")
+                    _coreml(search_candidates="int4-block32,int8,fp16", mixed=True),
+                    tmp_path / "mixed")
     assert out.state == "ready", out.error
-    assert _tried(out) == ["int8", "int8+keep1"] and out.variant == "fp16-int8-keep1"
-    kept = out.gates["precision_search"]["tried"][1]
+    # INT4 is too far below the gate to be mixed; INT8 is, and passes with one layer kept.
+    assert _tried(out) == ["int4-block32", "int8", "int8+keep1"]
+    assert out.variant == "fp16-int8-keep1"
+    int4, _, kept = out.gates["precision_search"]["tried"]
+    assert int4["mixed"].startswith("not tried") and "mixed_max_gap_db" in int4["mixed"]
     # The outlier layer is the first linear (ONNX fc0 → MIL op a0_*): measured, not guessed.
     assert kept["kept_because"]["layer"].startswith("a0") and kept["kept_layers"] == [
         kept["kept_because"]["layer"]]
