@@ -13,12 +13,13 @@ version sets it. The first candidate that passes wins; a failing one is recorded
 - QNN, per target: w4a16 (HTP v73+), w8a8, w8a16 (calibration inputs needed for all three),
   then fp16 (HTP v69+; v68 has no FP16 arithmetic).
 - `search_candidates` (a platform setting, comma-separated labels) narrows and orders the list.
-- `mixed: true`: when a quantized candidate fails, the layer that added the most loss
-  (sensitivity.py, measured on the first reference sample) is kept unquantized and the
-  candidate compiled again, up to `mixed_max_layers` (default 8) layers, or until it grows
-  past what the next candidate would weigh; a candidate more than `mixed_max_gap_db`
-  (default 15) below the gate's 40 dB SNR is not mixed (INT4 at ~16 dB is not rescued by a
-  few layers, and its mixing would spend the budget the next candidate needs).
+- `mixed: true`: after the candidates as they are, each failed quantized one (smallest
+  first) is compiled again with the layer that added the most loss (sensitivity.py,
+  measured on the first reference sample) kept unquantized, then the next, up to
+  `mixed_max_layers` (default 8), while it stays smaller than the plain winner (if any);
+  a candidate more than `mixed_max_gap_db` (default 15) below the gate's 40 dB SNR is not
+  mixed (INT4 at ~16 dB is not rescued by a few layers, and mixing it would spend the budget
+  the others need).
 - Budget: `search_budget_seconds` (default 900) caps the compile and gate seconds of all
   searches of one build — one `Pipeline.build`, i.e. one platform × shape variant of a
   version as a worker runs it, all of that platform's targets sharing it; a candidate is not
@@ -306,27 +307,11 @@ def search(compiler: Compiler, platform: str, request: CompileRequest, ref: Refe
     max_layers = int_setting(opts, "mixed_max_layers", DEFAULT_MIXED_LAYERS)
     max_gap = float(int_setting(opts, "mixed_max_gap_db", DEFAULT_MIXED_GAP_DB))
     s = _Search(compiler, platform, request, ref, pdir, budget, log, frontier["tried"])
-    for i, cand in enumerate(cands):
-        if budget.exhausted:
-            skipped.append({"candidate": cand.label, "why": f"search budget of "
-                            f"{budget.seconds:g} s spent ({budget.spent:.1f} s)"})
-            continue
-        tried = s.attempt(cand)
-        if tried.passed:
-            return _won(tried, frontier, budget)
-        if not (mixed and cand.quantized and tried.artifact is not None):
-            continue
-        gap = INT8_SNR_DB - float(tried.row.get("vs_fp32", {}).get("snr_db", INT8_SNR_DB))
-        if gap > max_gap:
-            # A few FP16 layers do not buy back this much; spend the budget on the next one.
-            tried.row["mixed"] = (f"not tried: SNR {INT8_SNR_DB - gap:.1f} dB is {gap:.1f} dB "
-                                  f"below the gate's {INT8_SNR_DB:g} dB (mixed_max_gap_db "
-                                  f"{max_gap:g})")
-            continue
-        next_bits = cands[i + 1].bits if i + 1 < len(cands) else 16.0
-        won = _mix(s, cand, tried, max_layers, next_bits)
-        if won is not None:
-            return _won(won, frontier, budget)
+    best, failed = _plain_pass(s, cands, skipped)
+    if mixed:
+        best = _mixed_pass(s, failed, best, max_layers, max_gap) or best
+    if best is not None:
+        return _won(best, frontier, budget)
     frontier["spent_seconds"] = round(budget.spent, 2)
     tried_text = "; ".join(f"{r['candidate']}: {r.get('reason') or r.get('error') or r['outcome']}"
                            for r in frontier["tried"])[:900]
@@ -339,13 +324,52 @@ def search(compiler: Compiler, platform: str, request: CompileRequest, ref: Refe
         "raise search_budget_seconds, upload calibration inputs, or set a fixed precision."))
 
 
-def _mix(s: _Search, cand: Candidate, first: Tried, max_layers: int, next_bits: float
+def _plain_pass(s: _Search, cands: list[Candidate], skipped: list[dict[str, str]]
+                ) -> tuple[Tried | None, list[tuple[Candidate, Tried]]]:
+    """Candidates as they are, smallest first, up to the first that passes; the failed ones
+    (for the mixed pass)."""
+    failed = []
+    for cand in cands:
+        if s.budget.exhausted:
+            skipped.append({"candidate": cand.label, "why": f"search budget of "
+                            f"{s.budget.seconds:g} s spent ({s.budget.spent:.1f} s)"})
+            continue
+        tried = s.attempt(cand)
+        if tried.passed:
+            return tried, failed
+        failed.append((cand, tried))
+    return None, failed
+
+
+def _mixed_pass(s: _Search, failed: list[tuple[Candidate, Tried]], best: Tried | None,
+                max_layers: int, max_gap: float) -> Tried | None:
+    """Failed quantized candidates, smallest first, with their most sensitive layers kept
+    unquantized one by one; a mix is kept only while smaller than the plain winner (a few
+    FP16 layers can make INT4 outweigh INT8)."""
+    limit = best.row["bytes"] if best is not None else None
+    for cand, tried in failed:
+        if not cand.quantized or tried.artifact is None:
+            continue
+        gap = INT8_SNR_DB - float(tried.row.get("vs_fp32", {}).get("snr_db", INT8_SNR_DB))
+        if gap > max_gap:
+            # A few FP16 layers do not buy back this much; spend the budget elsewhere.
+            tried.row["mixed"] = (f"not tried: SNR {INT8_SNR_DB - gap:.1f} dB is {gap:.1f} dB "
+                                  f"below the gate's {INT8_SNR_DB:g} dB (mixed_max_gap_db "
+                                  f"{max_gap:g})")
+            continue
+        won = _mix(s, cand, tried, max_layers, limit)
+        if won is not None:
+            return won
+    return None
+
+
+def _mix(s: _Search, cand: Candidate, first: Tried, max_layers: int, limit: int | None
          ) -> Tried | None:
     keep: list[str] = []
     tried = first
-    limit = int(_size(first.artifact.path) * next_bits / cand.bits) if first.artifact else 0
     for _ in range(max_layers):
         if s.budget.exhausted:
+            first.row["mixed"] = "stopped: search budget spent"
             break
         try:
             ranked = s.losses(tried, cand)
@@ -358,10 +382,14 @@ def _mix(s: _Search, cand: Candidate, first: Tried, max_layers: int, next_bits: 
         keep.append(pick.name)
         tried = s.attempt(cand, tuple(keep))
         tried.row["kept_because"] = pick.to_dict()
+        if tried.artifact is None:
+            return None
+        if limit is not None and tried.row["bytes"] >= limit:
+            tried.row["mixed"] = f"stopped: {tried.row['bytes']} bytes, not smaller than the " \
+                                 f"plain winner's {limit}"
+            return None
         if tried.passed:
             return tried
-        if tried.artifact is None or _size(tried.artifact.path) > limit:
-            return None
     return None
 
 

@@ -91,10 +91,12 @@ def test_mixed_keeps_the_measured_most_sensitive_layer_at_fp16_until_the_gate_pa
                     _coreml(search_candidates="int4-block32,int8,fp16", mixed=True),
                     tmp_path / "mixed")
     assert out.state == "ready", out.error
-    # INT4 is too far below the gate to be mixed; INT8 is, and passes with one layer kept.
-    assert _tried(out) == ["int4-block32", "int8", "int8+keep1"]
+    # As they are only FP16 passes; then INT4 is too far below the gate to be mixed, and
+    # INT8 passes with one layer kept, smaller than the FP16 package.
+    assert _tried(out) == ["int4-block32", "int8", "fp16", "int8+keep1"]
     assert out.variant == "fp16-int8-keep1"
-    int4, _, kept = out.gates["precision_search"]["tried"]
+    int4, _, fp16, kept = out.gates["precision_search"]["tried"]
+    assert kept["bytes"] < fp16["bytes"]
     assert int4["mixed"].startswith("not tried") and "mixed_max_gap_db" in int4["mixed"]
     # The outlier layer is the first linear (ONNX fc0 → MIL op a0_*): measured, not guessed.
     assert kept["kept_because"]["layer"].startswith("a0") and kept["kept_layers"] == [
@@ -102,13 +104,17 @@ def test_mixed_keeps_the_measured_most_sensitive_layer_at_fp16_until_the_gate_pa
     assert out.compile_settings["keep_ops"] == kept["kept_because"]["layer"]
 
 
-def test_qnn_mixed_leaves_the_outlier_node_out_of_the_quantization(nets, tmp_path):
+def test_qnn_mixed_gives_an_htp_without_fp16_an_int8_artifact(nets, tmp_path):
+    # SM8350 (v68): no INT4 weights, no FP16; both 8-bit schemes fail as they are.
     settings = pipeline_settings("qnn", {"precision": "auto", "mixed": "true",
-                                         "search_candidates": "w8a16,fp16"})
+                                         "soc": "SM8350"})
     (out,) = _build(nets["outlier"], "qnn", settings, tmp_path)
     assert out.state == "ready", out.error
-    assert _tried(out) == ["w8a16", "w8a16+keep1"]
+    tried = _tried(out)
+    assert tried[:2] == ["w8a8", "w8a16"] and tried[-1] == "w8a16+keep1"
+    # The outlier node is measured as the one adding the most noise and left float.
     assert out.compile_settings["keep_float_nodes"] == "fc0"
+    assert out.precision == "int8" and out.variant == "w8a16-keep1-sm8350"
 
 
 def test_budget_stops_the_search_and_says_so(nets, tmp_path):
