@@ -328,7 +328,7 @@ def _plain_pass(s: _Search, cands: list[Candidate], skipped: list[dict[str, str]
                 ) -> tuple[Tried | None, list[tuple[Candidate, Tried]]]:
     """Candidates as they are, smallest first, up to the first that passes; the failed ones
     (for the mixed pass)."""
-    failed = []
+    failed: list[tuple[Candidate, Tried]] = []
     for cand in cands:
         if s.budget.exhausted:
             skipped.append({"candidate": cand.label, "why": f"search budget of "
