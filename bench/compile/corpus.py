@@ -138,6 +138,8 @@ def search_cell(model: str, plat: str, out: Any, seconds: float) -> dict[str, An
                 f"{r['candidate']}:{'ok' if r['outcome'] == 'passed' else 'x'}"
                 for r in frontier.get("tried", [])],
             "search_seconds": frontier.get("spent_seconds"), "seconds": round(seconds, 1),
+            "reasons": {r["candidate"]: str(r.get("reason") or r.get("error") or "")[:300]
+                        for r in frontier.get("tried", []) if r["outcome"] != "passed"},
             "why": winner.get("why", ""), "error": out.error}
 
 
