@@ -1,7 +1,7 @@
 """Compiles the real-model corpus for onnx, coreml and qnn and prints model × platform:
 
     python -m bench.compile.corpus [--models a,b] [--platforms onnx,coreml,qnn] [--markdown]
-                                   [--json out.json]
+                                   [--json out.json] [--precision auto [--mixed]]
 
 Each cell runs the same pipeline a worker runs (operator gate, compile, numeric gate on 2
 reference samples, packing) and shows the outcome, compile seconds, cosine / SNR of the
@@ -10,6 +10,14 @@ artifact against the source at its precision (what the gate judges), the precisi
 cell shows the named operator/node and the fix from the build's error. Models are built or
 fetched into ~/.cache/modelfleet/corpus (tests/corpus). Core ML numerics are "not run" on
 Linux; such a compile counts as a success.
+
+`--precision auto` runs the precision search (server/compile/precision_search.py) for coreml
+and qnn instead and prints, per model and platform, the chosen candidate, the artifact's
+bytes against the FP32 ONNX, its figures against FP32 and the candidates tried; the summary
+counts the cells that ship at most 0.3× the FP32 size passing the INT8 thresholds (or the
+FP16 gate for an FP16 winner). The corpus's reference inputs are also its calibration inputs
+(the only real data the corpus has), and Core ML targets iOS18 (`--coreml-target`) so the
+block-wise candidates are in the search.
 """
 
 from __future__ import annotations
@@ -28,14 +36,19 @@ from typing import Any
 PLATFORMS = ("onnx", "coreml", "qnn")
 
 
-def run_cell(model: Any, plat: str, workdir: Path) -> dict[str, Any]:
+def run_cell(model: Any, plat: str, workdir: Path, extra: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
     from server.compile.pipeline import BuildSpec, Pipeline
     from server.compile.settings_map import pipeline_settings
 
+    auto = bool(extra) and plat in AUTO_PLATFORMS
+    flat = {**model.platforms[plat], **(extra or {}).get(plat, {})} if auto \
+        else model.platforms[plat]
     spec = BuildSpec(source_path=model.path, source_format=model.fmt,
                      variants={"default": model.inputs}, platforms=(plat,),
-                     settings=pipeline_settings(plat, model.platforms[plat]),
-                     reference_path=model.reference)
+                     settings=pipeline_settings(plat, flat),
+                     reference_path=model.reference,
+                     calibration_path=model.reference if auto else None)
     started = time.monotonic()
     try:
         outcomes = Pipeline().build(spec, workdir)
@@ -43,6 +56,8 @@ def run_cell(model: Any, plat: str, workdir: Path) -> dict[str, Any]:
         return {"model": model.name, "platform": plat, "state": "failed",
                 "error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - started}
     out = outcomes[0]
+    if auto:
+        return search_cell(model.name, plat, out, time.monotonic() - started)
     num = out.gates.get("numeric", {})
     metrics = num.get("outputs") or [{}]
     htp = out.gates.get("htp", {})
@@ -103,6 +118,55 @@ def table(models: list[Any], cells: list[dict[str, Any]], plats: list[str]) -> s
     return "\n".join(lines)
 
 
+AUTO_PLATFORMS = ("coreml", "qnn")
+GOAL_RATIO = 0.3
+
+
+def search_cell(model: str, plat: str, out: Any, seconds: float) -> dict[str, Any]:
+    """One `--precision auto` cell: the winner, its size against FP32 and its figures."""
+    frontier = out.gates.get("precision_search", {})
+    winner = frontier.get("winner") or {}
+    row = next((r for r in frontier.get("tried", []) if r["candidate"] ==
+                winner.get("candidate")), {})
+    fp32 = frontier.get("fp32_bytes")
+    size = out.artifact.length if out.artifact else None
+    return {"model": model, "platform": plat, "state": out.state, "auto": True,
+            "chosen": winner.get("candidate", ""), "precision": out.precision,
+            "bytes": size, "fp32_bytes": fp32,
+            "ratio": round(size / fp32, 3) if size and fp32 else None,
+            "vs_fp32": row.get("vs_fp32", {}), "tried": [
+                f"{r['candidate']}:{'ok' if r['outcome'] == 'passed' else 'x'}"
+                for r in frontier.get("tried", [])],
+            "search_seconds": frontier.get("spent_seconds"), "seconds": round(seconds, 1),
+            "reasons": {r["candidate"]: str(r.get("reason") or r.get("error") or "")[:300]
+                        for r in frontier.get("tried", []) if r["outcome"] != "passed"},
+            "why": winner.get("why", ""), "error": out.error}
+
+
+def auto_table(cells: list[dict[str, Any]]) -> str:
+    lines = ["| model | platform | chosen | bytes / FP32 | cosine | SNR dB | max abs | tried "
+             "| search s |", "|---|---|---|---|---|---|---|---|---|"]
+    goal = 0
+    for c in cells:
+        if c["state"] != "ready":
+            lines.append(f"| {c['model']} | {c['platform']} | **failed** | | | | | "
+                         f"{' '.join(c.get('tried', []))} | {c.get('search_seconds')} |")
+            lines[-1] = lines[-1][:-1] + f" {c['error'][:140]} |"
+            continue
+        f = c["vs_fp32"]
+        goal += bool(c["ratio"] is not None and c["ratio"] <= GOAL_RATIO)
+        lines.append(
+            f"| {c['model']} | {c['platform']} | {c['chosen']} ({c['precision']}) | "
+            f"{c['bytes']:,} / {c['fp32_bytes']:,} = {c['ratio']}× | {f.get('cosine')} | "
+            f"{f.get('snr_db')} | {f.get('max_abs_diff')} | {' '.join(c['tried'])} | "
+            f"{c['search_seconds']} |")
+    ready = sum(c["state"] == "ready" for c in cells)
+    lines += ["", f"Cells passing their gate: {ready}/{len(cells)}; at most {GOAL_RATIO}× the "
+              f"FP32 size and passing: {goal}/{len(cells)} "
+              f"({100 * goal / max(len(cells), 1):.0f}%, goal 90%)"]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from tests.corpus.models import corpus
@@ -112,20 +176,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--platforms", default=",".join(PLATFORMS))
     ap.add_argument("--markdown", action="store_true", help="print only the markdown table")
     ap.add_argument("--json", type=Path, help="also write the cells as JSON here")
+    ap.add_argument("--precision", choices=("as-set", "auto"), default="as-set",
+                    help="auto: the precision search for coreml and qnn")
+    ap.add_argument("--mixed", action="store_true", help="with auto: mixed precision")
+    ap.add_argument("--coreml-target", default="iOS18", help="with auto: Core ML target")
     args = ap.parse_args(argv)
     plats = [p for p in args.platforms.split(",") if p]
+    extra: dict[str, Any] = {}
+    if args.precision == "auto":
+        plats = [p for p in plats if p in AUTO_PLATFORMS]
+        mixed = {"mixed": "true"} if args.mixed else {}
+        extra = {"coreml": {"precision": "auto", "minimum_deployment_target":
+                            args.coreml_target, **mixed},
+                 "qnn": {"precision": "auto", **mixed}}
     models = corpus(args.models.split(",") if args.models else None)
     cells = []
     with tempfile.TemporaryDirectory(prefix="corpus-bench-") as tmp:
         for m in models:
             for p in plats:
-                cell = run_cell(m, p, Path(tmp) / m.name / p)
+                cell = run_cell(m, p, Path(tmp) / m.name / p, extra)
                 cells.append(cell)
                 if not args.markdown:
-                    print(f"{m.name:24} {p:7} {_cell(cell)}", file=sys.stderr, flush=True)
-    print(f"Corpus compile, {datetime.date.today().isoformat()}, {host.machine()} "
-          f"{os.cpu_count()} cores, Python {host.python_version()}\n")
-    print(table(models, cells, plats))
+                    print(f"{m.name:24} {p:7} " + (json.dumps(cell) if extra else _cell(cell)),
+                          file=sys.stderr, flush=True)
+    print(f"Corpus compile{' --precision auto' if extra else ''}"
+          f"{' --mixed' if args.mixed else ''}, {datetime.date.today().isoformat()}, "
+          f"{host.machine()} {os.cpu_count()} cores, Python {host.python_version()}\n")
+    print(auto_table(cells) if extra else table(models, cells, plats))
     if args.json:
         args.json.write_text(json.dumps(cells, indent=1))
     return 0

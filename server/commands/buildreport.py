@@ -6,7 +6,8 @@ shown whole. Shared by `modelfleet builds` (database) and `modelfleet publish|ve
 The numeric gate shows its two questions on two rows: `numeric` (the artifact against the
 source at its precision: the verdict, with the first disagreeing layer under `layers` when it
 failed) and `precision` (what that precision costs the model against FP32, and where the loss
-starts).
+starts). A `precision: auto` build adds a `search` row: the frontier of candidates tried
+and skipped, and why the winner won.
 
 "shape variant" is the input-shape set a build compiled (metadata `shapes`, `default` when
 there is one); "build variant" is what the compiler made of it (precision, SoC target).
@@ -83,6 +84,29 @@ def _precision(gates: dict[str, Any]) -> str | None:
     return text
 
 
+def _search(gates: dict[str, Any]) -> str | None:
+    """`precision: auto`: each candidate tried (bytes, figures against FP32, verdict), each
+    skipped, and why the winner won."""
+    found = gates.get("precision_search")
+    if not found:
+        return None
+    parts = []
+    for r in found.get("tried") or []:
+        f = r.get("vs_fp32") or {}
+        figures = (f", cos {_fmt(f['cosine'])}, SNR {_fmt(f['snr_db'])} dB, max abs "
+                   f"{_fmt(f['max_abs_diff'])}" if f else "")
+        size = f", {r['bytes']:,} B" if r.get("bytes") else ""
+        why = r.get("reason") or r.get("error") or ""
+        parts.append(f"{r['candidate']}{size}{figures}, {r.get('compile_seconds', 0)} s: "
+                     f"{r['outcome']}" + (f" ({why})" if why and r["outcome"] != "passed"
+                                          else ""))
+    parts += [f"{r['candidate']} skipped: {r['why']}" for r in found.get("skipped") or []]
+    winner = found.get("winner") or {}
+    if winner.get("why"):
+        parts.append(f"chosen: {winner['why']}")
+    return "; ".join(parts) or None
+
+
 def _notes(gates: dict[str, Any]) -> str | None:
     notes = (gates.get("numeric") or {}).get("notes") or []
     return " ".join(str(n) for n in notes) or None
@@ -114,7 +138,7 @@ def build_block(build: dict[str, Any]) -> Group:
                             [(f" {name}", g) for name, g in by_artifact.items()]):
         for name, value in (("operators", _operators(gate_set)), ("numeric", _numeric(gate_set)),
                             ("layers", _layers(gate_set)), ("precision", _precision(gate_set)),
-                            ("note", _notes(gate_set))):
+                            ("search", _search(gate_set)), ("note", _notes(gate_set))):
             if value is not None:
                 rows.add_row(Text(f"  {name}{label}"), Text(value))
     if build.get("error"):

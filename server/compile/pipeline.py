@@ -8,6 +8,10 @@ operator gate on that graph → compile → operator gate on the compiled graph 
 numeric gate → deterministic packing. Each (platform, variant) yields one `BuildOutcome`;
 a failure of one platform never hides the others. Only `TransientCompileError` escapes, so
 the job layer can retry the whole build later.
+
+A platform whose `precision` is "auto" is compiled by the precision search instead
+(precision_search.py), once per target (each QNN SoC gets its own winner), under one budget
+of compile seconds for the whole build; the winner goes through the same packing.
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from server.compile import target_precision
+from server.compile import precision_search, target_precision
 from server.compile.cohorts import WatermarkSpec, build_cohorts
-from server.compile.compilers.base import Compiler
+from server.compile.compilers.base import Compiler, settings_for
 from server.compile.compilers.registry import default_compilers
 from server.compile.errors import CompileError, ConversionError, TransientCompileError
 from server.compile.gates import layerdiff
+from server.compile.gates.numeric import NumericGateReport
 from server.compile.gates.operators import check_mlpackage, check_onnx, deny_list
 from server.compile.gates.support import check_support
 from server.compile.gates.verdict import Reference as _Reference
@@ -111,15 +116,16 @@ class Pipeline:
         unknown = [p for p in spec.platforms if p not in self._factories]
         if unknown:
             raise CompileError(f"unknown platform(s) {unknown}; known: {sorted(self._factories)}")
+        budget = precision_search.budget_of(spec.settings)
         outcomes: list[BuildOutcome] = []
         for variant, inputs in spec.variants.items():
             vdir = workdir / variant
             vdir.mkdir(parents=True, exist_ok=True)
-            outcomes.extend(self._build_variant(spec, variant, inputs, vdir))
+            outcomes.extend(self._build_variant(spec, variant, inputs, vdir, budget))
         return outcomes
 
     def _build_variant(self, spec: BuildSpec, variant: str, inputs: tuple[InputSpec, ...],
-                       vdir: Path) -> list[BuildOutcome]:
+                       vdir: Path, budget: precision_search.Budget) -> list[BuildOutcome]:
         log = self._log
         log(f"[{variant}] exporting FP32 ONNX from {spec.source_format.value} source")
         shape_gate: dict[str, Any] = {}
@@ -153,7 +159,8 @@ class Pipeline:
                 calibration_path=spec.calibration_path, onnx_path=onnx_path,
                 reference_path=spec.reference_path or spec.calibration_path)
             outcomes.extend(self._build_platform(platform, request, vdir / platform,
-                                                 feeds, reference, ref_reason, spec.watermark))
+                                                 _Reference(feeds, reference, ref_reason),
+                                                 budget, spec.watermark))
         if shape_gate:
             # The gates above judged the specialized graph; say so on every outcome.
             for o in outcomes:
@@ -181,7 +188,7 @@ class Pipeline:
         return feeds, ref, ""
 
     def _build_platform(self, platform: str, request: CompileRequest, pdir: Path,
-                        feeds: list[Any], reference: list[Any] | None, ref_reason: str,
+                        ref: _Reference, budget: precision_search.Budget,
                         watermark: WatermarkSpec | None = None) -> list[BuildOutcome]:
         log = self._log
         variant = request.shape_variant
@@ -207,6 +214,8 @@ class Pipeline:
             if not support.passed:
                 return [_failed(platform, variant, f"{support.summary()}. {support.advice}",
                                 gates)]
+        if settings_for(request, platform).get("precision") == "auto":
+            return self._search(platform, request, pdir, gates, ref, budget, watermark)
         started = time.monotonic()
         try:
             compiler = self._factories[platform]()
@@ -228,15 +237,54 @@ class Pipeline:
             return [_failed(platform, variant, str(e), gates)]
         seconds = time.monotonic() - started
         log(f"[{variant}/{platform}] compiled {len(artifacts)} artifact(s) in {seconds:.2f}s")
-        return [self._check_and_pack(compiler, a, dict(gates), _Reference(feeds, reference,
-                                                                          ref_reason),
-                                     request, pdir, seconds / max(len(artifacts), 1),
-                                     watermark)
+        return [self._check_and_pack(compiler, a, dict(gates), ref, request, pdir,
+                                     seconds / max(len(artifacts), 1), watermark=watermark)
                 for a in artifacts]
+
+    def _search(self, platform: str, request: CompileRequest, pdir: Path,
+                gates: dict[str, Any], ref: _Reference, budget: precision_search.Budget,
+                watermark: WatermarkSpec | None) -> list[BuildOutcome]:
+        """The precision search, once per target (a QNN build names several SoCs)."""
+        from server.compile.compilers.qnn import targets_of
+
+        opts = settings_for(request, platform)
+        targets = targets_of(opts) if platform == "qnn" else [None]
+        outcomes = []
+        for t in targets:
+            req, tdir = request, pdir
+            if t is not None:
+                req = replace(request, settings={**request.settings,
+                                                 platform: {**opts, "targets": [t]}})
+                tdir = pdir / t.get("name", t["soc_model"]).lower()
+            try:
+                compiler = self._factories[platform]()
+                found = precision_search.search(compiler, platform, req, ref, tdir, budget,
+                                                self._log)
+            except TransientCompileError:
+                raise
+            except CompileError as e:
+                outcomes.append(_failed(platform, request.shape_variant, str(e), dict(gates)))
+                continue
+            here = {**gates, "precision_search": found.frontier}
+            if found.artifact is None:
+                outcomes.append(_failed(platform, request.shape_variant, found.error, here))
+                continue
+            found.artifact.target = replace(found.artifact.target,
+                                            shape_variant=request.shape_variant)
+            chosen = next(r for r in found.frontier["tried"]
+                          if r["candidate"] == found.frontier["winner"]["candidate"])
+            outcomes.append(self._check_and_pack(
+                compiler, found.artifact, here, ref, req, tdir,
+                float(chosen.get("compile_seconds", 0.0)), found.report, watermark))
+        return outcomes
 
     def _check_and_pack(self, compiler: Compiler, art: CompiledArtifact, gates: dict[str, Any],
                         ref: _Reference, request: CompileRequest, pdir: Path, seconds: float,
+                        judged: NumericGateReport | None = None,
                         watermark: WatermarkSpec | None = None) -> BuildOutcome:
+        """Operator gate on the compiled graph, numeric gate (`judged`: already run by the
+        precision search, with the settings its candidate was built with), per-layer diff,
+        watermarked cohort copies and packing."""
         log = self._log
         t = art.target
         tag = f"[{t.variant}/{t.platform}]"
@@ -254,7 +302,7 @@ class Pipeline:
             ok = mil.passed
             if not ok:
                 out.error = mil.summary()
-        num = numeric_gate(compiler, art, request, ref, pdir.parent)
+        num = judged or numeric_gate(compiler, art, request, ref, pdir.parent)
         gates["numeric"] = num.to_dict()
         log(f"{tag} numeric gate {num.status}" + (f": {num.reason}" if num.reason else ""))
         for line in log_lines(num):

@@ -8,10 +8,15 @@ Recognised keys, per platform block:
   thresholds); `numeric_samples` (how many reference samples the numeric gate runs, default
   16); `layer_diff` ("on" default | "off": the per-layer diff against the FP32 source);
   `task` (the model's task, set by the worker: top-k is checked for "classification");
+  `search_budget_seconds` (compile + gate seconds all `precision: auto` searches of one
+  build — this platform and shape variant, all its targets — may spend, default 900);
   `deny_ops` / `allow_ops`
   (comma-separated operator names added to / removed from the operator gate's list).
-- coreml: `precision`, `minimum_deployment_target`, `weight_compression`.
-- qnn: `precision`, `activation_bits`, and the target(s): `soc` alone for a known SoC
+- coreml: `precision` (fp16 | fp32 | auto), `minimum_deployment_target`, `weight_compression`,
+  `keep_ops`; with auto: `mixed`, `mixed_max_layers`, `search_candidates`.
+- qnn: `precision` (int8 | w8a8 | w8a16 | w4a16 | fp16 | auto), `activation_bits`,
+  `keep_float_nodes`; with auto: `mixed`, `mixed_max_layers`, `search_candidates`; and the
+  target(s): `soc` alone for a known SoC
   ("SM8650"), or `soc_model` + `htp_arch` (+ optional `soc` name), or `targets` =
   "SM8550,SM8650" / "SM8550:43:73,SM8650:57:75"; `target_precision` = "SM8350=int8,
   SM8650=fp16" builds each named target at its own precision (target_precision.py).
@@ -32,7 +37,8 @@ KNOWN_SOCS = {
 }
 NUMERIC_KEYS = ("min_cosine", "min_snr_db", "max_abs_diff", "min_topk_agreement", "topk",
                 "margin_db")
-TOP_LEVEL_KEYS = ("numeric_samples", "precision_gate", "task", "layer_diff")
+TOP_LEVEL_KEYS = ("numeric_samples", "precision_gate", "task", "layer_diff",
+                  "search_budget_seconds")
 PRECISIONS = ("fp32", "fp16", "int8")
 
 

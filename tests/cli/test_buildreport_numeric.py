@@ -51,3 +51,21 @@ def test_near_zero_output_note_is_shown() -> None:
                            classifier=False, runner="x", basis="the source at FP16")
     text = _text({"numeric": report.to_dict()})
     assert "note output 0 is near zero on every reference sample" in text
+
+
+def test_report_shows_the_precision_search_frontier() -> None:
+    frontier = {"gate": "precision_search", "fp32_bytes": 40000, "tried": [
+        {"candidate": "int4-block32", "outcome": "gate failed", "bytes": 6884,
+         "compile_seconds": 2.1, "vs_fp32": {"cosine": 0.988391, "snr_db": 16.2,
+                                             "max_abs_diff": 0.26},
+         "reason": "output 0: SNR 16.2 dB <= 40.0 dB"},
+        {"candidate": "int8", "outcome": "passed", "bytes": 9764, "compile_seconds": 1.9,
+         "vs_fp32": {"cosine": 0.99997, "snr_db": 41.5, "max_abs_diff": 0.016}}],
+        "skipped": [{"candidate": "fp16", "why": "HTP v68 has no FP16 arithmetic"}],
+        "winner": {"candidate": "int8", "why": "int8 is the smallest candidate that passed"}}
+    text = _text({"precision_search": frontier})
+    assert ("search int4-block32, 6,884 B, cos 0.988391, SNR 16.2 dB, max abs 0.26, 2.1 s: "
+            "gate failed (output 0: SNR 16.2 dB <= 40.0 dB)") in text
+    assert "int8, 9,764 B, cos 0.99997, SNR 41.5 dB, max abs 0.016, 1.9 s: passed;" in text
+    assert "fp16 skipped: HTP v68 has no FP16 arithmetic" in text
+    assert "chosen: int8 is the smallest candidate that passed" in text

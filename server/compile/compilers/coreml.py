@@ -1,9 +1,14 @@
 """`coreml` platform: coremltools → `.mlpackage` ML Program (for the Neural Engine).
 
-Settings (`settings["coreml"]`): `precision` fp16 (default) | fp32, `minimum_deployment_target`
-(e.g. "iOS17", default), `weight_compression` none (default) | int8 | palettize4 | palettize6 |
-palettize8, `weight_threshold` (weights with fewer elements stay uncompressed; default 2048),
-`palettize_mode` uniform (default) | kmeans (needs scikit-learn on the worker).
+Settings (`settings["coreml"]`): `precision` fp16 (default) | fp32 (| auto: the precision
+search, server/compile/precision_search.py), `minimum_deployment_target` (e.g. "iOS17",
+default), `weight_compression` none (default) | int8 | int8-block<N> | int4-block<N> |
+palettize<B> (coreml_quant.py; block-wise and INT4 need iOS18), `weight_threshold` (weights
+with fewer elements stay uncompressed; default 2048), `palettize_mode` uniform (default) |
+kmeans (needs scikit-learn on the worker), `keep_ops` (MIL op names whose weights stay
+uncompressed: mixed precision). A package with compressed weights has precision INT8 (its
+weights are 8 bits or fewer): the numeric gate judges it against the FP32 source with the
+INT8 thresholds, since no ONNX graph emulates Core ML's weight-only quantization.
 Torch uploads convert with coremltools' torch frontend; ONNX uploads are translated to a MIL
 program directly (server/compile/onnx_mil: one rule per ONNX operator, no torch detour), and a
 node without a rule fails naming the node, its operator and opset.
@@ -22,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from server.compile.compilers import coreml_quant
 from server.compile.compilers.base import Feeds, Outputs, int_setting, settings_for
 from server.compile.errors import CompilerUnavailableError, ConversionError, InvalidSourceError
 from server.compile.quiet import quiet
@@ -45,9 +51,6 @@ def numeric_runner(precision: Precision) -> str:
     if sys.platform == "darwin":
         return CORE_ML_RUNNER
     return f"mil reference executor (numpy, {precision.value})"
-
-
-_COMPRESSIONS = ("none", "int8", "palettize4", "palettize6", "palettize8")
 
 
 def _program_from_onnx(request: CompileRequest, target: Any) -> Any:
@@ -116,12 +119,51 @@ def _unsupported_op(err: Exception) -> list[str]:
 class CoreMLCompiler:
     platform = "coreml"
 
-    def compile(self, request: CompileRequest, workdir: Path) -> list[CompiledArtifact]:
+    def __init__(self) -> None:
+        # The last conversion, by what it depends on: the precision search compresses one
+        # converted model several ways (coremltools' compression leaves its input intact).
+        self._converted: tuple[tuple[Any, ...], Any] | None = None
+
+    def _convert(self, request: CompileRequest, target: Any, precision: Precision) -> Any:
         import coremltools as ct
         import torch
 
+        key = (request.source_path, request.source_format, request.shape_variant,
+               request.inputs, request.onnx_path, precision, target)
+        if self._converted is not None and self._converted[0] == key:
+            return self._converted[1]
+        onnx_source = request.source_format is SourceFormat.ONNX
+        if onnx_source:
+            program = _program_from_onnx(request, target)
+        else:
+            program = load_exported_program(request.source_path, request.source_format,
+                                            request.inputs)
+        kwargs: dict[str, Any] = {}
+        if isinstance(program, torch.export.ExportedProgram):
+            # The core ATen set: coremltools has no converter for many non-core ops
+            # (new_ones, max_pool2d without indices, …) that export keeps.
+            program = contiguous_placeholders(
+                _fill_pool_defaults(program.run_decompositions()))
+        if not onnx_source:  # a MIL program from ONNX already has typed inputs
+            kwargs["inputs"] = [_tensor_type(ct, s) for s in request.inputs]
+        mlmodel = ct.convert(
+            program, convert_to="mlprogram", minimum_deployment_target=target,
+            compute_precision=(ct.precision.FLOAT16 if precision is Precision.FP16
+                               else ct.precision.FLOAT32), **kwargs)
+        self._converted = (key, mlmodel)
+        return mlmodel
+
+    def compile(self, request: CompileRequest, workdir: Path) -> list[CompiledArtifact]:
+        import coremltools as ct
+
         opts = settings_for(request, "coreml")
-        precision = Precision(str(opts.get("precision", "fp16")))
+        wanted = str(opts.get("precision", "fp16"))
+        if wanted == "auto":
+            raise InvalidSourceError("coreml precision auto is resolved by the pipeline's "
+                                     "precision search, not by the compiler")
+        if wanted not in (Precision.FP16.value, Precision.FP32.value):
+            raise InvalidSourceError("coreml precision must be fp16, fp32 or auto")
+        precision = Precision(wanted)
         if precision not in (Precision.FP16, Precision.FP32):
             raise InvalidSourceError("coreml precision must be fp16 or fp32")
         target_name = str(opts.get("minimum_deployment_target", "iOS17"))
@@ -131,39 +173,23 @@ class CoreMLCompiler:
             raise InvalidSourceError(
                 f"unknown Core ML deployment target {target_name!r}; use e.g. iOS16, iOS17, "
                 "macOS14") from None
-        compression = str(opts.get("weight_compression", "none"))
+        compression = coreml_quant.parse(str(opts.get("weight_compression", "none")))
+        keep_ops = keep_ops_of(opts)
         # Weights with fewer elements stay uncompressed (coremltools' default: 2048).
         threshold = int_setting(opts, "weight_threshold", 2048)
         palette_mode = str(opts.get("palettize_mode", "uniform"))
         if palette_mode not in ("uniform", "kmeans"):
             raise InvalidSourceError("palettize_mode must be uniform or kmeans")
-        if compression not in _COMPRESSIONS:
-            raise InvalidSourceError(f"weight_compression must be one of {_COMPRESSIONS}")
 
         onnx_source = request.source_format is SourceFormat.ONNX
         if target < ct.target.iOS15:
             raise InvalidSourceError(f"Core ML ML Programs need iOS15 / macOS12 or newer, not "
                                      f"{target_name}")
-        if onnx_source:
-            program = _program_from_onnx(request, target)
-        else:
-            program = load_exported_program(request.source_path, request.source_format,
-                                            request.inputs)
+        coreml_quant.check_target(compression, target_name, target)
         try:
             with quiet():
-                kwargs: dict[str, Any] = {}
-                if isinstance(program, torch.export.ExportedProgram):
-                    # The core ATen set: coremltools has no converter for many non-core ops
-                    # (new_ones, max_pool2d without indices, …) that export keeps.
-                    program = contiguous_placeholders(
-                        _fill_pool_defaults(program.run_decompositions()))
-                if not onnx_source:  # a MIL program from ONNX already has typed inputs
-                    kwargs["inputs"] = [_tensor_type(ct, s) for s in request.inputs]
-                mlmodel = ct.convert(
-                    program, convert_to="mlprogram", minimum_deployment_target=target,
-                    compute_precision=(ct.precision.FLOAT16 if precision is Precision.FP16
-                                       else ct.precision.FLOAT32), **kwargs)
-                mlmodel = _compress(mlmodel, compression, threshold, palette_mode)
+                mlmodel = coreml_quant.compress(self._convert(request, target, precision),
+                                                compression, threshold, palette_mode, keep_ops)
         except (ConversionError, InvalidSourceError):
             raise
         except ImportError as e:  # e.g. kmeans palettization needs scikit-learn
@@ -181,21 +207,28 @@ class CoreMLCompiler:
         out = workdir / "model.mlpackage"
         mlmodel.save(str(out))
         stabilize_manifest(out)
-        variant = precision.value if compression == "none" else f"{precision.value}-{compression}"
+        scheme = compression.scheme
+        variant = precision.value if scheme == "none" else f"{precision.value}-{scheme}"
+        if keep_ops:
+            variant += f"-keep{len(keep_ops)}"
         if request.shape_variant != "default":
             variant = f"{request.shape_variant}-{variant}"
         return [CompiledArtifact(
             path=out,
             target=Target(platform="coreml", variant=variant, format="mlpackage",
                           runtime="coreml", runtime_version=target_name),
-            precision=precision,
+            precision=precision if scheme == "none" else Precision.INT8,
             compile_settings={"precision": precision.value, "minimum_deployment_target":
-                              target_name, "weight_compression": compression,
+                              target_name, "weight_compression": scheme,
                               "weight_threshold": threshold,
                               **({"palettize_mode": palette_mode}
-                                 if compression.startswith("palettize") else {}),
+                                 if compression.kind == "palettize" else {}),
+                              **({"keep_ops": ",".join(keep_ops)} if keep_ops else {}),
                               "coremltools": ct.__version__},
-            notes=[] if sys.platform == "darwin" else [EXECUTOR_NOTE],
+            notes=([] if sys.platform == "darwin" else [EXECUTOR_NOTE]) + (
+                [f"{coreml_quant.compressed_weights(mlmodel)} weight tensor(s) compressed "
+                 f"({scheme}" + (f"; kept uncompressed: {', '.join(keep_ops)}" if keep_ops
+                                 else "") + ")"] if scheme != "none" else []),
             extra={"numeric_runner": numeric_runner(precision)},
         )]
 
@@ -239,16 +272,11 @@ def stabilize_manifest(package: Path) -> None:
     tmp.replace(manifest)
 
 
-def _compress(mlmodel: Any, compression: str, threshold: int, palette_mode: str) -> Any:
-    if compression == "none":
-        return mlmodel
-    from coremltools.optimize import coreml as cto
 
-    if compression == "int8":
-        cfg = cto.OptimizationConfig(global_config=cto.OpLinearQuantizerConfig(
-            mode="linear_symmetric", dtype="int8", weight_threshold=threshold))
-        return cto.linear_quantize_weights(mlmodel, config=cfg)
-    nbits = int(compression.removeprefix("palettize"))
-    cfg = cto.OptimizationConfig(global_config=cto.OpPalettizerConfig(
-        mode=palette_mode, nbits=nbits, weight_threshold=threshold))
-    return cto.palettize_weights(mlmodel, config=cfg)
+def keep_ops_of(opts: dict[str, object]) -> tuple[str, ...]:
+    """The `keep_ops` setting (a list, or a comma-separated string) as op names."""
+    value = opts.get("keep_ops") or ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        raise InvalidSourceError("coreml keep_ops must be a list of MIL op names")
+    return tuple(str(v).strip() for v in items if str(v).strip())

@@ -3,10 +3,14 @@
 Settings (`settings["qnn"]`):
 - `targets`: list of {"soc_model": "57", "htp_arch": "75", "name": "SM8650"}; one artifact per
   target (a context binary is built for one HTP generation). Default: SM8650 / v75.
-- `precision`: "auto" (default: int8 when the version has calibration data, else fp16),
-  "int8" (requires calibration data) or "fp16".
+- `precision`: unset (default: int8 when the version has calibration data, else fp16),
+  "int8" (requires calibration data; weights 8-bit, activations per `activation_bits`),
+  "w8a8", "w8a16", "w4a16" (INT4 weights, 16-bit activations; HTP v73 and later), "fp16",
+  or "auto" (the precision search picks per target: server/compile/precision_search.py).
 - `activation_bits`: 16 (default, "w8a16": the HTP's usual accuracy/speed trade-off) or 8
-  for the QDQ activations; weights are always 8-bit.
+  for the QDQ activations of `precision: int8`.
+- `keep_float_nodes`: ONNX node names left out of the quantization (mixed precision: they
+  run on dequantized values at 16-bit activations; onnxruntime's `nodes_to_exclude`).
 - `min_htp_share`: unset (default) fails the build when any node would run on the CPU;
   a number in (0, 1] accepts a partial offload when at least that share of the graph's
   nodes runs on the HTP (the rest runs on the device's CPU EP, named in the report).
@@ -57,8 +61,18 @@ class _Reader:
         self._it = iter(self._samples)
 
 
+# precision -> (weight bits, activation bits) of the QDQ scheme
+QDQ_SCHEMES = {"w8a8": (8, 8), "w8a16": (8, 16), "w4a16": (4, 16)}
+# INT4 weights on the HTP start with this generation (QNN SDK: 4-bit weights on v73+).
+INT4_MIN_ARCH = 73
+# FP16 arithmetic on the HTP starts with v69 (SM8450); v68 (SM8350, SA8295) runs only
+# fixed point, so the precision search gives such a target a quantized artifact.
+FP16_MIN_ARCH = 69
+
+
 def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
-                 activation_bits: int, per_channel: bool = True) -> Path:
+                 activation_bits: int, per_channel: bool = True, weight_bits: int = 8,
+                 keep_float: tuple[str, ...] = ()) -> Path:
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import (
         get_qnn_qdq_config,
@@ -70,8 +84,11 @@ def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
     prepped = out.with_name(out.stem + ".prep.onnx")
     model = prepped if qnn_preprocess_model(str(src), str(prepped)) else src
     act = QuantType.QUInt16 if activation_bits == 16 else QuantType.QUInt8
+    # 4-bit weights symmetric, as the HTP takes them (QInt4 with a zero offset).
+    weight = QuantType.QInt4 if weight_bits == 4 else QuantType.QUInt8
     cfg = get_qnn_qdq_config(str(model), _Reader(calibration), activation_type=act,
-                             weight_type=QuantType.QUInt8, per_channel=per_channel)
+                             weight_type=weight, per_channel=per_channel,
+                             nodes_to_exclude=list(keep_float) or None)
     quantize(str(model), str(out), cfg)
     return out
 
@@ -92,26 +109,37 @@ class QnnCompiler:
         from server.compile.source import load_samples
 
         opts = settings_for(request, "qnn")
-        wanted = str(opts.get("precision", "auto"))
-        if wanted not in ("auto", "int8", "fp16"):
-            raise InvalidSourceError("qnn precision must be auto, int8 or fp16")
+        wanted = str(opts.get("precision", "default"))
+        if wanted == "auto":
+            raise InvalidSourceError("qnn precision auto is resolved by the pipeline's "
+                                     "precision search, not by the compiler")
+        if wanted not in ("default", "int8", "fp16", *QDQ_SCHEMES):
+            raise InvalidSourceError("qnn precision must be auto, int8, w8a8, w8a16, w4a16 or "
+                                     "fp16")
         act_bits = int_setting(opts, "activation_bits", 16)
         if act_bits not in (8, 16):
             raise InvalidSourceError("qnn activation_bits must be 8 or 16")
-        if wanted == "int8" and request.calibration_path is None:
+        weight_bits, act_bits = QDQ_SCHEMES.get(wanted, (8, act_bits))
+        if wanted not in ("default", "fp16") and request.calibration_path is None:
             raise CalibrationError(NEEDS_CALIBRATION.split(":")[0] + ": this version has none")
         min_share = min_htp_share(opts.get("min_htp_share"))
+        keep_float = _names(opts.get("keep_float_nodes"))
         notes: list[str] = []
         src = ensure_onnx(request, workdir)
         refuse_wide_int64(src)
+        if weight_bits == 4:
+            _refuse_int4_before_v73(opts)
         if request.calibration_path is not None and wanted != "fp16":
             samples = load_samples(request.calibration_path, request.inputs,
                                    request.shape_variant)
             with quiet():
-                model = quantize_qdq(src, workdir / "model.qdq.onnx", samples, act_bits)
+                model = quantize_qdq(src, workdir / "model.qdq.onnx", samples, act_bits,
+                                     weight_bits=weight_bits, keep_float=keep_float)
             precision = Precision.INT8
-            notes.append(f"QDQ-quantized (uint8 weights, uint{act_bits} activations) with "
-                         f"{len(samples)} calibration samples")
+            notes.append(f"QDQ-quantized ({'int4' if weight_bits == 4 else 'uint8'} weights, "
+                         f"uint{act_bits} activations) with {len(samples)} calibration samples"
+                         + (f"; kept unquantized: {', '.join(keep_float)}" if keep_float
+                            else ""))
         else:
             model, precision = src, Precision.FP16
             if wanted != "fp16":
@@ -120,8 +148,11 @@ class QnnCompiler:
         for t in targets_of(opts):
             soc, arch = str(t["soc_model"]), str(t["htp_arch"])
             name = str(t.get("name", f"soc{soc}"))
-            label = "int8" if precision is Precision.INT8 and act_bits == 8 else \
-                ("w8a16" if precision is Precision.INT8 else "fp16")
+            label = f"w{weight_bits}a{act_bits}" if precision is Precision.INT8 else "fp16"
+            if weight_bits == 8 and act_bits == 8 and wanted in ("int8", "default"):
+                label = "int8"  # the name this scheme has always had
+            if keep_float:
+                label += f"-keep{len(keep_float)}"
             variant = f"{label}-{name.lower()}"
             if request.shape_variant != "default":
                 variant = f"{request.shape_variant}-{variant}"
@@ -146,6 +177,10 @@ class QnnCompiler:
                 precision=precision,
                 compile_settings={"precision": precision.value, "soc_model": soc,
                                   "htp_arch": arch, "activation_bits": act_bits,
+                                  **({"weight_bits": weight_bits}
+                                     if precision is Precision.INT8 else {}),
+                                  **({"keep_float_nodes": ",".join(keep_float)}
+                                     if keep_float else {}),
                                   "context_embed_mode": 1},
                 notes=target_notes,
                 extra={"provider_options": provider,
@@ -184,6 +219,22 @@ class QnnCompiler:
             return open_session(path, provider_options=artifact.extra.get("provider_options"),
                                 allow_cpu_fallback=True)
         return Path(str(graph)), opener
+
+
+def _names(value: object) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else (value or [])
+    if not isinstance(items, list | tuple):
+        raise InvalidSourceError("qnn keep_float_nodes must be a list of ONNX node names")
+    return tuple(str(v).strip() for v in items if str(v).strip())
+
+
+def _refuse_int4_before_v73(opts: dict[str, object]) -> None:
+    old = [t for t in targets_of(opts) if int(t["htp_arch"]) < INT4_MIN_ARCH]
+    if old:
+        named = ", ".join(f"{t.get('name', t['soc_model'])} (v{t['htp_arch']})" for t in old)
+        raise InvalidSourceError(
+            f"qnn precision w4a16 needs HTP v{INT4_MIN_ARCH} or later (INT4 weights); {named} "
+            "is older. Use w8a16 for those targets, or precision auto to pick per target.")
 
 
 def refuse_wide_int64(model: Path) -> None:

@@ -215,3 +215,17 @@ def first_divergence(reference: Path | Any, candidate: Path | Any | Candidate,
             return Localization(first=m, compared=compared, basis=basis, before=last_ok)
         last_ok = m
     return Localization(first=None, compared=compared, basis=basis, before=last_ok)
+
+
+def all_layers(reference: Path | Any, candidate: Path | Any, feeds: dict[str, NDArray[Any]],
+               opener: Opener = cpu_session, chunk: int = CHUNK) -> list[LayerMetrics]:
+    """The metrics of every float tensor both graphs compute, in the reference graph's order
+    (the precision search ranks layers by the loss each adds; `first_divergence` stops at
+    the first one below a threshold instead)."""
+    import onnx
+
+    ref = reference if isinstance(reference, onnx.ModelProto) else onnx.load(str(reference))
+    cand = Candidate.onnx(candidate, feeds, opener)
+    order = graph_order(ref, {n for n in available_tensors(ref) if n in cand.names})
+    return list(compare_layers(order, lambda names: run_tensors(ref, names, feeds, cpu_session),
+                               cand.fetch, chunk=chunk))

@@ -183,6 +183,11 @@ class MilExecutor:
         result.update(zip(self.output_names, outs, strict=True))
         return result
 
+    @property
+    def operations(self) -> list[Any]:
+        """The function's ops (MIL proto `Operation`s) in program order."""
+        return list(self._block.operations)
+
     def weights(self) -> dict[str, Array]:
         """The function's weights, decompressed (`constexpr_*`) as Core ML materialises
         them, by var name."""

@@ -1,0 +1,54 @@
+"""Small ONNX multilayer perceptrons for the quantization tests, written with onnx.helper (no
+export: milliseconds to build), with reference and calibration inputs from separate draws.
+
+`outlier_layer` gives that layer's weights a few huge values in every output row, so one
+scale per channel (or per block) has to span them and the layer's ordinary weights lose
+most of their bits when quantized: a layer that is measurably the most sensitive one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+
+from server.compile import InputSpec
+from tests.compile.compile_models import ModelFiles, onnx_model
+
+
+def mlp(tmp: Path, name: str, widths: tuple[int, ...] = (64, 64, 64, 32), seed: int = 0,
+        outlier_layer: int | None = None, outlier: float = 60.0) -> ModelFiles:
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    x = "x"
+    for i, (a, b) in enumerate(itertools.pairwise(widths)):
+        w = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
+        if i == outlier_layer:
+            rows = rng.integers(0, a, size=b)
+            w[rows, np.arange(b)] *= outlier  # one outlier per output channel
+        inits += [numpy_helper.from_array(w, f"w{i}"),
+                  numpy_helper.from_array((0.1 * rng.standard_normal(b)).astype(np.float32),
+                                          f"b{i}")]
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"], name=f"fc{i}"),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"bias{i}")]
+        x = f"a{i}"
+        if i < len(widths) - 2:
+            nodes.append(helper.make_node("Relu", [x], [f"r{i}"], name=f"relu{i}"))
+            x = f"r{i}"
+    nodes[-1].output[0] = "y"
+    spec = InputSpec("x", (1, widths[0]))
+    path = onnx_model(tmp / f"{name}.onnx", nodes,
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, widths[0]])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, widths[-1]])],
+                      inits)
+    ref, cal = tmp / f"{name}.ref.npz", tmp / f"{name}.cal.npz"
+    feeds = rng.standard_normal((4, *spec.shape)).astype(np.float32)
+    np.savez(ref, x=feeds)
+    # The calibration set covers the reference inputs' range (as a representative set does),
+    # so QDQ activation ranges do not clip them.
+    np.savez(cal, x=np.concatenate(
+        [feeds, rng.standard_normal((28, *spec.shape)).astype(np.float32)]))
+    return ModelFiles(name, (spec,), path, path, ref, cal)

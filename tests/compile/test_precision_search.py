@@ -1,0 +1,153 @@
+"""`precision: "auto"` through the real pipeline: real compilers, the real numeric gate.
+
+The MLP's Gaussian weights lose ~16 dB SNR at INT4 per block of 32 (below the INT8 gate's
+40 dB) and keep ~41 dB at INT8 per channel; the outlier MLP's first layer holds one huge
+weight per output channel, so INT8 of that layer alone drops the output to ~34 dB.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.compile.pipeline import BuildSpec, Pipeline
+from server.compile.settings_map import pipeline_settings
+from server.compile.types import SourceFormat
+from tests.compile.compile_models import ModelFiles
+from tests.compile.quant_models import mlp
+
+
+@pytest.fixture(scope="module")
+def nets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelFiles]:
+    tmp = tmp_path_factory.mktemp("search")
+    return {"plain": mlp(tmp, "plain", (64, 64, 32)),
+            "outlier": mlp(tmp, "outlier", (64, 64, 32), outlier_layer=0)}
+
+
+def _build(net: ModelFiles, platform: str, settings: dict[str, Any], tmp: Path,
+           reference: bool = True) -> list[Any]:
+    spec = BuildSpec(net.onnx, SourceFormat.ONNX, {"default": net.inputs},
+                     platforms=(platform,), settings=settings,
+                     calibration_path=net.calibration if platform == "qnn" else None,
+                     reference_path=net.reference if reference else None)
+    return Pipeline().build(spec, tmp)
+
+
+def _coreml(**extra: Any) -> dict[str, Any]:
+    return {"coreml": {"precision": "auto", "minimum_deployment_target": "iOS18",
+                       "weight_threshold": 0, **extra}}
+
+
+def _tried(outcome: Any) -> list[str]:
+    return [r["candidate"] for r in outcome.gates["precision_search"]["tried"]]
+
+
+def test_auto_ships_the_smallest_candidate_that_passes_and_skips_one_failing_the_gate(
+        nets, tmp_path):
+    (out,) = _build(nets["plain"], "coreml", _coreml(), tmp_path)
+    frontier = out.gates["precision_search"]
+    assert out.state == "ready", out.error
+    # INT4 (smallest) was tried and failed the INT8 thresholds; INT8 passed; nothing larger
+    # was compiled.
+    assert _tried(out) == ["int4-block32", "int8"]
+    int4, int8 = frontier["tried"]
+    assert int4["outcome"] == "gate failed" and "SNR" in int4["reason"]
+    assert int4["vs_fp32"]["snr_db"] < 40 < int8["vs_fp32"]["snr_db"]
+    assert int8["vs_fp32"]["cosine"] > 0.995 and int8["vs_fp32"]["max_abs_diff"] < 0.5
+    assert int4["bytes"] < int8["bytes"] and int8["compile_seconds"] > 0
+    assert frontier["winner"]["candidate"] == "int8"
+    assert "smallest candidate that passed" in frontier["winner"]["why"]
+    assert "int4-block32" in frontier["winner"]["why"]
+    # The shipped artifact is that candidate, gated with the INT8 thresholds against FP32.
+    assert out.variant == "fp16-int8" and out.precision == "int8"
+    assert out.compile_settings["weight_compression"] == "int8"
+    assert out.gates["numeric"]["status"] == "passed"
+    assert out.gates["numeric"]["thresholds"]["min_snr_db"] == 40.0
+    assert out.artifact is not None
+
+
+def test_each_qnn_target_gets_its_own_search(nets, tmp_path):
+    settings = pipeline_settings("qnn", {"precision": "auto", "targets": "SM8650,SM8350",
+                                         "search_candidates": "w4a16,w8a16,fp16"})
+    v75, v68 = _build(nets["plain"], "qnn", settings, tmp_path)
+    # v75: both quantized candidates fail the INT8 thresholds, FP16 passes.
+    assert v75.state == "ready" and v75.variant == "fp16-sm8650"
+    assert _tried(v75) == ["w4a16", "w8a16", "fp16"]
+    # v68 has neither INT4 weights nor FP16: only W8A16 is tried, and the build says why.
+    assert _tried(v68) == ["w8a16"] and v68.state == "failed"
+    skipped = {s["candidate"]: s["why"] for s in v68.gates["precision_search"]["skipped"]}
+    assert "v73" in skipped["w4a16"] and "no FP16" in skipped["fp16"]
+    assert "no qnn candidate passed" in v68.error and "mixed=true" in v68.error
+
+
+def test_mixed_keeps_the_measured_most_sensitive_layer_at_fp16_until_the_gate_passes(
+        nets, tmp_path):
+    (plain,) = _build(nets["outlier"], "coreml", _coreml(search_candidates="int8,fp16"),
+                      tmp_path / "plain")
+    assert _tried(plain) == ["int8", "fp16"] and plain.variant == "fp16"
+    (out,) = _build(nets["outlier"], "coreml",
+                    _coreml(search_candidates="int4-block32,int8,fp16", mixed=True),
+                    tmp_path / "mixed")
+    assert out.state == "ready", out.error
+    # As they are only FP16 passes; then INT4 is too far below the gate to be mixed, and
+    # INT8 passes with one layer kept, smaller than the FP16 package.
+    assert _tried(out) == ["int4-block32", "int8", "fp16", "int8+keep1"]
+    assert out.variant == "fp16-int8-keep1"
+    int4, _, fp16, kept = out.gates["precision_search"]["tried"]
+    assert kept["bytes"] < fp16["bytes"]
+    assert int4["mixed"].startswith("not tried") and "mixed_max_gap_db" in int4["mixed"]
+    # The outlier layer is the first linear (ONNX fc0 → MIL op a0_*): measured, not guessed.
+    assert kept["kept_because"]["layer"].startswith("a0") and kept["kept_layers"] == [
+        kept["kept_because"]["layer"]]
+    assert out.compile_settings["keep_ops"] == kept["kept_because"]["layer"]
+
+
+def test_qnn_mixed_gives_an_htp_without_fp16_an_int8_artifact(nets, tmp_path):
+    # SM8350 (v68): no INT4 weights, no FP16; both 8-bit schemes fail as they are.
+    settings = pipeline_settings("qnn", {"precision": "auto", "mixed": "true",
+                                         "soc": "SM8350"})
+    (out,) = _build(nets["outlier"], "qnn", settings, tmp_path)
+    assert out.state == "ready", out.error
+    tried = _tried(out)
+    assert tried[:2] == ["w8a8", "w8a16"] and tried[-1] == "w8a16+keep1"
+    # The outlier node is measured as the one adding the most noise and left float.
+    assert out.compile_settings["keep_float_nodes"] == "fc0"
+    assert out.precision == "int8" and out.variant == "w8a16-keep1-sm8350"
+
+
+def test_budget_stops_the_search_and_says_so(nets, tmp_path):
+    # As an upload's metadata gives it: a version-level setting beside the platform's.
+    settings = pipeline_settings("coreml", {**_coreml()["coreml"],
+                                            "search_budget_seconds": "0.001"})
+    assert settings["search_budget_seconds"] == "0.001" and \
+        "search_budget_seconds" not in settings["coreml"]
+    (out,) = _build(nets["plain"], "coreml", settings, tmp_path)
+    frontier = out.gates["precision_search"]
+    # One candidate starts (the budget is checked before each), the rest are skipped.
+    assert _tried(out) == ["int4-block32"] and out.state == "failed"
+    skipped = [s["candidate"] for s in frontier["skipped"] if "budget" in s["why"]]
+    assert skipped == ["int8", "int8-block32", "fp16"]
+    assert "search_budget_seconds" in out.error
+
+
+def test_auto_without_reference_inputs_fails_with_the_fix(nets, tmp_path):
+    (out,) = _build(nets["plain"], "coreml", _coreml(), tmp_path, reference=False)
+    assert out.state == "failed" and "upload a reference or calibration .npz" in out.error
+    assert out.gates["precision_search"]["tried"] == []
+
+
+def test_block_wise_candidates_are_skipped_for_a_pre_ios18_version(nets, tmp_path):
+    (out,) = _build(nets["plain"], "coreml", _coreml(minimum_deployment_target="iOS17"),
+                    tmp_path)
+    skipped = {s["candidate"]: s["why"] for s in out.gates["precision_search"]["skipped"]}
+    assert set(skipped) == {"int4-block32", "int8-block32"} and "iOS18" in skipped["int8-block32"]
+    assert _tried(out)[0] == "int8"
+
+
+def test_a_negative_budget_is_refused(nets, tmp_path):
+    from server.compile.errors import InvalidSourceError
+
+    with pytest.raises(InvalidSourceError, match="search_budget_seconds"):
+        _build(nets["plain"], "coreml", {**_coreml(), "search_budget_seconds": -1}, tmp_path)
