@@ -5,7 +5,7 @@ taken over from a worker that died (SQLite and PostgreSQL)."""
 from __future__ import annotations
 
 import threading
-import time
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,6 +17,7 @@ from server.auth import create_token
 from server.blobstore import BlobBackendError, LocalBlobStore
 from server.db import models as db
 from server.db.session import make_engine, make_session_factory
+from server.db.types import utcnow
 from server.delta import DeltaPolicy
 from server.jobs.inprocess import InProcessJobQueue
 from server.jobs.patch_runner import PatchRunner, request_patches
@@ -109,6 +110,20 @@ def _runner(factory, pub, name: str, **kw: Any) -> PatchRunner:
     return PatchRunner(factory, pub, worker_id=name, heartbeat_s=0.1, **kw)
 
 
+class _Now:
+    """The runners' clock (`now=`): a test moves it past a stale heartbeat or a retry's delay,
+    so how long the machine takes between two steps does not decide what is claimable."""
+
+    def __init__(self) -> None:
+        self.at = utcnow()
+
+    def __call__(self) -> datetime:
+        return self.at
+
+    def advance(self, seconds: float) -> None:
+        self.at += timedelta(seconds=seconds)
+
+
 def test_enqueueing_twice_and_rerunning_a_done_job_never_duplicates_a_patch(
         settings, factory, store):
     pub = make_publisher(settings, store)
@@ -179,15 +194,20 @@ def test_a_transient_failure_is_retried_after_a_backoff_then_gives_up(settings, 
     series = edited_series(3)
     ids = _prod_with(factory, pub, store, series[:2])
     request_patches(factory, ids[1])
-    runner = _runner(factory, pub, "a", retry=RetryPolicy(max_attempts=2, base_delay_s=0.5))
+    now = _Now()
+    runner = _runner(factory, pub, "a", retry=RetryPolicy(max_attempts=2, base_delay_s=0.5),
+                     now=now)
     outcomes = ("retried", "done", "failed")
     before = {o: PATCH_JOBS.labels(o)._value.get() for o in outcomes}
     assert runner.process(ids[1]) is True
     job = job_row(factory, ids[1])
     assert job.state == db.PatchJobState.queued and "storage unavailable" in job.error
     assert job.next_attempt_at is not None and runner.claimable_ids() == []  # backing off
-    assert 0 < (runner.next_wakeup() or 0) <= 0.5
-    assert wait_for(lambda: runner.claimable_ids() == [ids[1]], 5, 0.05)
+    assert runner.next_wakeup() == 0.5
+    now.advance(0.49)
+    assert runner.claimable_ids() == [] and runner.process(ids[1]) is False
+    now.advance(0.01)
+    assert runner.claimable_ids() == [ids[1]]
     assert runner.process(ids[1]) is True
     job = job_row(factory, ids[1])
     assert (job.state, job.attempts, job.error) == (db.PatchJobState.done, 2, "")
@@ -198,8 +218,9 @@ def test_a_transient_failure_is_retried_after_a_backoff_then_gives_up(settings, 
     ids.append(add_ready_version(factory, store, "3.0.0", series[2]))
     start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "3.0.0", 100), actor="t")
     request_patches(factory, ids[2])
-    for _ in range(2):
-        assert wait_for(lambda: runner.process(ids[2]), 5, 0.05)
+    assert runner.process(ids[2]) is True
+    now.advance(runner.next_wakeup() or 0)
+    assert runner.process(ids[2]) is True
     job = job_row(factory, ids[2])
     assert job.state == db.PatchJobState.failed and "gave up after 2 attempts" in job.error
     # GET /metrics counts each settled attempt by outcome (modelfleet_patch_jobs_total).
@@ -212,15 +233,17 @@ def test_a_job_whose_worker_died_after_storing_patches_is_taken_over_and_resigne
     pub = make_publisher(settings, store)
     ids = _prod_with(factory, pub, store, edited_series(2))
     request_patches(factory, ids[1])
-    dead = _runner(factory, pub, "dead")
+    now = _Now()
+    dead = _runner(factory, pub, "dead", now=now)
     assert dead.claim(ids[1])
     # It stored the patch, then died before re-signing (no heartbeat from here on).
     assert generate_patches(factory, store, ids[1]) == 1
     with factory() as s:
         serial = s.query(db.SignedManifest).count()
-    taker = _runner(factory, pub, "taker", stale_after_s=0.5)
+    taker = _runner(factory, pub, "taker", stale_after_s=0.5, now=now)
+    now.advance(0.5)
     assert taker.process(ids[1]) is False  # heartbeat still fresh
-    time.sleep(0.6)
+    now.advance(0.01)
     assert taker.process(ids[1]) is True
     job = job_row(factory, ids[1])
     assert (job.state, job.attempts, job.locked_by) == (db.PatchJobState.done, 2, None)
