@@ -5,7 +5,6 @@ taken over from a worker that died (SQLite and PostgreSQL)."""
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,7 +16,6 @@ from server.auth import create_token
 from server.blobstore import BlobBackendError, LocalBlobStore
 from server.db import models as db
 from server.db.session import make_engine, make_session_factory
-from server.db.types import utcnow
 from server.delta import DeltaPolicy
 from server.jobs.inprocess import InProcessJobQueue
 from server.jobs.patch_runner import PatchRunner, request_patches
@@ -36,6 +34,7 @@ from tests.jobs.patch_helpers import (
     patch_rows,
     patch_settings,
 )
+from tests.support.clock import UtcClock
 from tests.support.rollouts import start_rollout
 
 
@@ -110,19 +109,6 @@ def _runner(factory, pub, name: str, **kw: Any) -> PatchRunner:
     return PatchRunner(factory, pub, worker_id=name, heartbeat_s=0.1, **kw)
 
 
-class _Now:
-    """The runners' clock (`now=`): a test moves it past a stale heartbeat or a retry's delay,
-    so how long the machine takes between two steps does not decide what is claimable."""
-
-    def __init__(self) -> None:
-        self.at = utcnow()
-
-    def __call__(self) -> datetime:
-        return self.at
-
-    def advance(self, seconds: float) -> None:
-        self.at += timedelta(seconds=seconds)
-
 
 def test_enqueueing_twice_and_rerunning_a_done_job_never_duplicates_a_patch(
         settings, factory, store):
@@ -194,7 +180,7 @@ def test_a_transient_failure_is_retried_after_a_backoff_then_gives_up(settings, 
     series = edited_series(3)
     ids = _prod_with(factory, pub, store, series[:2])
     request_patches(factory, ids[1])
-    now = _Now()
+    now = UtcClock()
     runner = _runner(factory, pub, "a", retry=RetryPolicy(max_attempts=2, base_delay_s=0.5),
                      now=now)
     outcomes = ("retried", "done", "failed")
@@ -233,7 +219,7 @@ def test_a_job_whose_worker_died_after_storing_patches_is_taken_over_and_resigne
     pub = make_publisher(settings, store)
     ids = _prod_with(factory, pub, store, edited_series(2))
     request_patches(factory, ids[1])
-    now = _Now()
+    now = UtcClock()
     dead = _runner(factory, pub, "dead", now=now)
     assert dead.claim(ids[1])
     # It stored the patch, then died before re-signing (no heartbeat from here on).
