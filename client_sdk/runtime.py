@@ -33,7 +33,7 @@ import fcntl
 import itertools
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -75,6 +75,7 @@ class ModelRuntime:
         shadow_config: ShadowConfig | None = None,
         health: Policy | None = None,
         keystore: KeyStore | None = None,
+        timer: Callable[[], int] = time.perf_counter_ns,
         **shadow_keywords: Unpack[ShadowKeywords],
     ) -> None:
         """``shadow_config``: how shadow candidates run (``client_sdk.shadow.ShadowConfig``:
@@ -84,7 +85,10 @@ class ModelRuntime:
         the ``ShadowConfig`` field of the same name (``queue_size`` for ``shadow_queue``);
         ``health``: when a newly active bundle is rolled back (``client_sdk.health``);
         ``keystore``: the device keys of protected models (default: 0600 files under
-        ``data_dir/keys``, client_sdk/keystore.py)."""
+        ``data_dir/keys``, client_sdk/keystore.py);
+        ``timer``: the ns counter predictions and offers are timed with (the active latency
+        the health policy and the shadow see, and the shadow budget's accounts; tests inject
+        one that counts, so what they offer does not depend on the machine's load)."""
         config = ShadowConfig.from_keywords(shadow_config, shadow_keywords)
         self.shadow_config = config
         self.data_dir = Path(data_dir)
@@ -99,6 +103,7 @@ class ModelRuntime:
         self._rollback_lock = threading.Lock()
         self.shadow_store = ShadowStore(self.data_dir)
         self.clock = clock or SystemClock()
+        self._timer = timer
         # Active predictions started / finished (next() on a count is atomic): the shadow
         # worker runs the candidate only while none is in flight.
         self._started, self._finished = itertools.count(), itertools.count()
@@ -205,7 +210,7 @@ class ModelRuntime:
             return loaded.run(inputs, shape_variant)
         bid = loaded.bundle.bundle_id
         self._n_started = next(self._started)
-        t0 = time.perf_counter_ns()
+        t0 = self._timer()
         try:
             p = loaded.run(inputs, shape_variant)
         except BackendError:
@@ -214,7 +219,7 @@ class ModelRuntime:
             if why is not None:
                 self._rollback(loaded, why)
             raise
-        ns = time.perf_counter_ns() - t0
+        ns = self._timer() - t0
         us = ns // 1000
         self._n_finished = next(self._finished)
         why = self.health.ok(model, bid, us)
@@ -226,11 +231,11 @@ class ModelRuntime:
         if debt <= 0.0 and self._n_started % self._sample_every == 0:  # (no candidate: no work)
             shadow = self.shadow
             if self._budget:
-                t1, setups = time.perf_counter_ns(), shadow.setups
+                t1, setups = self._timer(), shadow.setups
                 if shadow.offer(model, inputs, p.outputs, us, shape_variant):
                     # A setup (a new ring, a layout sent to the child) happens once a session:
                     # not the price of a sample, so not charged.
-                    cost = time.perf_counter_ns() - t1 if shadow.setups == setups else 0
+                    cost = self._timer() - t1 if shadow.setups == setups else 0
                     self._shadow_debt_ns = cost / self._budget
             else:
                 shadow.offer(model, inputs, p.outputs, us, shape_variant)

@@ -96,8 +96,12 @@ class Lease(Generic[J, S]):
     def __init__(self, session_factory: sessionmaker[Session], model: type[J],
                  key: InstrumentedAttribute[int], *, queued: S, running: S, worker_id: str,
                  retry: RetryPolicy | None = None, heartbeat_s: float = 5.0,
-                 stale_after_s: float = 120.0, max_run_s: float = 3600.0) -> None:
+                 stale_after_s: float = 120.0, max_run_s: float = 3600.0,
+                 now: Callable[[], datetime] = utcnow) -> None:
         self._sf = session_factory
+        # What time it is for heartbeats, staleness and backoff (tests move a fake one
+        # instead of sleeping past `stale_after_s` or a retry's delay).
+        self.now = now
         self.model = model
         self.key = key
         self.queued, self.running = queued, running
@@ -123,7 +127,7 @@ class Lease(Generic[J, S]):
     def claim(self, s: Session, key: int, **values: object) -> bool:
         """Takes job `key` in `s`'s transaction (the caller commits, or rolls back on False);
         `values` are further columns the claim sets (e.g. counters to snapshot)."""
-        now = utcnow()
+        now = self.now()
         m = self.model
         claimed = s.scalar(
             update(m).where(self.key == key, self.claimable(now)).values(
@@ -157,7 +161,7 @@ class Lease(Generic[J, S]):
     def claimable_keys(self, limit: int = 10) -> list[int]:
         """Keys of the jobs due now (or abandoned by a dead worker), oldest row first."""
         with self._sf() as s:
-            return list(s.scalars(select(self.key).where(self.claimable(utcnow()))
+            return list(s.scalars(select(self.key).where(self.claimable(self.now()))
                                   .order_by(self.model.id).limit(limit)))
 
     def next_wakeup(self) -> float | None:
@@ -167,7 +171,7 @@ class Lease(Generic[J, S]):
             at = s.scalar(select(m.next_attempt_at).where(
                 m.state == self.queued, m.next_attempt_at.is_not(None))
                 .order_by(m.next_attempt_at).limit(1))
-        return None if at is None else max((at - utcnow()).total_seconds(), 0.0)
+        return None if at is None else max((at - self.now()).total_seconds(), 0.0)
 
     # ---- while running -------------------------------------------------------------------
 
@@ -199,7 +203,8 @@ class Lease(Generic[J, S]):
                 with self._sf() as s:
                     s.execute(update(m).where(self.key == key, m.locked_by == self.worker_id,
                                               m.state == self.running)
-                              .values(heartbeat_at=utcnow(), **(progress() if progress else {}))
+                              .values(heartbeat_at=self.now(),
+                                      **(progress() if progress else {}))
                               .execution_options(synchronize_session=False))
                     s.commit()
             except Exception:  # a missed beat only risks a takeover, which is safe
@@ -220,7 +225,7 @@ class Lease(Generic[J, S]):
 
     def finish(self, job: J, state: S, error: str = "") -> None:
         """Releases an owned job into `state` (a final state, or queued to run again now)."""
-        now = utcnow()
+        now = self.now()
         job.error = error
         job.transition(state)
         job.locked_by, job.finished_at, job.updated_at = None, now, now
@@ -229,7 +234,7 @@ class Lease(Generic[J, S]):
         """Re-queues an owned job after its backoff delay; returns the delay in seconds.
         (`finished_at` stays unset: the job is not finished.)"""
         delay = self.retry.delay(job.attempts)
-        now = utcnow()
+        now = self.now()
         job.error = error
         job.transition(self.queued)
         job.locked_by, job.updated_at = None, now

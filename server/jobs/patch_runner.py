@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Callable
+from datetime import datetime
 
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -101,7 +102,7 @@ class PatchRunner:
                  worker_id: str,
                  policy: DeltaPolicy | None = None, retry: RetryPolicy | None = None,
                  heartbeat_s: float = 5.0, stale_after_s: float = 120.0,
-                 max_job_s: float = 3600.0) -> None:
+                 max_job_s: float = 3600.0, now: Callable[[], datetime] = utcnow) -> None:
         self._sf = self.session_factory = session_factory
         self._publisher = publisher  # its signer reads the release key at each publish
         self.worker_id = worker_id
@@ -109,7 +110,7 @@ class PatchRunner:
         self.lease: Lease[PatchJob, PatchJobState] = Lease(
             session_factory, PatchJob, PatchJob.version_id, queued=PatchJobState.queued,
             running=PatchJobState.running, worker_id=worker_id, retry=retry,
-            heartbeat_s=heartbeat_s, stale_after_s=stale_after_s, max_run_s=max_job_s)
+            heartbeat_s=heartbeat_s, stale_after_s=stale_after_s, max_run_s=max_job_s, now=now)
         self.retry = self.lease.retry
 
     # ---- claiming ------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import select
@@ -100,7 +101,8 @@ class BuildRunner:
                  stale_after_s: float = 120.0, max_build_s: float = 3600.0,
                  patch_policy: DeltaPolicy | None = None,
                  content_keys: ContentKeys | None = None,
-                 watermark: WatermarkSecret | None = None) -> None:
+                 watermark: WatermarkSecret | None = None,
+                 now: Callable[[], datetime] = utcnow) -> None:
         self._watermark = watermark  # watermarked versions: each release's derived key
         self._sf = session_factory
         self._content_keys = content_keys  # protected versions: unseal sources, seal artifacts
@@ -117,7 +119,8 @@ class BuildRunner:
         self.lease: Lease[Build, BuildState] = Lease(
             session_factory, Build, Build.id, queued=BuildState.queued,
             running=BuildState.running, worker_id=worker_id, retry=retry,
-            heartbeat_s=heartbeat_s, stale_after_s=stale_after_s, max_run_s=max_build_s)
+            heartbeat_s=heartbeat_s, stale_after_s=stale_after_s, max_run_s=max_build_s,
+            now=now)
         self.retry = self.lease.retry
 
     # ---- claiming ------------------------------------------------------------------------

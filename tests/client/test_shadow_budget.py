@@ -6,6 +6,8 @@ to fill (``client_sdk.pace``), so an idle shadow child wakes only a few times a 
 
 from __future__ import annotations
 
+import itertools
+import math
 import sys
 import time
 from pathlib import Path
@@ -15,16 +17,14 @@ import numpy as np
 import pytest
 
 from client_sdk import ModelRuntime, shadow_process
-from client_sdk.backends import Backend, open_backend
 from client_sdk.errors import ConfigError
-from client_sdk.install import Bundle, Member
 from client_sdk.pace import MAX_SLEEP_S, MIN_SLEEP_S, Pace
 from client_sdk.runtime import CANDIDATE
+from client_sdk.shadow import DEFAULT_BUDGET
 from client_sdk.shadow_stats import ShadowStore
 from tests.client.onnx_models import scaled_model, stage_onnx
 
 X = np.ones((1, 4), np.float32)
-SLOW_RUN_S = 0.01
 
 
 def _runtime(d: Path, **kwargs: Any) -> tuple[ModelRuntime, str]:
@@ -48,10 +48,52 @@ ISOLATIONS = ["thread", pytest.param("process", marks=pytest.mark.skipif(
     not shadow_process.supported(), reason="Linux shadow process"))]
 
 
+class _Ticks:
+    """The runtime's ns counter (``timer``), moved only by ``_costing``: what a prediction and
+    an offer cost is the test's say, not the machine's load (a preempted 20 µs copy measured
+    as milliseconds would otherwise stop the offers)."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def _costing(rt: ModelRuntime, ticks: _Ticks, monkeypatch: pytest.MonkeyPatch, *,
+             predict_ns: int, offer_ns: int) -> list[int]:
+    """Each active prediction of ``clf`` takes ``predict_ns`` on ``ticks``, each offer
+    ``offer_ns``; returns the numbers (from 1) of the predictions that were offered."""
+    loaded, shadow, done, offered = rt.loaded("clf"), rt.shadow, [0], []
+    assert loaded is not None
+    run, offer = loaded.run, shadow.offer
+
+    def timed_run(*args: Any, **kwargs: Any) -> Any:
+        ticks.ns += predict_ns
+        done[0] += 1
+        return run(*args, **kwargs)
+
+    def timed_offer(*args: Any, **kwargs: Any) -> bool:
+        ticks.ns += offer_ns
+        offered.append(done[0])
+        return offer(*args, **kwargs)
+
+    monkeypatch.setattr(loaded, "run", timed_run)
+    monkeypatch.setattr(shadow, "offer", timed_offer)
+    return offered
+
+
+# An offer (a copy, ≈ 20 µs) at the 2% budget is paid off by 1 ms of predictions.
+OFFER_NS, FAST_NS, SLOW_NS = 20_000, 30_000, 10_000_000
+PAID_OFF = math.ceil(OFFER_NS / DEFAULT_BUDGET / FAST_NS)  # fast predictions: 34
+
+
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_fast_model_is_offered_within_the_budget_and_its_first_prediction_always(
-        tmp_path, isolation):
-    rt, sha = _runtime(tmp_path / "device", shadow_isolation=isolation)
+        tmp_path, isolation, monkeypatch):
+    ticks = _Ticks()
+    rt, sha = _runtime(tmp_path / "device", shadow_isolation=isolation, timer=ticks)
+    offers = _costing(rt, ticks, monkeypatch, predict_ns=FAST_NS, offer_ns=OFFER_NS)
     try:
         rt.predict("clf", {"x": X})
         assert _offered(rt, sha) == 1  # a process that predicts once still feeds its candidate
@@ -60,9 +102,12 @@ def test_a_fast_model_is_offered_within_the_budget_and_its_first_prediction_alwa
         offered = _offered(rt, sha)
     finally:
         rt.close()
-    # This model runs in tens of µs; an offer costs µs (a copy): at 2% each one is paid off
-    # by dozens of predictions. Without the budget all 200 would be offered.
-    assert 1 < offered < 100, offered
+    # Once set up (the first offers of a shadow process make its ring: not charged), each
+    # offer waits until the predictions since paid it off. Without the budget all 200 would
+    # be offered.
+    assert offers[0] == 1 and offered == len(offers), (offers, offered)
+    gaps = [b - a for a, b in itertools.pairwise(offers)]
+    assert gaps[-4:] == [PAID_OFF] * 4 and len(offers) <= 3 + 200 // PAID_OFF, offers
 
 
 def test_no_budget_offers_every_prediction(tmp_path):
@@ -75,26 +120,18 @@ def test_no_budget_offers_every_prediction(tmp_path):
         rt.close()
 
 
-def test_a_slow_model_is_offered_nearly_every_prediction(tmp_path):
-    class Slow:
-        def __init__(self, inner: Backend) -> None:
-            self.name, self._inner = inner.name, inner
-
-        def run(self, inputs: Any) -> dict[str, np.ndarray]:
-            time.sleep(SLOW_RUN_S)  # 2% of it (200 µs) pays for an offer
-            return self._inner.run(inputs)
-
-    def factory(bundle: Bundle, member: Member) -> Backend:
-        return Slow(open_backend(bundle, member))
-
-    rt, sha = _runtime(tmp_path / "device", backend_factory=factory)
+def test_a_slow_model_is_offered_every_prediction(tmp_path, monkeypatch):
+    ticks = _Ticks()
+    rt, sha = _runtime(tmp_path / "device", shadow_isolation="thread", timer=ticks)
+    offers = _costing(rt, ticks, monkeypatch, predict_ns=SLOW_NS, offer_ns=OFFER_NS)
     try:
         for _ in range(20):
             rt.predict("clf", {"x": X})
         offered = _offered(rt, sha)
     finally:
         rt.close()
-    assert offered >= 15, offered  # (the first offers, which set things up, cost more)
+    # 2% of a 10 ms prediction (200 µs) pays for a 20 µs offer many times over.
+    assert offers == list(range(1, 21)) and offered == 20, (offers, offered)
 
 
 @pytest.mark.parametrize("budget", [0, -0.1, 1.5])

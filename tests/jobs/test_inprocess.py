@@ -25,6 +25,7 @@ from server.jobs.lease import public_worker_name
 from server.jobs.runner import BuildRunner, RetryPolicy, _JobLog, wait_for
 from server.observability.metrics import BUILD_JOBS
 from tests.jobs.jobs_helpers import make_settings, publish_token, uploader
+from tests.support.clock import UtcClock
 
 # Builds as a deployment runs them by default: in the compile sandbox.
 SANDBOXED = pipeline_factory(SandboxPolicy())
@@ -173,8 +174,9 @@ def counts_since(before: dict[str, float]) -> dict[str, float]:
 def test_transient_failure_retries_with_backoff_then_succeeds(registry_with_upload):
     sf, store = registry_with_upload
     FlakyPipeline.calls = 0
+    now = UtcClock()
     runner = BuildRunner(sf, store, worker_id="w1", retry=RetryPolicy(base_delay_s=0.3),
-                         pipeline_factory=lambda log: FlakyPipeline(log, failures=1))
+                         pipeline_factory=lambda log: FlakyPipeline(log, failures=1), now=now)
     queue = InProcessJobQueue(runner)
     before = build_job_counts()
 
@@ -182,8 +184,9 @@ def test_transient_failure_retries_with_backoff_then_succeeds(registry_with_uplo
     b = _build(sf)
     assert b.state == BuildState.queued and b.attempts == 1 and b.next_attempt_at is not None
     assert "retrying in" in b.log and _version_state(sf) == VersionState.compiling
+    now.advance(0.29)
     assert queue.drain() == 0  # not due yet: backoff is honoured
-    time.sleep(0.4)
+    now.advance(0.01)
     assert queue.drain() == 1
     b = _build(sf)
     assert b.state == BuildState.succeeded and b.attempts == 2

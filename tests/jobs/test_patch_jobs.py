@@ -5,7 +5,6 @@ taken over from a worker that died (SQLite and PostgreSQL)."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -35,6 +34,7 @@ from tests.jobs.patch_helpers import (
     patch_rows,
     patch_settings,
 )
+from tests.support.clock import UtcClock
 from tests.support.rollouts import start_rollout
 
 
@@ -109,6 +109,7 @@ def _runner(factory, pub, name: str, **kw: Any) -> PatchRunner:
     return PatchRunner(factory, pub, worker_id=name, heartbeat_s=0.1, **kw)
 
 
+
 def test_enqueueing_twice_and_rerunning_a_done_job_never_duplicates_a_patch(
         settings, factory, store):
     pub = make_publisher(settings, store)
@@ -179,15 +180,20 @@ def test_a_transient_failure_is_retried_after_a_backoff_then_gives_up(settings, 
     series = edited_series(3)
     ids = _prod_with(factory, pub, store, series[:2])
     request_patches(factory, ids[1])
-    runner = _runner(factory, pub, "a", retry=RetryPolicy(max_attempts=2, base_delay_s=0.5))
+    now = UtcClock()
+    runner = _runner(factory, pub, "a", retry=RetryPolicy(max_attempts=2, base_delay_s=0.5),
+                     now=now)
     outcomes = ("retried", "done", "failed")
     before = {o: PATCH_JOBS.labels(o)._value.get() for o in outcomes}
     assert runner.process(ids[1]) is True
     job = job_row(factory, ids[1])
     assert job.state == db.PatchJobState.queued and "storage unavailable" in job.error
     assert job.next_attempt_at is not None and runner.claimable_ids() == []  # backing off
-    assert 0 < (runner.next_wakeup() or 0) <= 0.5
-    assert wait_for(lambda: runner.claimable_ids() == [ids[1]], 5, 0.05)
+    assert runner.next_wakeup() == 0.5
+    now.advance(0.49)
+    assert runner.claimable_ids() == [] and runner.process(ids[1]) is False
+    now.advance(0.01)
+    assert runner.claimable_ids() == [ids[1]]
     assert runner.process(ids[1]) is True
     job = job_row(factory, ids[1])
     assert (job.state, job.attempts, job.error) == (db.PatchJobState.done, 2, "")
@@ -198,8 +204,9 @@ def test_a_transient_failure_is_retried_after_a_backoff_then_gives_up(settings, 
     ids.append(add_ready_version(factory, store, "3.0.0", series[2]))
     start_rollout(factory, pub, "prod", ro.RolloutSpec("clf", "3.0.0", 100), actor="t")
     request_patches(factory, ids[2])
-    for _ in range(2):
-        assert wait_for(lambda: runner.process(ids[2]), 5, 0.05)
+    assert runner.process(ids[2]) is True
+    now.advance(runner.next_wakeup() or 0)
+    assert runner.process(ids[2]) is True
     job = job_row(factory, ids[2])
     assert job.state == db.PatchJobState.failed and "gave up after 2 attempts" in job.error
     # GET /metrics counts each settled attempt by outcome (modelfleet_patch_jobs_total).
@@ -212,15 +219,17 @@ def test_a_job_whose_worker_died_after_storing_patches_is_taken_over_and_resigne
     pub = make_publisher(settings, store)
     ids = _prod_with(factory, pub, store, edited_series(2))
     request_patches(factory, ids[1])
-    dead = _runner(factory, pub, "dead")
+    now = UtcClock()
+    dead = _runner(factory, pub, "dead", now=now)
     assert dead.claim(ids[1])
     # It stored the patch, then died before re-signing (no heartbeat from here on).
     assert generate_patches(factory, store, ids[1]) == 1
     with factory() as s:
         serial = s.query(db.SignedManifest).count()
-    taker = _runner(factory, pub, "taker", stale_after_s=0.5)
+    taker = _runner(factory, pub, "taker", stale_after_s=0.5, now=now)
+    now.advance(0.5)
     assert taker.process(ids[1]) is False  # heartbeat still fresh
-    time.sleep(0.6)
+    now.advance(0.01)
     assert taker.process(ids[1]) is True
     job = job_row(factory, ids[1])
     assert (job.state, job.attempts, job.locked_by) == (db.PatchJobState.done, 2, None)
