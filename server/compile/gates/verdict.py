@@ -53,6 +53,11 @@ def numeric_gate(compiler: Compiler, art: CompiledArtifact, request: CompileRequ
                  ref: Reference, workdir: Path) -> numeric.NumericGateReport:
     if not art.runnable_here:
         return numeric.not_run(art.precision, art.not_runnable_reason)
+    # The reference ran the source with every input; the artifact and the specialized graph
+    # take only the request's (inputs declared with a value are constants there).
+    names = {i.name for i in request.inputs}
+    ref = Reference([{k: v for k, v in f.items() if k in names} for f in ref.feeds],
+                    ref.outputs, ref.reason)
     if ref.outputs is None:
         return numeric.not_run(art.precision, ref.reason)
     try:
