@@ -34,6 +34,7 @@ from server.compile.gates.operators import check_mlpackage, check_onnx, deny_lis
 from server.compile.gates.support import check_support
 from server.compile.gates.verdict import Reference as _Reference
 from server.compile.gates.verdict import failure_message, log_lines, numeric_gate
+from server.compile.heap import frozen_heap
 from server.compile.packing import PackedArtifact, pack
 from server.compile.shapes import ShapeSpecializationError, specialize_file
 from server.compile.source import export_onnx, load_samples, reference_outputs
@@ -118,10 +119,11 @@ class Pipeline:
             raise CompileError(f"unknown platform(s) {unknown}; known: {sorted(self._factories)}")
         budget = precision_search.budget_of(spec.settings)
         outcomes: list[BuildOutcome] = []
-        for variant, inputs in spec.variants.items():
-            vdir = workdir / variant
-            vdir.mkdir(parents=True, exist_ok=True)
-            outcomes.extend(self._build_variant(spec, variant, inputs, vdir, budget))
+        with frozen_heap():  # each ct.convert's gc.collect() skips the imported libraries
+            for variant, inputs in spec.variants.items():
+                vdir = workdir / variant
+                vdir.mkdir(parents=True, exist_ok=True)
+                outcomes.extend(self._build_variant(spec, variant, inputs, vdir, budget))
         return outcomes
 
     def _build_variant(self, spec: BuildSpec, variant: str, inputs: tuple[InputSpec, ...],
@@ -141,6 +143,11 @@ class Pipeline:
                                   "nodes_after": specialized.nodes_after,
                                   "ifs_folded": specialized.ifs_folded}
                     log(f"[{variant}] {specialized.note()}")
+            elif any(i.value is not None for i in inputs):
+                raise CompileError(
+                    f"input(s) {[i.name for i in inputs if i.value is not None]} declare a "
+                    f"constant value, which only an ONNX upload binds; export the "
+                    f"{spec.source_format.value} model with that value fixed instead")
             else:
                 onnx_path = export_onnx(spec.source_path, spec.source_format, inputs,
                                         vdir / "source.onnx")
@@ -153,8 +160,10 @@ class Pipeline:
         feeds, reference, ref_reason = self._reference(spec, inputs, variant)
         outcomes = []
         for platform in spec.platforms:
+            # Inputs bound to their declared value are constants of the graph, not inputs.
             request = CompileRequest(
-                source_path=spec.source_path, source_format=spec.source_format, inputs=inputs,
+                source_path=spec.source_path, source_format=spec.source_format,
+                inputs=tuple(i for i in inputs if i.value is None),
                 shape_variant=variant, settings=spec.settings,
                 calibration_path=spec.calibration_path, onnx_path=onnx_path,
                 reference_path=spec.reference_path or spec.calibration_path)

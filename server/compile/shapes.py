@@ -92,6 +92,7 @@ class Specialized:
     nodes_after: int
     ifs_folded: int = 0
     relaid_rnns: tuple[str, ...] = ()  # batch-first RNN nodes rewritten to layout 0
+    constants: tuple[str, ...] = ()  # inputs bound to their declared value ("sr=16000")
 
     def note(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in sorted(self.fixed.items()))
@@ -101,8 +102,10 @@ class Specialized:
             "static ONNX folded at the declared shapes"
         rnn = (f"; batch-first RNN node(s) {', '.join(self.relaid_rnns)} as layout 0 between "
                "Transposes") if self.relaid_rnns else ""
+        consts = (f"; input(s) bound to their declared value ({', '.join(self.constants)})"
+                  if self.constants else "")
         return (f"{head}; shape arithmetic folded{ifs}: {self.nodes_before} → "
-                f"{self.nodes_after} nodes{rnn}")
+                f"{self.nodes_after} nodes{rnn}{consts}")
 
 
 def graph_inputs(model: Any) -> list[Any]:
@@ -172,6 +175,26 @@ def check_inputs(model: Any, specs: Sequence[InputSpec]) -> None:
             raise InvalidSourceError(
                 f"the ONNX graph's input {spec.name!r} has rank {rank} but the declared "
                 f"shape {list(spec.shape)} has rank {len(spec.shape)}")
+
+
+def bind_constants(model: Any, specs: Sequence[InputSpec]) -> tuple[str, ...]:
+    """Turns each input declared with a `value` into an initializer holding it (in the
+    graph input's dtype), in place; returns "name=value" for each."""
+    from onnx import helper, numpy_helper
+
+    bound = []
+    for spec in specs:
+        if spec.value is None:
+            continue
+        (vi,) = [vi for vi in model.graph.input if vi.name == spec.name]
+        dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        keep = [i for i in model.graph.input if i.name != spec.name]
+        del model.graph.input[:]
+        model.graph.input.extend(keep)
+        model.graph.initializer.append(numpy_helper.from_array(
+            np.asarray(spec.value).astype(dtype), spec.name))
+        bound.append(f"{spec.name}={spec.value:g}")
+    return tuple(bound)
 
 
 def is_static(model: Any) -> bool:
@@ -286,6 +309,8 @@ def specialize(model: Any, specs: Sequence[InputSpec], *, allow_ifs: bool = Fals
     work = onnx.ModelProto()
     work.CopyFrom(model)
     nodes_before = len(work.graph.node)
+    constants = bind_constants(work, specs)
+    specs = [s for s in specs if s.value is None]
     relaid = tuple(seq_first(work))
     fixed = _fix_inputs(work, specs)
     _forget_inferred_shapes(work)
@@ -306,12 +331,15 @@ def specialize(model: Any, specs: Sequence[InputSpec], *, allow_ifs: bool = Fals
                           f"{u.node!r})" for u in remaining[:10])
         raise ShapeSpecializationError(
             f"the declared shapes do not make the graph static: {named}. These sizes depend "
-            "on tensor values, not on input shapes; move that part of the model into app "
-            "code or export the model with a static size there", remaining)
+            "on tensor values, not on input shapes; when they come from a scalar input the "
+            "app always feeds the same value (a sample rate), declare that input with its "
+            '"value" (e.g. {"name": "sr", "dtype": "int64", "shape": [], "value": 16000}) so '
+            "the build folds it; else move that part of the model into app code or export "
+            "the model with a static size there", remaining)
     if not allow_ifs:
         refuse_value_dependent_ifs(slim)
     return slim, Specialized(fixed, nodes_before, len(slim.graph.node),
-                             len(if_nodes(work)) - len(if_nodes(slim)), relaid)
+                             len(if_nodes(work)) - len(if_nodes(slim)), relaid, constants)
 
 
 def if_nodes(model: Any) -> list[Any]:
@@ -353,9 +381,10 @@ def refuse_value_dependent_ifs(model: Any) -> None:
         for name, reads in ifs[:8])
     raise InvalidSourceError(
         f"{len(ifs)} If node(s) whose branch depends on tensor values, not on the declared "
-        f"shapes: {named}. A compiled artifact has no control flow: export the model with "
-        "that choice made (e.g. trace it with the value fixed, one version per value), or "
-        "move the choice into app code")
+        f"shapes: {named}. A compiled artifact has no control flow: declare a scalar input "
+        'the app always feeds the same value with it ("value": 16000 in its input spec) and '
+        "the build folds the If; else export the model with that choice made (e.g. trace it "
+        "with the value fixed, one version per value), or move the choice into app code")
 
 
 def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path, *,
@@ -375,7 +404,8 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path, *,
     except Exception as e:
         raise InvalidSourceError(f"cannot read {path.name} as ONNX: {e}") from e
     check_inputs(model, specs)
-    if is_static(model) and not if_nodes(model) and not batch_first_rnns(model):
+    if is_static(model) and not if_nodes(model) and not batch_first_rnns(model) and all(
+            s.value is None for s in specs):
         _fix_inputs(model, specs)  # only checks: static dims that differ are refused
         onnx.save(model, str(out))
         return None

@@ -53,7 +53,11 @@ def load_samples(path: Path, specs: tuple[InputSpec, ...], variant: str = ""
     """Reads an .npz of inputs into per-sample feeds, checking names, shapes and dtypes.
 
     A version with several shape variants may give each its own samples: an array named
-    `<input>@<variant>` (e.g. `image@720p`) is used for that variant instead of `<input>`."""
+    `<input>@<variant>` (e.g. `image@720p`) is used for that variant instead of `<input>`.
+    An input declared with a constant `value` takes that value in every sample."""
+    constants = {s.name: np.asarray(s.value).astype(numpy_dtype(s)) for s in specs
+                 if s.value is not None}
+    specs = tuple(s for s in specs if s.value is None)
     try:
         npz = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
@@ -89,7 +93,8 @@ def load_samples(path: Path, specs: tuple[InputSpec, ...], variant: str = ""
     n = counts.pop()
     # np.asarray: indexing a (N,) batch of a scalar input gives a numpy scalar, which
     # onnxruntime refuses; a 0-d array is what a rank-0 input takes.
-    return [{k: np.asarray(v[i]) for k, v in batches.items()} for i in range(n)]
+    return [{**{k: np.asarray(v[i]) for k, v in batches.items()}, **constants}
+            for i in range(n)]
 
 
 def _torch_inputs(specs: tuple[InputSpec, ...]) -> tuple[Any, ...]:

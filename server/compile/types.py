@@ -37,11 +37,14 @@ class Precision(enum.StrEnum):
 @dataclass(frozen=True)
 class InputSpec:
     """One model input with a fully static shape (dynamic shapes are rejected by the gate);
-    `shape == ()` is a scalar (rank 0)."""
+    `shape == ()` is a scalar (rank 0). `value`: a scalar the app always feeds (a sample
+    rate); the build binds it as a constant, so what the graph decides from it folds, and the
+    artifact no longer takes the input."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
+    value: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -52,14 +55,24 @@ class InputSpec:
                 "positive integer (declare one shape variant per size instead of a dynamic "
                 "axis; () is a scalar)"
             )
+        if self.value is not None and self.shape != ():
+            raise ValueError(f"input {self.name!r} declares a constant value but has shape "
+                             f"{self.shape!r}; a constant value is declared for a scalar "
+                             "input (shape ()) only")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InputSpec:
+        value = data.get("value")
         return cls(name=str(data["name"]), shape=tuple(int(d) for d in data["shape"]),
-                   dtype=str(data.get("dtype", "float32")))
+                   dtype=str(data.get("dtype", "float32")),
+                   value=None if value is None else float(value))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        out: dict[str, Any] = {"name": self.name, "shape": list(self.shape),
+                               "dtype": self.dtype}
+        if self.value is not None:
+            out["value"] = self.value
+        return out
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,8 @@ class BuildRunner:
                 select(SourceUpload).where(SourceUpload.version_id == version.id))}
             meta = version.metadata_json
             inputs = tuple(InputSpec(name=i["name"], shape=tuple(i["shapes"][build.variant]),
-                                     dtype=i.get("dtype", "float32")) for i in meta["inputs"])
+                                     dtype=i.get("dtype", "float32"), value=i.get("value"))
+                           for i in meta["inputs"])
             fmt = SourceFormat.parse(version.source_format)
             platform, settings = build.platform, dict(build.compile_settings or {})
             # The model's task decides which outputs the numeric gate checks top-k on.

@@ -9,10 +9,20 @@ compile settings, and input specs (static shapes, possibly several shape variant
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from manifests.cohorts import MAX_COHORTS
 from server.errors import InvalidInputError, PayloadTooLargeError
@@ -50,6 +60,9 @@ class InputSpec(BaseModel):
     shapes: dict[Annotated[str, Field(pattern=VARIANT_PATTERN)], Shape] | None = Field(
         default=None, min_length=1, max_length=16
     )
+    # A scalar input the app always feeds the same value (a sample rate): the build binds it
+    # as a constant, so the graph's choices on it fold, and the artifact does not take it.
+    value: StrictInt | StrictFloat | None = None
 
 
 class WatermarkIn(BaseModel):
@@ -76,7 +89,7 @@ class VersionMetadata(BaseModel):
 
     version: str
     platforms: dict[str, dict[str, Any]]
-    inputs: list[dict[str, Any]]  # each: name, dtype, shapes {variant: shape}
+    inputs: list[dict[str, Any]]  # each: name, dtype, shapes {variant: shape}[, value]
     variants: list[str]
     notes: str = ""
     protected: bool = False
@@ -201,6 +214,17 @@ def _normalise(m: VersionMetadataIn) -> VersionMetadata:
                 fix='give a static shape, e.g. "shape": [1, 3, 224, 224], or variants, e.g. '
                 '"shapes": {"360p": [1, 3, 360, 640], "720p": [1, 3, 720, 1280]}',
             )
+        if spec.value is not None and any(
+                shape for shape in ([spec.shape] if spec.shapes is None else
+                                    list(spec.shapes.values()))):
+            raise InvalidInputError(
+                f"metadata.inputs[{i}] ({spec.name}) declares a value but is not a scalar",
+                field=f"metadata.inputs[{i}].value",
+                fix='a constant value is for a scalar input: "shape": [] (or drop "value")')
+        if spec.value is not None and not math.isfinite(spec.value):
+            raise InvalidInputError(
+                f"metadata.inputs[{i}] ({spec.name}) value must be a finite number",
+                field=f"metadata.inputs[{i}].value", fix="give a finite number")
         if spec.shapes is not None:
             variant_sets.add(frozenset(spec.shapes))
             variants = variants or list(spec.shapes)  # the order the uploader gave
@@ -217,6 +241,7 @@ def _normalise(m: VersionMetadataIn) -> VersionMetadata:
             "dtype": s.dtype,
             "shapes": dict(s.shapes) if s.shapes is not None
             else {v: list(s.shape or []) for v in variants},
+            **({} if s.value is None else {"value": s.value}),
         }
         for s in m.inputs
     ]

@@ -274,3 +274,22 @@ def test_ppocr_detector_on_random_inputs_is_explained_not_reported_as_cosine_zer
     assert float(num["outputs"][0]["max_abs_diff"]) < 1e-4
     cost = num["precision_cost"]
     assert cost["status"] == "within_seed" and float(cost["outputs"][0]["max_abs_diff"]) < 1e-5
+
+
+def test_a_yardstick_that_fp16_breaks_is_reported_as_the_precisions_loss(tmp_path: Path) -> None:
+    """Basic Pitch's log-CQT at FP16 gives infinities: the source at FP16 scores SNR -inf
+    against FP32, and the failure says that precision loses the model (before, it said the
+    loss came "from the compile, not from FP16 storage")."""
+    from server.compile.gates.verdict import failure_message
+    from server.compile.types import Target
+
+    ref = [[np.linspace(-1, 1, 64, dtype=np.float32)]]
+    broken = [[np.full(64, -np.inf, np.float32)]]
+    report = numeric.judge(ref, broken, broken, Precision.FP16, {}, classifier=False,
+                           runner="test", basis="the source at FP16")
+    assert report.status == "failed"
+    art = CompiledArtifact(tmp_path / "m.bin", Target("qnn", "x", "qnn_context"),
+                           Precision.FP16, {})
+    msg = failure_message(report, art, "qnn")
+    assert "itself loses this model" in msg and "not the compile's" in msg
+    assert "so the loss comes from the compile" not in msg

@@ -299,3 +299,28 @@ def test_core_ml_numeric_gate_catches_a_wrong_conversion_rule(tmp_path: Path, mo
     assert bad.gates["numeric"]["status"] == "failed"
     assert bad.gates["numeric"]["runner"].startswith("mil reference executor")
     assert "numeric gate failed" in bad.error
+
+
+def test_inputs_named_like_tensorflow_or_a_mil_keyword_feed_the_core_ml_gate(
+        tmp_path: Path) -> None:
+    """tf2onnx names inputs 'serving_default_input:0'; Silero's recurrent input is 'state',
+    a word coremltools renames. The numeric gate feeds the package from the source's names
+    (before: "feed 'serving_default_input_0' missing", "feed 'state_workaround' missing")."""
+    from server.compile import BuildSpec, Pipeline
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["serving_default_input:0", "state"], ["_out"])], "g",
+        [helper.make_tensor_value_info("serving_default_input:0", TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("state", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("_out", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "ref.npz", **{n: rng.standard_normal((2, 1, 4)).astype(np.float32)
+                                      for n in ("serving_default_input:0", "state")})
+    specs = (InputSpec("serving_default_input:0", (1, 4)), InputSpec("state", (1, 4)))
+    (o,) = Pipeline().build(BuildSpec(tmp_path / "m.onnx", SourceFormat.ONNX,
+                                      {"default": specs}, platforms=("coreml",),
+                                      reference_path=tmp_path / "ref.npz"), tmp_path / "w")
+    assert o.state == "ready", o.error
+    assert o.gates["numeric"]["status"] == "passed"

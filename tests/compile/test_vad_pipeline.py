@@ -99,3 +99,57 @@ def test_torch_exported_rnn_builds_for_onnx_and_qnn(kind: str, tmp_path: Path) -
     assert out["qnn"].gates["htp"]["cpu_nodes"] == []
     exported = onnx.load(str(tmp_path / "work" / "default" / "source.onnx"))
     assert kind.upper() in {n.op_type for n in exported.graph.node}
+
+
+def test_an_if_on_a_scalar_input_declared_with_its_value_folds_for_every_platform(
+        server: TestClient, tmp_path: Path) -> None:
+    """Silero VAD's `If` on its sample rate: declared `"value": 16000`, the build binds `sr`
+    as a constant, the If folds, and onnx, coreml and qnn build ready (without the value the
+    build refuses the If by name: test_shapes.py)."""
+    assert server.post("/v1/models", json={"name": "vad", "task": "other"}).status_code == 201
+    buf = io.BytesIO()
+    np.savez(buf, **vad_feeds(2))
+    meta = {"version": "1.0.0", "platforms": {"onnx": {}, "coreml": {}, "qnn": QNN},
+            "inputs": [{"name": "audio", "dtype": "float32", "shape": [1, 64]},
+                       {"name": "state", "dtype": "float32", "shape": [2, 1, 16]},
+                       {"name": "sr", "dtype": "int64", "shape": [], "value": 16000}]}
+    model = vad_onnx(tmp_path / "vad.onnx", sr_if=True).read_bytes()
+    r = server.post("/v1/models/vad/versions",
+                    files={"model": ("vad.onnx", model), "reference": ("ref.npz", buf.getvalue())},
+                    data={"metadata": json.dumps(meta)})
+    assert r.status_code == 201, r.text
+    version = wait_settled(server, "vad", "1.0.0")
+    builds = {b["platform"]: b for b in server.get(
+        "/v1/models/vad/versions/1.0.0/builds?logs=false").json()}
+    assert version["state"] == "ready", {p: b["error"] for p, b in builds.items()}
+    for platform, b in builds.items():
+        assert b["gates"]["shapes"]["ifs_folded"] == 3, platform  # sr_if with the shape Ifs
+        assert b["gates"]["numeric"]["status"] == "passed", (platform, b["gates"]["numeric"])
+
+
+def test_the_artifact_of_a_declared_constant_input_does_not_take_it(tmp_path: Path) -> None:
+    np.savez(tmp_path / "ref.npz", **vad_feeds(2))
+    specs = (InputSpec("audio", (1, 64)), InputSpec("state", (2, 1, 16)),
+             InputSpec("sr", (), "int64", value=16000))
+    spec = BuildSpec(vad_onnx(tmp_path / "vad.onnx", sr_if=True), SourceFormat.ONNX,
+                     {"default": specs}, platforms=("onnx",),
+                     reference_path=tmp_path / "ref.npz")
+    (o,) = Pipeline().build(spec, tmp_path / "work")
+    assert o.state == "ready", o.error
+    model = onnx.load(str(o.artifact.path))
+    assert [v.name for v in model.graph.input] == ["audio", "state"]
+    assert "If" not in {n.op_type for n in model.graph.node}
+
+
+def test_a_constant_value_on_a_non_scalar_input_is_refused_at_upload(
+        server: TestClient, tmp_path: Path) -> None:
+    assert server.post("/v1/models", json={"name": "vad", "task": "other"}).status_code == 201
+    meta = {"version": "1.0.0", "platforms": ["onnx"],
+            "inputs": [{"name": "audio", "dtype": "float32", "shape": [1, 64], "value": 1.0},
+                       {"name": "state", "dtype": "float32", "shape": [2, 1, 16]},
+                       {"name": "sr", "dtype": "int64", "shape": []}]}
+    r = server.post("/v1/models/vad/versions",
+                    files={"model": ("vad.onnx", vad_onnx(tmp_path / "vad.onnx").read_bytes())},
+                    data={"metadata": json.dumps(meta)})
+    assert r.status_code == 422, r.text
+    assert "metadata.inputs[0].value" in r.text and "scalar" in r.text

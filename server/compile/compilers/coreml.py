@@ -235,6 +235,11 @@ class CoreMLCompiler:
     def run(self, artifact: CompiledArtifact, feeds: Feeds) -> Outputs:
         import coremltools as ct
 
+        from server.compile.onnx_mil.context import mil_name
+
+        # The package's inputs carry MIL identifiers ('input:0' → 'input_0'); the feeds the
+        # source's names.
+        feeds = [{mil_name(k): v for k, v in f.items()} for f in feeds]
         if sys.platform != "darwin":
             from server.compile.milexec import MilExecutor
 

@@ -14,6 +14,7 @@ Localization, one sample:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,11 @@ def numeric_gate(compiler: Compiler, art: CompiledArtifact, request: CompileRequ
                  ref: Reference, workdir: Path) -> numeric.NumericGateReport:
     if not art.runnable_here:
         return numeric.not_run(art.precision, art.not_runnable_reason)
+    # The reference ran the source with every input; the artifact and the specialized graph
+    # take only the request's (inputs declared with a value are constants there).
+    names = {i.name for i in request.inputs}
+    ref = Reference([{k: v for k, v in f.items() if k in names} for f in ref.feeds],
+                    ref.outputs, ref.reason)
     if ref.outputs is None:
         return numeric.not_run(art.precision, ref.reason)
     try:
@@ -154,6 +160,13 @@ def failure_message(report: numeric.NumericGateReport, art: CompiledArtifact,
     kept = (f"The source at {p.upper()} keeps SNR {snr:.1f} dB against FP32, so the loss comes "
             f"from the compile or the target's own {p.upper()} arithmetic, not from "
             f"{itself}. " if costs else "")
+    if costs and not math.isfinite(snr):
+        # The yardstick itself is broken (overflow to infinity, NaN, or no signal left), so
+        # comparing the artifact with it says nothing about the compile.
+        kept = (f"The source at {p.upper()} itself loses this model (SNR {snr:.1f} dB against "
+                f"FP32: {itself} overflows or underflows"
+                + (f"; {where(report, 'precision')}" if where(report, "precision") else "")
+                + "), so this is the precision's loss, not the compile's. ")
     higher = HIGHER_PRECISION.get(platform)
     return (f"numeric gate failed: the {platform} artifact departs from "
             f"{report.basis or 'the source'} more than {p.upper()} allows ({report.reason})"

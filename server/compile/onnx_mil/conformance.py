@@ -18,16 +18,16 @@ NaN. FP16 programs (reported, not gated): rtol 1e-2, atol 1e-2.
 from __future__ import annotations
 
 import re
-import tempfile
+import shutil
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from server.compile.errors import ConversionError
+from server.compile.heap import frozen_heap
 
 _DTYPES = (np.float32, np.float16, np.int64, np.int32, np.bool_)
 _BIND_LIMIT = 8
@@ -175,23 +175,26 @@ def run_case(case: Any, fp16: bool = False) -> tuple[CaseResult, bool | None]:
 
 def execute_program(prog: Any, feeds: dict[str, np.ndarray], precision: str = "fp32"
                     ) -> list[np.ndarray]:
-    """`ct.convert`s a MIL program as the Core ML compile does, saves the .mlpackage and runs
-    it with the MIL reference executor; the outputs in program order."""
+    """`ct.convert`s a MIL program as the Core ML compile does and runs the package it wrote
+    with the MIL reference executor; the outputs in program order."""
     import coremltools as ct
 
     from server.compile.milexec import MilExecutor
     from server.compile.onnx_mil.context import mil_name
     from server.compile.quiet import quiet
 
-    with quiet(), tempfile.TemporaryDirectory(prefix="onnx-mil-") as tmp:
+    with quiet(), frozen_heap():  # its closing gc.collect() skips what was loaded before
         mlmodel = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=(
             ct.target.iOS18), compute_precision=(ct.precision.FLOAT16 if precision == "fp16"
                                                  else ct.precision.FLOAT32))
-        path = Path(tmp) / "m.mlpackage"
-        mlmodel.save(str(path))
-        ex = MilExecutor(path)
+    # ct.convert has already written the .mlpackage (a temporary one, removed only at exit):
+    # run that one instead of a saved copy, and remove it now.
+    try:
+        ex = MilExecutor(mlmodel.package_path)
         got = ex.run({mil_name(k): v for k, v in feeds.items()})
         return [got[n] for n in ex.output_names]
+    finally:
+        shutil.rmtree(mlmodel.package_path, ignore_errors=True)
 
 
 def execute_onnx(model: Any, feeds: dict[str, np.ndarray], precision: str = "fp32"
@@ -235,7 +238,7 @@ def run_suite(pattern: str = "", fp16: bool = False, ops: set[str] | None = None
     # mypy does not narrow c.model through the filter above: every case here has a model.
     all_ops = {n.op_type for c in cases for n in c.model.graph.node}  # type: ignore[union-attr]
     rows: dict[str, OpRow] = {}
-    results = []
+    results: list[CaseResult] = []
     for i, case in enumerate(cases):
         if (pattern and pattern not in case.name) or i % shard[1] != shard[0]:
             continue

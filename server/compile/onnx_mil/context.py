@@ -26,10 +26,24 @@ _INT32 = np.iinfo(np.int32)
 _NAME = re.compile(r"[^A-Za-z0-9_]")
 
 
+# The words coremltools' NameSanitizer (mil/passes/defs/preprocess.py) renames to
+# `<word>_workaround` in a converted program: a MIL name avoids them itself, so a package
+# input is called what `mil_name` says (Silero's `state` input was `state_workaround`).
+_RESERVED = frozenset({"any", "bool", "program", "func", "tensor", "list", "dict", "tuple",
+                       "true", "false", "string", "bf16", "fp16", "fp32", "fp64", "int8",
+                       "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                       "state"})
+
+
 def mil_name(onnx_name: str) -> str:
-    """A MIL identifier for an ONNX tensor name (letters, digits, underscores)."""
+    """A MIL identifier for an ONNX tensor name (letters, digits, underscores), one that
+    coremltools keeps as it is (no reserved word, no leading underscore)."""
     name = _NAME.sub("_", onnx_name) or "t"
-    return name if not name[0].isdigit() else f"t_{name}"
+    if name[0].isdigit():
+        name = f"t_{name}"
+    if name in _RESERVED:
+        name += "_workaround"
+    return f"var{name}" if name.startswith("_") else name
 
 
 def to_mil_array(a: NDArray[Any], what: str = "constant") -> NDArray[Any]:

@@ -108,7 +108,8 @@ def _targets(ctx: NodeContext, shape: tuple[int, ...]) -> tuple[list[int], list[
             r = [want[k] / shape[a] for k, a in enumerate(axes)]
             common = min(r) if policy == "not_larger" else max(r)
             for a in axes:
-                out[a], per[a] = round(shape[a] * common), common
+                # ONNX rounds half up (int(x + 0.5)); Python's round() rounds half to even.
+                out[a], per[a] = int(shape[a] * common + 0.5), common
             return out, per
         for k, a in enumerate(axes):
             out[a], per[a] = want[k], None
