@@ -20,8 +20,11 @@ def test_the_heap_is_frozen_inside_and_unfrozen_after() -> None:
 
 
 def test_a_freeze_owned_by_someone_else_is_kept() -> None:
+    owned: list[int] = []  # frozen by the owner below; unfrozen, it would be back in gen 2
     gc.freeze()
-    owned = gc.get_freeze_count()
     with frozen_heap():
         pass
-    assert gc.get_freeze_count() == owned
+    # Not the exact count: a frozen object freed meanwhile (refcount) leaves the permanent
+    # generation, so the count may drop; what must hold is that the owner's objects stay there.
+    assert gc.get_freeze_count() > 0
+    assert all(o is not owned for o in gc.get_objects())
