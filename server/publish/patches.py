@@ -32,7 +32,7 @@ from server.blobstore import BlobStore
 from server.db import audit
 from server.db import models as db
 from server.db.types import utcnow
-from server.delta import DeltaPolicy, make_patches
+from server.delta import DeltaPolicy, PatchResult, make_patches
 from server.publish.bucket import store_patch
 from server.publish.errors import KeyStoreError
 from server.publish.protection import ContentKeys, seal_file, unseal_path
@@ -113,14 +113,7 @@ def generate_patches(factory: sessionmaker[Session], store: BlobStore, version_i
                 seal_key = clear.key(art)
                 made = 0
                 for result in make_patches(new_path, base_paths, tmp / "work", policy):
-                    path, sha, length = result.path, result.sha256, result.length
-                    if seal_key is not None:
-                        path = result.path.with_name(result.path.name + ".sealed")
-                        with result.path.open("rb") as f, path.open("wb") as out:
-                            sealed_file = seal_file(seal_key, f, out)
-                        sha, length = sealed_file.sha256, sealed_file.length
-                    with open(path, "rb") as f:
-                        key = store_patch(store, sha, f)
+                    sha, length, key = _store_result(store, result, seal_key)
                     crashpoints.reached("patch.stored")
                     made += _insert_patch(
                         session, from_artifact_id=by_sha[result.from_sha256].id,
@@ -168,14 +161,7 @@ def _cohort_patches(session: Session, store: BlobStore, tmp: Path,
                  for i, (_, base, version_id) in enumerate(held)]
         by_plain = {base.plain_sha256 or base.sha256: sha for sha, base, _ in held}
         for result in make_patches(new_path, paths, tmp / "work", policy):
-            path, sha, length = result.path, result.sha256, result.length
-            if seal_key is not None:
-                path = result.path.with_name(result.path.name + ".sealed")
-                with result.path.open("rb") as f, path.open("wb") as out:
-                    sealed_file = seal_file(seal_key, f, out)
-                sha, length = sealed_file.sha256, sealed_file.length
-            with open(path, "rb") as f:
-                key = store_patch(store, sha, f)
+            sha, length, key = _store_result(store, result, seal_key)
             session.add(db.CohortPatch(to_cohort_artifact_id=copy.id,
                                        from_sha256=by_plain[result.from_sha256],
                                        algorithm=result.algorithm, sha256=sha, length=length,
@@ -186,6 +172,20 @@ def _cohort_patches(session: Session, store: BlobStore, tmp: Path,
             if p.is_file():
                 p.unlink(missing_ok=True)
     return added
+
+
+def _store_result(store: BlobStore, result: PatchResult,
+                  seal_key: bytes | None) -> tuple[str, int, str]:
+    """Stores one made patch (sealed first under `seal_key` when the target is protected:
+    the manifest lists the ciphertext); returns its sha256, length and blob key."""
+    path, sha, length = result.path, result.sha256, result.length
+    if seal_key is not None:
+        path = result.path.with_name(result.path.name + ".sealed")
+        with result.path.open("rb") as f, path.open("wb") as out:
+            sealed = seal_file(seal_key, f, out)
+        sha, length = sealed.sha256, sealed.length
+    with open(path, "rb") as f:
+        return sha, length, store_patch(store, sha, f)
 
 
 def _plain_sha(art: db.Artifact) -> str:
