@@ -122,26 +122,10 @@ def ready_version(core: Any, model: str, version: str,
                   platforms: tuple[str, ...] = ("android", "ios")) -> None:
     """A model version in state `ready` with one small artifact per platform, made straight
     in the database and blob store of `core` (server.wiring.Core): no compile."""
-    from server.db import models as db
+    from tests.support.versions import add_version
 
-    with core.session_factory() as s:
-        row = s.query(db.Model).filter_by(name=model).first()
-        if row is None:
-            row = db.Model(name=model)
-            s.add(row)
-            s.flush()
-        v = db.ModelVersion(model_id=row.id, version=version, state=db.VersionState.ready,
-                            metadata_json={}, source_format="onnx")
-        s.add(v)
-        s.flush()
-        for platform in platforms:
-            blob = f"{model}-{version}-{platform}".encode() * 64
-            sha = hashlib.sha256(blob).hexdigest()
-            core.blob_store.put(f"artifacts/{sha}", [blob])
-            s.add(db.Artifact(version_id=v.id, platform=platform, variant="", format="onnx",
-                              sha256=sha, length=len(blob), blob_key=f"artifacts/{sha}",
-                              target={}, compile_settings={}))
-        s.commit()
+    add_version(core.session_factory, core.blob_store, model, version,
+                {p: f"{model}-{version}-{p}".encode() * 64 for p in platforms})
 
 
 def report(kind: str, at: int, model: str, version: str,

@@ -20,6 +20,7 @@ from server.db import models as db
 from server.db.migrate import upgrade
 from server.settings import Settings
 from tests.support.server_keys import init_test_keys
+from tests.support.versions import add_version
 
 
 def patch_settings(database_url: str, data_dir: Path, **kw: Any) -> Settings:
@@ -41,22 +42,7 @@ def edited_series(n: int, size: int = 64 * 1024) -> list[bytes]:
 
 def add_ready_version(factory: sessionmaker[Session], store: BlobStore, version: str,
                       data: bytes, model: str = "clf") -> int:
-    sha = hashlib.sha256(data).hexdigest()
-    store.put(f"artifacts/{sha}", [data], expected_sha256=sha)
-    with factory() as s:
-        m = s.scalars(select(db.Model).where(db.Model.name == model)).first()
-        if m is None:
-            m = db.Model(name=model)
-            s.add(m)
-            s.flush()
-        v = db.ModelVersion(model_id=m.id, version=version, state=db.VersionState.ready,
-                            metadata_json={}, source_format="onnx")
-        s.add(v)
-        s.flush()
-        s.add(db.Artifact(version_id=v.id, platform="android", variant="", format="onnx",
-                          sha256=sha, length=len(data), blob_key=f"artifacts/{sha}"))
-        s.commit()
-        return v.id
+    return add_version(factory, store, model, version, {"android": data})[0]
 
 
 def manifest_patches(client: Any, root: manifests.Root, model: str = "clf"

@@ -3,7 +3,6 @@ blob store, a publisher with an injected clock, and ready model versions with re
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import manifests
 from server.blobstore import LocalBlobStore
-from server.db import models as db
 from server.db.migrate import upgrade
 from server.db.session import make_engine, make_session_factory
 from server.publish.keys import KeyPaths
@@ -21,6 +19,7 @@ from server.publish.publisher import Publisher
 from server.publish.signer import LocalKeySigner
 from tests.support.clock import NOW, Clock
 from tests.support.server_keys import init_test_keys
+from tests.support.versions import add_version
 
 
 @pytest.fixture
@@ -90,27 +89,8 @@ def version_maker(factory: sessionmaker[Session], blob_store: LocalBlobStore
                   ) -> Callable[..., dict[str, str]]:
     def make(model: str, version: str, platforms: tuple[str, ...] = ("android", "ios"),
              state: str = "ready") -> dict[str, str]:
-        shas = {}
-        with factory() as s:
-            m = s.query(db.Model).filter_by(name=model).first()
-            if m is None:
-                m = db.Model(name=model)
-                s.add(m)
-                s.flush()
-            v = db.ModelVersion(model_id=m.id, version=version, state=db.VersionState(state),
-                                metadata_json={}, source_format="onnx")
-            s.add(v)
-            s.flush()
-            for platform in platforms:
-                data = f"{model}-{version}-{platform}".encode() * 100
-                sha = hashlib.sha256(data).hexdigest()
-                key = f"artifacts/{sha}"
-                blob_store.put(key, [data])
-                s.add(db.Artifact(version_id=v.id, platform=platform, variant="", format="onnx",
-                                  sha256=sha, length=len(data), blob_key=key,
-                                  target={"runtime": "ort"}, compile_settings={"fp16": True}))
-                shas[platform] = sha
-            s.commit()
-        return shas
+        artifacts = {p: f"{model}-{version}-{p}".encode() * 100 for p in platforms}
+        return add_version(factory, blob_store, model, version, artifacts, state=state,
+                           target={"runtime": "ort"}, compile_settings={"fp16": True})[1]
 
     return make

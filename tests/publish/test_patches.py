@@ -19,25 +19,11 @@ from server.rollouts import channels
 from server.rollouts import service as ro
 from tests.publish.conftest import NOW
 from tests.support.rollouts import start_rollout
+from tests.support.versions import add_version as add_any_version
 
 
 def add_version(factory, store, version, data, platform="android"):
-    sha = hashlib.sha256(data).hexdigest()
-    store.put(f"artifacts/{sha}", [data])
-    with factory() as s:
-        m = s.scalars(select(db.Model).where(db.Model.name == "clf")).first()
-        if m is None:
-            m = db.Model(name="clf")
-            s.add(m)
-            s.flush()
-        v = db.ModelVersion(model_id=m.id, version=version, state=db.VersionState.ready,
-                            metadata_json={}, source_format="onnx")
-        s.add(v)
-        s.flush()
-        s.add(db.Artifact(version_id=v.id, platform=platform, variant="", format="onnx",
-                          sha256=sha, length=len(data), blob_key=f"artifacts/{sha}"))
-        s.commit()
-        return v.id
+    return add_any_version(factory, store, "clf", version, {platform: data})[0]
 
 
 @pytest.fixture
