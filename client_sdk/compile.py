@@ -18,6 +18,7 @@ import hashlib
 import sys
 import tarfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from client_sdk.errors import BackendUnavailableError, InstallError
@@ -52,36 +53,52 @@ def _not_compiled(bundle: Bundle, member: Member) -> BackendUnavailableError:
         f"{member.file} of {bundle.model} {bundle.version} is not compiled on this device")
 
 
-def compiled_onnx(bundle: Bundle, member: Member, *, compile_missing: bool = True) -> Path:
-    """The optimized ONNX model for this onnxruntime version, compiling it if missing (else
-    ``BackendUnavailableError``: a reader that must not write into the bundle)."""
-    out = bundle.path / "compiled" / onnxruntime_key() / f"{member.file}.opt.onnx"
+def _compile_once(bundle: Bundle, member: Member, out: Path, compile_missing: bool,
+                  build: Callable[[Path], None]) -> Path:
+    """`out` when a copy matching its sha256 side file is there, else `build(tmp)` writes a
+    temporary file that is moved into place before its side file: a crash mid-compile never
+    leaves a half model under the cached name."""
     hit = _cached(out)
     if hit is not None:
         return hit
     if not compile_missing:
         raise _not_compiled(bundle, member)
-    import onnxruntime as ort
-
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{uuid.uuid4().hex}.onnx")
-    opts = ort.SessionOptions()
-    # EXTENDED, not ALL: layout-specific rewrites are not worth tying the cache to a CPU model.
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    opts.log_severity_level = 3  # warnings about unused initializers are not the app's concern
-    opts.optimized_model_filepath = str(tmp)
     try:
-        ort.InferenceSession(
-            str(bundle.member_path(member)), opts, providers=["CPUExecutionProvider"]
-        )
-    except Exception as e:  # onnxruntime raises its own untyped errors
+        build(tmp)
+    except BaseException:
         tmp.unlink(missing_ok=True)
-        raise InstallError(
-            f"onnxruntime cannot load {member.file} of {bundle.model} {bundle.version}: {e}"
-        ) from e
+        raise
     tmp.replace(out)
     atomic_write_bytes(out.with_name(out.name + ".sha256"), sha256_file(out).encode())
     return out
+
+
+def compiled_onnx(bundle: Bundle, member: Member, *, compile_missing: bool = True) -> Path:
+    """The optimized ONNX model for this onnxruntime version, compiling it if missing (else
+    ``BackendUnavailableError``: a reader that must not write into the bundle)."""
+
+    def build(tmp: Path) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        # EXTENDED, not ALL: layout-specific rewrites are not worth tying the cache to a CPU
+        # model. Warnings about unused initializers are not the app's concern.
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        opts.log_severity_level = 3
+        opts.optimized_model_filepath = str(tmp)
+        try:
+            ort.InferenceSession(
+                str(bundle.member_path(member)), opts, providers=["CPUExecutionProvider"]
+            )
+        except Exception as e:  # onnxruntime raises its own untyped errors
+            raise InstallError(
+                f"onnxruntime cannot load {member.file} of {bundle.model} {bundle.version}: {e}"
+            ) from e
+
+    out = bundle.path / "compiled" / onnxruntime_key() / f"{member.file}.opt.onnx"
+    return _compile_once(bundle, member, out, compile_missing, build)
 
 
 def compiled_qnn(bundle: Bundle, member: Member, *, compile_missing: bool = True) -> Path:
@@ -91,32 +108,24 @@ def compiled_qnn(bundle: Bundle, member: Member, *, compile_missing: bool = True
         return bundle.member_path(member)
     from client_sdk import qnn
 
+    def build(tmp: Path) -> None:
+        import onnxruntime as ort
+
+        opts = qnn.session_options(**{
+            "ep.context_enable": "1", "ep.context_embed_mode": "1",
+            "ep.context_file_path": str(tmp)})
+        try:
+            ort.InferenceSession(str(bundle.member_path(member)), opts)
+        except Exception as e:
+            raise BackendUnavailableError(
+                f"the QNN EP cannot compile {member.file} of {bundle.model} {bundle.version}: "
+                f"{e}") from e
+        if not tmp.is_file():
+            raise BackendUnavailableError("the QNN EP wrote no context model")
+
     out = bundle.path / "compiled" / f"onnxruntime-qnn-{qnn.qnn_version()}" / (
         f"{member.file}.ctx.onnx")
-    hit = _cached(out)
-    if hit is not None:
-        return hit
-    if not compile_missing:
-        raise _not_compiled(bundle, member)
-    import onnxruntime as ort
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{uuid.uuid4().hex}.onnx")
-    opts = qnn.session_options(**{
-        "ep.context_enable": "1", "ep.context_embed_mode": "1",
-        "ep.context_file_path": str(tmp)})
-    try:
-        ort.InferenceSession(str(bundle.member_path(member)), opts)
-    except Exception as e:
-        tmp.unlink(missing_ok=True)
-        raise BackendUnavailableError(
-            f"the QNN EP cannot compile {member.file} of {bundle.model} {bundle.version}: {e}"
-        ) from e
-    if not tmp.is_file():
-        raise BackendUnavailableError("the QNN EP wrote no context model")
-    tmp.replace(out)
-    atomic_write_bytes(out.with_name(out.name + ".sha256"), sha256_file(out).encode())
-    return out
+    return _compile_once(bundle, member, out, compile_missing, build)
 
 
 def compiled_coreml(bundle: Bundle, member: Member) -> Path:
