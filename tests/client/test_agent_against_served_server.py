@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from tests.client.onnx_models import scaled_model
 from tests.client.simulator import FakeClock, RepositorySimulator
+from tests.support.served import free_port, wait_until_up
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -27,12 +27,6 @@ pytestmark = pytest.mark.slow
 def _mf(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "modelfleet", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=180)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -44,25 +38,22 @@ def served(tmp_path):
                "--scope", "publish", "--scope", "rollout")
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip().splitlines()[-1]
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "MODELFLEET_PUBLIC_BASE_URL": base}
+    log = tmp_path / "serve.log"
     proc = subprocess.Popen([sys.executable, "-m", "modelfleet", "serve", "--data-dir", str(data),
                              "--port", str(port)], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=(out := log.open("wb")), stderr=subprocess.STDOUT)
     try:
-        for _ in range(120):
-            try:
-                if httpx.get(f"{base}/v1/root/1.json").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.25)
+        wait_until_up(f"{base}/v1/root/1.json", proc, log)
         client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"},
                               timeout=60)
         yield base, client
     finally:
         proc.terminate()
         proc.wait(30)
+        out.close()
 
 
 def _upload(client: httpx.Client, version: str, data: bytes) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from client_sdk import SystemClock, UrllibTransport
 from client_sdk.errors import ContentKeyError, LocalKeyError
 from client_sdk.install import BundleStore
 from client_sdk.protection import AT_REST, KeyClient, keystore_for, read_plain
+from tests.support.served import free_port, wait_until_up
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -35,12 +35,6 @@ N_WEIGHTS = 6000
 def _mf(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "modelfleet", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=180)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def weights(seed: int, tweak: int = 0) -> np.ndarray:
@@ -90,19 +84,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
                    *[a for s in scopes for a in ("--scope", s)])
         assert made.returncode == 0, made.stderr
         tokens[name] = made.stdout.strip().splitlines()[-1]
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "MODELFLEET_PUBLIC_BASE_URL": base}
+    log = tmp / "serve.log"
     proc = subprocess.Popen([sys.executable, "-m", "modelfleet", "serve", "--data-dir",
                              str(data), "--port", str(port)], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=(out := log.open("wb")), stderr=subprocess.STDOUT)
     try:
-        for _ in range(120):
-            try:
-                if httpx.get(f"{base}/v1/root/1.json").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.25)
+        wait_until_up(f"{base}/v1/root/1.json", proc, log)
         (tmp / "root.json").write_bytes(httpx.get(f"{base}/v1/root/1.json").content)
         client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {tokens['ops']}"},
                               timeout=60)
@@ -115,6 +105,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     finally:
         proc.terminate()
         proc.wait(30)
+        out.close()
 
 
 def _upload(client: httpx.Client, model: str, version: str, data: bytes, *,
