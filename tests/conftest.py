@@ -21,6 +21,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -89,6 +90,21 @@ def database_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'modelfleet.db'}"
     else:
         yield request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def factory(database_url: str) -> Iterator[Any]:
+    """A session factory on `database_url`, migrated to the head revision (a module that
+    needs another database defines its own `factory`)."""
+    from server.db.migrate import upgrade
+    from server.db.session import make_engine, make_session_factory
+
+    upgrade(database_url)
+    engine = make_engine(database_url)
+    try:
+        yield make_session_factory(engine)
+    finally:
+        engine.dispose()
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@ for builds and patch jobs (SQLite and PostgreSQL), and both runners go through i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -14,8 +13,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from server.blobstore import LocalBlobStore
 from server.compile.sandbox import SandboxPolicy, pipeline_factory
 from server.db import models as db
-from server.db.migrate import upgrade
-from server.db.session import make_engine, make_session_factory
 from server.db.types import utcnow
 from server.jobs.lease import Lease, RetryPolicy
 from server.jobs.patch_runner import PatchRunner
@@ -25,14 +22,6 @@ from server.jobs.runner import BuildRunner
 SANDBOXED = pipeline_factory(SandboxPolicy())
 
 KINDS = ["build", "patch_job"]
-
-
-@pytest.fixture
-def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
-    upgrade(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def _job(factory: sessionmaker[Session], kind: str) -> int:

@@ -23,16 +23,6 @@ from tests.support.versions import add_version
 
 
 @pytest.fixture
-def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
-    upgrade(database_url)
-    engine = make_engine(database_url)
-    try:
-        yield make_session_factory(engine)
-    finally:
-        engine.dispose()
-
-
-@pytest.fixture
 def key_paths(tmp_path: Path) -> KeyPaths:
     return init_test_keys(tmp_path / "data", now=NOW, keys_dir=tmp_path / "data" / "keys")
 

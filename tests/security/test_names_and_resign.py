@@ -5,7 +5,6 @@ loop from refreshing the others before they expire on devices."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from server.auth import create_token
 from server.blobstore import BlobStoreError, InvalidBlobKeyError, LocalBlobStore, validate_key
 from server.db import models as db
 from server.db.migrate import upgrade
-from server.db.session import make_engine, make_session_factory
 from server.errors import InvalidInputError
 from server.publish.keys import KeyPaths
 from server.publish.publisher import Publisher, latest_manifest
@@ -41,16 +39,6 @@ FAILED_ACTION = "manifest.resign_failed"  # the audit action operators watch
 @pytest.fixture
 def keys(tmp_path: Path) -> KeyPaths:
     return init_test_keys(tmp_path / "data", now=NOW)
-
-
-@pytest.fixture
-def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
-    upgrade(database_url)
-    engine = make_engine(database_url)
-    try:
-        yield make_session_factory(engine)
-    finally:
-        engine.dispose()
 
 
 def _publisher(store: LocalBlobStore, keys: KeyPaths, clock: Clock) -> Publisher:
