@@ -24,14 +24,11 @@ from client_sdk import (
     UpdaterConfig,
     Via,
 )
-from server.app import create_app
 from server.auth import create_token
 from server.blobstore import LocalBlobStore
 from server.db import models as db
-from server.db.migrate import upgrade
-from server.settings import Settings
 from tests.client.onnx_models import check_whole, scaled_model
-from tests.support.server_keys import init_test_keys
+from tests.support.inprocess_app import inprocess_app
 
 X = np.ones((1, 4), dtype=np.float32)
 
@@ -59,18 +56,8 @@ class AppTransport:
 
 @pytest.fixture
 def server(tmp_path):
-    url = f"sqlite:///{tmp_path / 'server.db'}"
-    upgrade(url)
-    data = tmp_path / "data"
-    init_test_keys(data, root_keys=2)
-    settings = Settings(env="development", data_dir=data, database_url=url,
-                        manifest_lifetime_seconds=86_400)
-    with TestClient(create_app(settings), base_url="http://testserver") as client:
-        with client.app.state.session_factory() as s:
-            _, secret = create_token(s, ["rollout"], name="ops")
-            s.commit()
-        client.headers["Authorization"] = f"Bearer {secret}"
-        yield client, LocalBlobStore(settings.resolved_blob_dir)
+    with inprocess_app(tmp_path, scopes=("rollout",)) as client:
+        yield client, client.app.state.blob_store
 
 
 def add_version(client: TestClient, blobs: LocalBlobStore, model: str, version: str,
