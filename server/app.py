@@ -25,6 +25,7 @@ from server.publish.errors import PublishError
 from server.publish.resign import resign_loop
 from server.rollouts.ramp import ramp_loop
 from server.services.serving import import_roots
+from server.services.source_gc import source_gc_loop
 from server.settings import Settings
 from server.wiring import Services, build_services, key_paths
 
@@ -90,7 +91,7 @@ def create_app(
 async def background(services: Services) -> AsyncIterator[None]:
     """An API process's own work: import signed roots from DATA_DIR/roots, judge the active
     rollouts once, re-sign manifests before they expire, take due ramp steps of healthy
-    rollouts."""
+    rollouts, delete uploaded files no version names (server/services/source_gc.py)."""
     try:
         await run_in_threadpool(import_roots, services.session_factory,
                                 key_paths(services.settings))
@@ -103,6 +104,11 @@ async def background(services: Services) -> AsyncIterator[None]:
     tasks = [asyncio.create_task(resign_loop(services.session_factory, services.publisher)),
              asyncio.create_task(ramp_loop(services.fleet.ramp,
                                            services.settings.ramp_check_seconds))]
+    if services.settings.source_gc_interval_seconds > 0:
+        tasks.append(asyncio.create_task(source_gc_loop(
+            services.session_factory, services.blob_store,
+            grace_seconds=services.settings.source_gc_grace_seconds,
+            interval_seconds=services.settings.source_gc_interval_seconds)))
     # Everything loaded at start lives as long as the process: moving it out of the cyclic
     # GC's generations stops full collections from rescanning it under load (p99 spikes).
     gc.freeze()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import typer
 
-from server.commands import bucket, keys, serve, tokens, watermark, worker
+from server.commands import bucket, gc, keys, serve, tokens, watermark, worker
 
 
 def register(app: typer.Typer) -> None:
-    for module in (serve, tokens, keys, worker, bucket, watermark):
+    for module in (serve, tokens, keys, worker, bucket, gc, watermark):
         module.register(app)

@@ -112,6 +112,11 @@ class Settings(BaseSettings):
     halt_webhook_url: str = ""
     # How often an API process looks for rollouts whose next ramp step is due.
     ramp_check_seconds: float = Field(default=15.0, gt=0)
+    # Uploaded files no version names (an upload killed before its commit) are deleted once
+    # older than the grace period, which must exceed the longest upload; each API process
+    # looks at start and every interval after (0: never, only `modelfleet gc`).
+    source_gc_grace_seconds: float = Field(default=24 * 3600, ge=0)
+    source_gc_interval_seconds: float = Field(default=3600.0, ge=0)
     # Tests only: SIGKILL this process group at a named step (server/crashpoints.py STEPS,
     # `step` or `step@n`); refused outside development.
     crash_at: str = ""

@@ -71,6 +71,9 @@ class BlobInfo:
     key: str
     length: int
     sha256: str | None = None  # known after put; stat() fills it when the backend recorded it
+    # stat(): when the blob was last written (POSIX seconds, the backend's clock), None when
+    # the backend does not say; what the source GC's grace period is measured from.
+    modified: float | None = None
 
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9._\-+=@/]+$")
@@ -165,7 +168,8 @@ class BlobStore(Protocol):
         ...
 
     def stat(self, key: str) -> BlobInfo:
-        """Length (and sha256 when recorded at put). Raises BlobNotFoundError."""
+        """Length, last-write time (and sha256 when recorded at put). Raises
+        BlobNotFoundError."""
         ...
 
     def exists(self, key: str) -> bool: ...

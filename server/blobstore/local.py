@@ -126,7 +126,7 @@ class LocalBlobStore:
             raise BlobNotFoundError(key) from e
         if not path.is_file():
             raise BlobNotFoundError(key)
-        return BlobInfo(key=key, length=st.st_size)
+        return BlobInfo(key=key, length=st.st_size, modified=st.st_mtime)
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()

@@ -239,7 +239,9 @@ class S3BlobStore:
         full = self._full(key)
         head = self._call("head", key, lambda: self._s3.head_object(Bucket=self.bucket, Key=full))
         sha = head.get("Metadata", {}).get("sha256")
-        return BlobInfo(key=key, length=int(head["ContentLength"]), sha256=sha)
+        modified = head.get("LastModified")
+        return BlobInfo(key=key, length=int(head["ContentLength"]), sha256=sha,
+                        modified=modified.timestamp() if modified is not None else None)
 
     def exists(self, key: str) -> bool:
         try:

@@ -11,6 +11,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,6 +101,17 @@ def test_put_returns_sha256_and_length_and_round_trips(store: BlobStore) -> None
     assert read_all(store, "sources/a/model.onnx") == data
     assert store.stat("sources/a/model.onnx").length == len(data)
     assert store.exists("sources/a/model.onnx")
+
+
+def test_stat_says_when_the_blob_was_written(store: BlobStore) -> None:
+    # The source GC measures its grace period from this: a blob stamped in the past would
+    # lose an upload in flight, one without a time is never collected.
+    before = time.time()
+    store.put("sources/a/model.onnx", [b"x" * 100])
+    after = time.time()
+    modified = store.stat("sources/a/model.onnx").modified
+    assert modified is not None
+    assert before - 1.5 <= modified <= after + 1.5  # S3 stamps whole seconds
 
 
 def test_put_accepts_a_binary_file(store: BlobStore) -> None:
