@@ -29,7 +29,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -193,9 +192,12 @@ class Lease(Generic[J, S]):
     def _beat(self, key: int, stop: threading.Event,
               progress: Callable[[], Mapping[str, object]] | None) -> None:
         m = self.model
-        started = time.monotonic()
+        # The lease's clock, like the heartbeats and staleness it feeds: a test moves it past
+        # `max_run_s` instead of sleeping there. A wall-clock jump forward can only cause an
+        # early takeover, which settling makes safe.
+        started = self.now()
         while not stop.wait(self.heartbeat_s):
-            if time.monotonic() - started > self.max_run_s:
+            if (self.now() - started).total_seconds() > self.max_run_s:
                 log.error("%s %s exceeded %.0fs; no longer heartbeating so another worker "
                           "can take it over", m.__tablename__, key, self.max_run_s)
                 return

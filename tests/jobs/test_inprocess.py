@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import time
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -261,31 +261,60 @@ def test_failed_builds_can_be_retried_through_the_api(convnet_files, tmp_path):
 
 
 class HangingPipeline(Pipeline):
+    """A compile that hangs until the test lets it go."""
+
+    started = threading.Event()
+    released = threading.Event()
+
     def build(self, spec: Any, workdir: Path) -> Any:
-        time.sleep(2.5)
+        HangingPipeline.started.set()
+        assert HangingPipeline.released.wait(300), "the test never released the compile"
         return super().build(spec, workdir)
 
 
-def test_hung_compile_stops_heartbeating_and_another_worker_takes_over(registry_with_upload):
-    import threading
+def _heartbeating(build_id: int) -> bool:
+    return any(t.name == f"heartbeat-{Build.__tablename__}-{build_id}" and t.is_alive()
+               for t in threading.enumerate())
 
+
+def test_hung_compile_stops_heartbeating_and_another_worker_takes_over(registry_with_upload):
+    # The leases share one injected clock: the test moves it past `stale_after_s` and
+    # `max_build_s` and waits for the beats it causes, so load can only make it slower.
     sf, store = registry_with_upload
-    hung = BuildRunner(sf, store, worker_id="hung", heartbeat_s=0.1, stale_after_s=0.5,
-                       max_build_s=0.3, pipeline_factory=lambda log: HangingPipeline(log=log))
-    rescuer = BuildRunner(sf, store, worker_id="rescuer", stale_after_s=0.5,
+    clock = UtcClock()
+    stale, max_build = 60.0, 300.0
+    HangingPipeline.started.clear()
+    HangingPipeline.released.clear()
+    hung = BuildRunner(sf, store, worker_id="hung", heartbeat_s=0.02, stale_after_s=stale,
+                       max_build_s=max_build, now=clock,
+                       pipeline_factory=lambda log: HangingPipeline(log=log))
+    rescuer = BuildRunner(sf, store, worker_id="rescuer", stale_after_s=stale, now=clock,
                           pipeline_factory=SANDBOXED)
     build_id = _build(sf).id
     t = threading.Thread(target=hung.process, args=(build_id,))
     t.start()
     try:
-        assert wait_for(lambda: _build(sf).locked_by == "hung", 5, 0.05)
-        assert not rescuer.claim(build_id)  # still beating
+        assert HangingPipeline.started.wait(120), "the hung worker never started compiling"
         # Heartbeats publish the running attempt's log, visible through the API meanwhile.
         label = public_worker_name("hung")
-        assert wait_for(lambda: f"attempt started on worker {label}" in _build(sf).log, 2, 0.05)
-        assert wait_for(lambda: rescuer.process(build_id), 5, 0.2)
+        assert wait_for(lambda: f"attempt started on worker {label}" in _build(sf).log,
+                        120, 0.02)
+        # Past the stale window twice over, in steps shorter than it: each beat renews the
+        # lease, so the build is never claimable while its compile is within max_build_s.
+        for _ in range(4):
+            clock.advance(stale * 0.6)
+            assert wait_for(lambda: _build(sf).heartbeat_at == clock.at, 120, 0.02)
+            assert not rescuer.claim(build_id)  # still beating
+        # Hung past max_build_s: the beats stop; once they are stale, the rescuer takes over.
+        clock.advance(max_build)
+        assert wait_for(lambda: not _heartbeating(build_id), 120, 0.02), "still beating"
+        clock.advance(stale + 1)
+        assert rescuer.process(build_id)
     finally:
-        t.join()
+        HangingPipeline.released.set()  # the hung compile ends late and must not settle
+        t.join(300)
+    assert not t.is_alive()
     b = _build(sf)
     assert b.state == BuildState.succeeded and b.attempts == 2 and b.locked_by is None
     assert public_worker_name("rescuer") in b.log  # the second attempt, by its public name
+    assert b.log.count(f"attempt started on worker {label}") == 1
