@@ -6,7 +6,8 @@ system call on the app's side: the app's thread copies each one (input, active o
 header of int64s) into the next slot of a shared-memory ring and counts it in the shared
 counters page (``WRITTEN``). This process says in the same page how many samples it finished
 (``DONE``, which frees their slots), what it is running (``RUNNING``/``LOADING``: what was in
-flight if it dies), and when it sleeps (``SLEEPING``). It never polls — a process waking every
+flight if it dies), and when it sleeps (``SLEEPING``; ``WAKEUPS`` and ``SLEEP_US`` count its
+sleeps and say how long the latest may last). It never polls — a process waking every
 millisecond on a small device evicts the app's caches and costs its predictions more than the
 samples do (docs/benchmarks.md) — but sleeps on its socket, for as long as half a ring of
 samples takes to arrive at the rate they came lately (``client_sdk.pace``), and runs them in
@@ -75,6 +76,8 @@ DONE = 1       # samples finished (compared, skipped or failed), their slots fre
 RUNNING = 2    # 1 + the seq of the sample being run, 0 when none
 LOADING = 3    # the number of the ATTACH being loaded, 0 when none
 SLEEPING = 4   # 1 while this process waits for a wake-up (the app then writes the eventfd)
+WAKEUPS = 5    # sleeps this process woke from so far (what its pace costs the device)
+SLEEP_US = 6   # how long its latest sleep was allowed to last, in microseconds
 COUNTERS_BYTES = 4096
 # A ring slot: a header of int64s, then the arrays at their layout's offsets.
 SEQ, LAYOUT_ID, ACTIVE_US, NOW, DROPPED = range(5)
@@ -168,12 +171,14 @@ class Child:
         if self.counters is None or self.wake is None:
             select.select([self.sock], [], [], timeout)
             return
+        self._set(SLEEP_US, int(timeout * 1_000_000))
         self._set(SLEEPING, 1)
         try:
             if int(self.counters[WRITTEN]) <= self.next:
                 ready, _, _ = select.select([self.sock.fileno(), self.wake], [], [], timeout)
                 if self.wake in ready:
                     os.eventfd_read(self.wake)
+                self._set(WAKEUPS, int(self.counters[WAKEUPS]) + 1)
         finally:
             self._set(SLEEPING, 0)
 

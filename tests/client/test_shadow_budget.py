@@ -21,6 +21,7 @@ from client_sdk.errors import ConfigError
 from client_sdk.pace import MAX_SLEEP_S, MIN_SLEEP_S, Pace
 from client_sdk.runtime import CANDIDATE
 from client_sdk.shadow import DEFAULT_BUDGET
+from client_sdk.shadow_child import SLEEP_US, WAKEUPS
 from client_sdk.shadow_stats import ShadowStore
 from tests.client.onnx_models import scaled_model, stage_onnx
 
@@ -175,36 +176,55 @@ def test_the_pace_sleeps_for_half_a_queue_at_the_recent_rate(monkeypatch):
     assert wait == MIN_SLEEP_S
 
 
-def _wakeups(pid: int) -> int:
-    """Context switches of every thread of ``pid`` so far (each sleep ends in one)."""
+def _blocked(pid: int) -> int:
+    """How often every thread of ``pid`` blocked so far (voluntary context switches: a sleep
+    or a wait ends in one; preemptions by a loaded machine are not counted)."""
     total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         for line in (task / "status").read_text().splitlines():
-            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+            if line.startswith("voluntary_ctxt_switches"):
                 total += int(line.split()[1])
     return total
+
+
+def _until(predicate: Any, what: str) -> None:
+    """Waits for something the child does (a generous deadline: load only slows it)."""
+    deadline = time.monotonic() + 120
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
 
 
 @pytest.mark.skipif(not (shadow_process.supported() and sys.platform.startswith("linux")),
                     reason="Linux shadow process, /proc")
 def test_an_idle_shadow_child_does_not_poll(tmp_path):
     """A child polling every millisecond (as before) woke ~1,000 times a second while samples
-    came and 50 times a second when idle, each time evicting the caches of the app's core."""
+    came and 50 times a second when idle, each time evicting the caches of the app's core.
+    Counted in wake-ups, not seconds: the child says in its counters page how often it woke
+    and how long its latest sleep may last, so a loaded machine cannot change the figures."""
     rt, sha = _runtime(tmp_path / "device", shadow_isolation="process", shadow_budget=None)
     try:
         for _ in range(20):
             rt.predict("clf", {"x": X})
             time.sleep(0.002)
         assert _offered(rt, sha) == 20
-        pid = rt.shadow.pid
-        assert pid is not None
-        time.sleep(2.0)  # the pace backs off to its longest sleep
-        before = _wakeups(pid)
-        time.sleep(2.0)
-        woke = _wakeups(pid) - before
+        pid, link = rt.shadow.pid, rt.shadow._link
+        assert pid is not None and link is not None
+        counters = link.counters
+        longest = int(MAX_SLEEP_S * 1_000_000)
+        # Idle from here: the pace backs off to its longest sleep within a few wake-ups.
+        start = counters[WAKEUPS]
+        _until(lambda: counters[SLEEP_US] == longest, "the child never slept its longest")
+        assert counters[WAKEUPS] - start <= 8
+        # And stays there: each wake-up slept the longest, and the whole process (every
+        # thread, onnxruntime's pools too) blocked about once per wake-up.
+        woke, blocked = counters[WAKEUPS], _blocked(pid)
+        _until(lambda: counters[WAKEUPS] >= woke + 4, "the child stopped waking up")
+        woke, blocked = counters[WAKEUPS] - woke, _blocked(pid) - blocked
+        assert counters[SLEEP_US] == longest
     finally:
         rt.close()
-    assert woke <= 4 * 2.0 / MAX_SLEEP_S + 4, woke
+    assert blocked <= 2 * woke + 2, (blocked, woke)
 
 
 @pytest.mark.skipif(not shadow_process.supported(), reason="Linux shadow process")
