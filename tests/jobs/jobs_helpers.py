@@ -52,3 +52,15 @@ def uploader(client: Any, token: str) -> Callable[..., dict[str, Any]]:
         return dict(r.json())
 
     return upload
+
+
+def procrastinate_jobs(database_url: str, task_name: str, arg: str) -> list[tuple[str, str]]:
+    """(the job's argument `arg`, its status) of every procrastinate job of `task_name`, in
+    the order they were deferred (successful ones are deleted by the workers)."""
+    import psycopg
+
+    dsn = database_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn) as conn:
+        return [(r[0], r[1]) for r in conn.execute(
+            "SELECT args->>%s, status FROM procrastinate_jobs WHERE task_name = %s ORDER BY id",
+            (arg, task_name)).fetchall()]

@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 
-import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -19,6 +18,7 @@ from server.blobstore import LocalBlobStore
 from server.db import models as db
 from server.jobs.procrastinate_queue import PATCH_TASK_NAME, ProcrastinateJobQueue
 from server.jobs.runner import wait_for
+from tests.jobs.jobs_helpers import procrastinate_jobs
 from tests.jobs.patch_helpers import (
     add_ready_version,
     check_patch_applies,
@@ -41,11 +41,7 @@ def _rollout(client, headers, version: str) -> None:  # type: ignore[no-untyped-
 
 
 def _patch_jobs_in_procrastinate(postgres_url: str) -> list[tuple[str, str]]:
-    dsn = postgres_url.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(dsn) as conn:
-        return [(r[0], r[1]) for r in conn.execute(
-            "SELECT args->>'version_id', status FROM procrastinate_jobs WHERE task_name = %s "
-            "ORDER BY id", (PATCH_TASK_NAME,)).fetchall()]
+    return procrastinate_jobs(postgres_url, PATCH_TASK_NAME, "version_id")
 
 
 def test_enqueue_patches_twice_defers_one_job_and_records_one_row(postgres_url, tmp_path):
