@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from client_sdk.errors import FetchError
 from tests.client.simulator import BASE, RepositorySimulator
 
 
@@ -33,19 +32,13 @@ def _handler(sim: RepositorySimulator, redirect_blobs: bool) -> type[BaseHTTPReq
             headers = {k: v for k, v in (("Range", self.headers.get("Range")),
                                          ("If-None-Match", self.headers.get("If-None-Match")))
                        if v}
-            resp = sim.fetch(BASE + path, headers, 30)
-            body = bytearray()
-            try:
-                for chunk in resp.chunks:
-                    body += chunk
-            except FetchError:
-                pass
+            resp, body = sim.fetch_all(path, headers)
             self.send_response(resp.status)
             for k, v in resp.headers.items():
                 self.send_header(k, v)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(bytes(body))
+            self.wfile.write(body)
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)

@@ -236,6 +236,18 @@ class RepositorySimulator:
             self.clock.sleep(self.faults.slow_seconds_per_chunk)
             yield piece
 
+    def fetch_all(self, path: str, headers: Mapping[str, str]) -> tuple[Response, bytes]:
+        """`fetch` of BASE + `path`, its body read up to a simulated cut (what an HTTP front
+        for the simulator sends on: the client sees the short body)."""
+        resp = self.fetch(BASE + path, headers, 30)
+        body = bytearray()
+        try:
+            for chunk in resp.chunks:
+                body += chunk
+        except FetchError:
+            pass
+        return resp, bytes(body)
+
     def post(self, url: str, body: bytes, headers: Mapping[str, str],
              timeout: float) -> Response:
         status, reply, extra = self.telemetry.handle(urllib.parse.urlsplit(url).path, body,

@@ -14,8 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from client_sdk.errors import FetchError
-from tests.client.simulator import BASE, RepositorySimulator
+from tests.client.simulator import RepositorySimulator
 
 # What to do with a request path: "ok", "drip-headers", "drip-body", "loop", or a URL to
 # redirect to.
@@ -84,16 +83,10 @@ def _handler(sim: RepositorySimulator, plan: Plan, mirror: Mirror,
 def _from_simulator(sim: RepositorySimulator, path: str,
                     headers: dict[str, str]) -> tuple[int, bytes, str]:
     wanted = {k: v for k, v in headers.items() if k.lower() in ("range", "if-none-match")}
-    resp = sim.fetch(BASE + path, wanted, 30)
-    body = bytearray()
-    try:
-        for chunk in resp.chunks:
-            body += chunk
-    except FetchError:
-        pass
+    resp, body = sim.fetch_all(path, wanted)
     extra = "".join(f"{k}: {v}\r\n" for k, v in resp.headers.items()
                     if k.lower() != "content-length")
-    return resp.status, bytes(body), extra
+    return resp.status, body, extra
 
 
 class _Server(socketserver.ThreadingTCPServer):
