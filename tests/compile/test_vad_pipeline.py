@@ -8,6 +8,7 @@ import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -30,6 +31,21 @@ def server(tmp_path: Path) -> Iterator[TestClient]:
         yield client
 
 
+def _ready_builds(server: TestClient, model: bytes, reference: io.BytesIO,
+                 meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Uploads vad 1.0.0 and waits for it: it must be ready. Its builds by platform."""
+    r = server.post("/v1/models/vad/versions",
+                    files={"model": ("vad.onnx", model), "reference": ("ref.npz",
+                                                                        reference.getvalue())},
+                    data={"metadata": json.dumps(meta)})
+    assert r.status_code == 201, r.text
+    version = wait_settled(server, "vad", "1.0.0")
+    builds = {b["platform"]: b for b in server.get(
+        "/v1/models/vad/versions/1.0.0/builds?logs=false").json()}
+    assert version["state"] == "ready", {p: b["error"] for p, b in builds.items()}
+    return builds
+
+
 def test_vad_uploads_and_builds_ready_for_onnx_and_qnn(server: TestClient,
                                                        tmp_path: Path) -> None:
     # Before: 201, then every build: "input 'sr' has shape (); every dimension must be a
@@ -41,15 +57,7 @@ def test_vad_uploads_and_builds_ready_for_onnx_and_qnn(server: TestClient,
             "inputs": [{"name": "audio", "dtype": "float32", "shape": [1, 64]},
                        {"name": "state", "dtype": "float32", "shape": [2, 1, 16]},
                        {"name": "sr", "dtype": "int64", "shape": []}]}
-    r = server.post("/v1/models/vad/versions",
-                    files={"model": ("vad.onnx", vad_onnx(tmp_path / "vad.onnx").read_bytes()),
-                           "reference": ("ref.npz", buf.getvalue())},
-                    data={"metadata": json.dumps(meta)})
-    assert r.status_code == 201, r.text
-    version = wait_settled(server, "vad", "1.0.0")
-    builds = {b["platform"]: b for b in server.get(
-        "/v1/models/vad/versions/1.0.0/builds?logs=false").json()}
-    assert version["state"] == "ready", {p: b["error"] for p, b in builds.items()}
+    builds = _ready_builds(server, vad_onnx(tmp_path / "vad.onnx").read_bytes(), buf, meta)
     for platform, b in builds.items():
         assert b["gates"]["shapes"]["ifs_folded"] == 2, platform
         assert b["gates"]["numeric"]["status"] == "passed", (platform, b["gates"]["numeric"])
@@ -114,14 +122,7 @@ def test_an_if_on_a_scalar_input_declared_with_its_value_folds_for_every_platfor
                        {"name": "state", "dtype": "float32", "shape": [2, 1, 16]},
                        {"name": "sr", "dtype": "int64", "shape": [], "value": 16000}]}
     model = vad_onnx(tmp_path / "vad.onnx", sr_if=True).read_bytes()
-    r = server.post("/v1/models/vad/versions",
-                    files={"model": ("vad.onnx", model), "reference": ("ref.npz", buf.getvalue())},
-                    data={"metadata": json.dumps(meta)})
-    assert r.status_code == 201, r.text
-    version = wait_settled(server, "vad", "1.0.0")
-    builds = {b["platform"]: b for b in server.get(
-        "/v1/models/vad/versions/1.0.0/builds?logs=false").json()}
-    assert version["state"] == "ready", {p: b["error"] for p, b in builds.items()}
+    builds = _ready_builds(server, model, buf, meta)
     for platform, b in builds.items():
         assert b["gates"]["shapes"]["ifs_folded"] == 3, platform  # sr_if with the shape Ifs
         assert b["gates"]["numeric"]["status"] == "passed", (platform, b["gates"]["numeric"])
