@@ -235,7 +235,11 @@ def test_a_burst_after_idle_wakes_the_child_instead_of_being_dropped(tmp_path):
     try:
         rt.predict("clf", {"x": X})
         assert _offered(rt, sha) == 1
-        time.sleep(2.0)  # the pace backs off to its longest sleep
+        link = rt.shadow._link
+        assert link is not None
+        counters = link.counters  # the pace backs off to its longest sleep
+        _until(lambda: counters[SLEEP_US] == int(MAX_SLEEP_S * 1_000_000),
+               "the child never slept its longest")
         for _ in range(30):
             rt.predict("clf", {"x": X})
             time.sleep(0.001)
