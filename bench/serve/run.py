@@ -7,7 +7,8 @@ blob store's read path (v1/channels/prod/manifest). Then starts, each in its own
 group:
 - `nginx`: Debian's nginx serving that blob directory as it is, with the configuration
   `modelfleet bucket nginx --blob-dir` prints (server/publish/nginxconf.py);
-- `api`: the app (bench/serve/app.py: every poll through the FastAPI route) under granian
+- `api`: the app (bench/serve/app.py: every poll through its route, a Starlette route inside
+  the FastAPI app, server/api/serving.py) under granian with `modelfleet serve`'s options
   (`--workers N`, uvloop, no access log) — uvicorn --http httptools where granian is absent;
 - `proxy`: the device cache of docker-compose (`caching_proxy`) in front of the `nginx`
   bucket, so a poll is answered from its cache (revalidated upstream once a second).
@@ -132,11 +133,17 @@ def api_command(workers: int, port: int) -> tuple[list[str], str]:
     """granian (what `modelfleet serve` runs) where installed, else plain uvicorn."""
     granian = Path(sys.executable).parent / "granian"
     if granian.exists():
+        from server.settings import Settings
+
+        limits = Settings()  # the request-head limits `modelfleet serve` sets
         return ([str(granian), "--interface", "asgi", "--factory", "--host", "127.0.0.1",
                  "--port", str(port), "--workers", str(workers), "--http", "1", "--no-ws",
                  # as `modelfleet serve` (server/http_server.py): one single-threaded
                  # runtime per worker, no hand-over between threads per request
                  "--runtime-mode", "st", "--loop", "uvloop", "--log-level", "warning",
+                 "--http1-header-read-timeout",
+                 str(int(limits.header_read_timeout_seconds * 1000)),
+                 "--http1-buffer-size", str(limits.max_header_bytes),
                  "bench.serve.app:make_app"],
                 f"granian --interface asgi --workers {workers} --http 1 --runtime-mode st "
                 "--loop uvloop")
@@ -250,7 +257,7 @@ def report(args: argparse.Namespace, rounds: dict[tuple[str, int], list[dict[str
         f"by the publisher to the blob directory. nginx (bucket dir): Debian's nginx, "
         f"worker_processes {args.workers}, serving the blob directory with `modelfleet "
         f"bucket nginx --blob-dir`'s configuration; API route: {api_label}, every poll "
-        f"through the FastAPI route (bench/serve/app.py); device cache: the compose "
+        f"through the app's poll route (bench/serve/app.py); device cache: the compose "
         f"device-cache configuration (`caching_proxy`, worker_processes {args.workers}) in "
         f"front of that nginx, its CPU counted with the bucket's behind it. Command: `{cmd}`.")
     lines = [textwrap.fill(intro, width=96), "",

@@ -9,7 +9,7 @@ all: the publisher writes the same bytes to the bucket, which a CDN or caching p
 The poll is a plain Starlette route (`POLL_ROUTES`, ahead of every router: create_app passes
 them as `FastAPI(routes=...)`), not a FastAPI one: polls are most requests, and FastAPI's
 request handling — its included-router matching, dependency solving with query, header and
-cookie parsing, its exit stack — costs a bare route about 6x the CPU of a Starlette route
+cookie parsing per request — costs a bare route about 6x the CPU of a Starlette route
 (bench/serve/inprocess.py, docs/benchmarks.md "Serving"). Everything around it is the same
 app: the middleware (request id, counter, access log, guard), the exception handlers and
 error renderer of server/api/errors.py. Its operation is added to the OpenAPI spec by
