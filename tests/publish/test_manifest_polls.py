@@ -187,6 +187,7 @@ def test_poll_errors_have_the_apps_one_error_body_and_request_id(settings: Setti
     publish_prod(settings, "1.0")
     shape = {"detail", "code", "field", "fix", "errors"}
     with TestClient(create_app(settings), raise_server_exceptions=False) as c:
+        before = c.get("/metrics").text  # the counters are the process's
         r = c.get("/v1/channels/nope/manifest", headers={"X-Request-Id": "poll-404"})
         assert (r.status_code, r.headers["content-type"]) == (404, "application/json")
         assert set(r.json()) == shape and r.json()["code"] == "channel_not_found"
@@ -207,12 +208,15 @@ def test_poll_errors_have_the_apps_one_error_body_and_request_id(settings: Setti
         r = c.get(MANIFEST)
         assert r.status_code == 500 and r.json()["code"] == "internal_error"
         assert "a bug" not in r.text
-        metrics = c.get("/metrics").text
-    labels = {"method": "GET", "route": "/v1/channels/{channel}/manifest"}
-    assert sample(metrics, "modelfleet_http_requests_total", status="404", **labels) == 1
-    assert sample(metrics, "modelfleet_http_requests_total", status="500", **labels) == 1
-    assert sample(metrics, "modelfleet_http_requests_total", status="405",
-                  **{**labels, "method": "DELETE"}) == 1
+        after = c.get("/metrics").text
+
+    def counted(method: str, status: str) -> float:
+        labels = {"method": method, "route": "/v1/channels/{channel}/manifest",
+                  "status": status}
+        return (sample(after, "modelfleet_http_requests_total", **labels)
+                - sample(before, "modelfleet_http_requests_total", **labels))
+
+    assert (counted("GET", "404"), counted("GET", "500"), counted("DELETE", "405")) == (1, 1, 1)
 
 
 def test_the_poll_is_documented_in_the_openapi_spec(settings: Settings) -> None:
