@@ -19,6 +19,7 @@ from server.api import ROUTERS
 from server.api.body_limits import install_request_guard
 from server.api.errors import install_error_handlers
 from server.api.observe import RequestObserver
+from server.api.serving import POLL_ROUTES, document_poll_routes
 from server.blobstore import BlobStore
 from server.jobs.interface import JobQueue
 from server.publish.errors import PublishError
@@ -57,6 +58,8 @@ def create_app(
         description="Model releases and over-the-air updates. Write endpoints need a bearer "
         "token with the right scope (`modelfleet tokens create --scope …`).",
         lifespan=lifespan,
+        # Manifest polls, ahead of every router: plain Starlette routes (server/api/serving.py).
+        routes=list(POLL_ROUTES),
         # No slash redirects: Starlette builds them from the Host header (`Host: evil.example`
         # → `Location: http://evil.example/…`). A path with a stray slash is a 404.
         redirect_slashes=False,
@@ -77,6 +80,7 @@ def create_app(
     app.state.blob_store = services.blob_store
     app.state.job_queue = services.job_queue
     install_error_handlers(app)
+    document_poll_routes(app)
     for router in ROUTERS:
         app.include_router(router)
     # Authentication and size caps before any request body is read (server/api/body_limits.py).

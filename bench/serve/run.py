@@ -7,10 +7,13 @@ blob store's read path (v1/channels/prod/manifest). Then starts, each in its own
 group:
 - `nginx`: Debian's nginx serving that blob directory as it is, with the configuration
   `modelfleet bucket nginx --blob-dir` prints (server/publish/nginxconf.py);
-- `api`: the app (bench/serve/app.py: every poll through the FastAPI route) under granian
+- `api`: the app (bench/serve/app.py: every poll through its route, a Starlette route inside
+  the FastAPI app, server/api/serving.py) under granian with `modelfleet serve`'s options
   (`--workers N`, uvloop, no access log) — uvicorn --http httptools where granian is absent;
 - `proxy`: the device cache of docker-compose (`caching_proxy`) in front of the `nginx`
-  bucket, so a poll is answered from its cache (revalidated upstream once a second).
+  bucket, so a poll is answered from its cache (revalidated upstream once a second);
+- with --floor, `floor`: the same answers from a bare ASGI callable under the same granian
+  (the server's own cost per request, below any framework);
 and drives each with wrk (--latency) in alternating rounds: 200, and 304 (If-None-Match with
 the server's own ETag). Server CPU per poll is the user + system time of the server's
 processes (from /proc, apart from wrk's), for `proxy` its own plus the bucket's behind it.
@@ -18,7 +21,7 @@ Prints a markdown table and, with --write-docs, replaces the "## Serving" sectio
 docs/benchmarks.md.
 
     python bench/serve/run.py [--workers 2] [--duration 5] [--rounds 3] [--connections 64]
-                              [--write-docs]
+                              [--floor] [--write-docs]
 
 Needs Debian's nginx and wrk: `apt-get install -y nginx wrk` (scripts/setup does it as root
 with the dev extra).
@@ -49,7 +52,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import free_port, group_cpu_seconds, wait_http  # noqa: E402
 
 SERVERS = ("nginx", "api", "proxy")
-LABELS = {"nginx": "nginx (bucket dir)", "api": "API route", "proxy": "device cache"}
+LABELS = {"nginx": "nginx (bucket dir)", "api": "API route", "proxy": "device cache",
+          "floor": "granian floor (bare ASGI)"}
 
 
 def prepare(data: Path) -> None:
@@ -128,19 +132,25 @@ def fetch(url: str, etag: str | None = None) -> tuple[int, str, bytes]:
         return e.code, e.headers.get("ETag", ""), b""
 
 
-def api_command(workers: int, port: int) -> tuple[list[str], str]:
+def api_command(workers: int, port: int, target: str = "bench.serve.app:make_app"
+                ) -> tuple[list[str], str]:
     """granian (what `modelfleet serve` runs) where installed, else plain uvicorn."""
     granian = Path(sys.executable).parent / "granian"
     if granian.exists():
+        from server.settings import Settings
+
+        limits = Settings()  # the request-head limits `modelfleet serve` sets
         return ([str(granian), "--interface", "asgi", "--factory", "--host", "127.0.0.1",
                  "--port", str(port), "--workers", str(workers), "--http", "1", "--no-ws",
                  # as `modelfleet serve` (server/http_server.py): one single-threaded
                  # runtime per worker, no hand-over between threads per request
                  "--runtime-mode", "st", "--loop", "uvloop", "--log-level", "warning",
-                 "bench.serve.app:make_app"],
+                 "--http1-header-read-timeout",
+                 str(int(limits.header_read_timeout_seconds * 1000)),
+                 "--http1-buffer-size", str(limits.max_header_bytes), target],
                 f"granian --interface asgi --workers {workers} --http 1 --runtime-mode st "
                 "--loop uvloop")
-    return ([sys.executable, "-m", "uvicorn", "bench.serve.app:make_app", "--factory",
+    return ([sys.executable, "-m", "uvicorn", target, "--factory",
              "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
              "--http", "httptools", "--loop", "uvloop", "--no-access-log",
              "--log-level", "warning"],
@@ -173,6 +183,9 @@ def start_servers(args: argparse.Namespace, work: Path, data: Path, ports: dict[
     env = {**os.environ, "MODELFLEET_DATA_DIR": str(data)}
     cmd, api_label = api_command(args.workers, ports["api"])
     procs["api"] = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+    if "floor" in ports:
+        floor, _ = api_command(args.workers, ports["floor"], "bench.serve.app:make_floor")
+        procs["floor"] = subprocess.Popen(floor, cwd=ROOT, env=env, start_new_session=True)
     wait_http(f"http://127.0.0.1:{ports['nginx']}/v1/channels/prod/manifest", timeout=10)
     procs["proxy"] = subprocess.Popen([nginx, "-c", str(proxy), "-g", "daemon off;"],
                                       start_new_session=True)
@@ -186,8 +199,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (median)")
     ap.add_argument("--connections", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--floor", action="store_true",
+                    help="also a bare ASGI app under the same server: the server's own cost")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
+    servers = (*SERVERS, "floor") if args.floor else SERVERS
     for tool in ("nginx", "wrk"):
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
             sys.exit(f"{tool} not found: apt-get install -y nginx wrk")
@@ -195,13 +211,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="mf-bench-serve-"))
     data = work / "data"
     prepare(data)
-    ports = {name: free_port() for name in SERVERS}
+    ports = {name: free_port() for name in servers}
     urls = {name: f"http://127.0.0.1:{port}/v1/channels/prod/manifest"
             for name, port in ports.items()}
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         procs, api_label = start_servers(args, work, data, ports)
-        for name in SERVERS:
+        for name in servers:
             wait_http(urls[name], timeout=60)
         body = fetch(urls["api"])[2]
         cases: dict[tuple[str, int], tuple[str, dict[str, str]]] = {}
@@ -215,7 +231,8 @@ def main() -> None:
         # Short alternating rounds, median per case: the machine is shared, and background
         # load then hits every server alike instead of whichever ran during a burst.
         rounds: dict[tuple[str, int], list[dict[str, float]]] = {k: [] for k in cases}
-        groups = {"nginx": ["nginx"], "api": ["api"], "proxy": ["proxy", "nginx"]}
+        groups = {"nginx": ["nginx"], "api": ["api"], "proxy": ["proxy", "nginx"],
+                  "floor": ["floor"]}
         for _ in range(args.rounds):
             for key, (url, hdrs) in cases.items():
                 pgids = [procs[n].pid for n in groups[key[0]]]
@@ -230,14 +247,15 @@ def main() -> None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
-    table = report(args, rounds, results, api_label, len(body))
+    table = report(args, servers, rounds, results, api_label, len(body))
     print(table)
     print(json.dumps({f"{k[0]}_{k[1]}": v for k, v in results.items()}))
     if args.write_docs:
         write_section(ROOT / "docs" / "benchmarks.md", "Serving", table)
 
 
-def report(args: argparse.Namespace, rounds: dict[tuple[str, int], list[dict[str, float]]],
+def report(args: argparse.Namespace, servers: tuple[str, ...],
+           rounds: dict[tuple[str, int], list[dict[str, float]]],
            results: dict[tuple[str, int], dict[str, float]], api_label: str,
            size: int) -> str:
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -250,9 +268,12 @@ def report(args: argparse.Namespace, rounds: dict[tuple[str, int], list[dict[str
         f"by the publisher to the blob directory. nginx (bucket dir): Debian's nginx, "
         f"worker_processes {args.workers}, serving the blob directory with `modelfleet "
         f"bucket nginx --blob-dir`'s configuration; API route: {api_label}, every poll "
-        f"through the FastAPI route (bench/serve/app.py); device cache: the compose "
+        f"through the app's poll route (bench/serve/app.py); device cache: the compose "
         f"device-cache configuration (`caching_proxy`, worker_processes {args.workers}) in "
-        f"front of that nginx, its CPU counted with the bucket's behind it. Command: `{cmd}`.")
+        f"front of that nginx, its CPU counted with the bucket's behind it."
+        + (" granian floor: the same answers from a bare ASGI callable under the same "
+           "granian (bench/serve/app.py `make_floor`), the server's own cost."
+           if "floor" in servers else "") + f" Command: `{cmd}`.")
     lines = [textwrap.fill(intro, width=96), "",
              "| server | 200 req/s | 200 p99 | 304 req/s | 304 p99 | 304 / nginx | "
              "server CPU µs per poll (200 / 304) |", "|---|---|---|---|---|---|---|"]
@@ -262,7 +283,7 @@ def report(args: argparse.Namespace, rounds: dict[tuple[str, int], list[dict[str
         return f"{results[key]['rps']:,.0f} [{min(rps):,.0f}–{max(rps):,.0f}]"
 
     nginx_304 = results[("nginx", 304)]["rps"]
-    for name in SERVERS:
+    for name in servers:
         ok, nm = results[(name, 200)], results[(name, 304)]
         lines.append(
             f"| {LABELS[name]} | {spread((name, 200))} | {ok['p99_ms']:.2f} ms | "

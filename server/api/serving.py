@@ -5,14 +5,25 @@ presigned URL on S3).
 Manifest bytes are served exactly as signed and stored, by one route over the per-process
 cache of server/publish/manifest_cache.py. At fleet scale polls should not reach Python at
 all: the publisher writes the same bytes to the bucket, which a CDN or caching proxy serves.
+
+The poll is a plain Starlette route (`POLL_ROUTES`, ahead of every router: create_app passes
+them as `FastAPI(routes=...)`), not a FastAPI one: polls are most requests, and FastAPI's
+request handling — its included-router matching, dependency solving with query, header and
+cookie parsing per request — costs a bare route about 6x the CPU of a Starlette route
+(bench/serve/inprocess.py, docs/benchmarks.md "Serving"). Everything around it is the same
+app: the middleware (request id, counter, access log, guard), the exception handlers and
+error renderer of server/api/errors.py. Its operation is added to the OpenAPI spec by
+`document_poll_routes`, which FastAPI does not do for Starlette routes.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, FastAPI, Path, Request, Response
 from fastapi.responses import RedirectResponse, StreamingResponse
+from starlette.routing import Match, Route
+from starlette.types import Scope
 
 from server.api.deps import BlobStoreDep, SessionDep, ShortSessionDep, manifest_cache
 from server.api.errors import NOT_FOUND
@@ -24,21 +35,15 @@ from server.services import serving
 
 IMMUTABLE = "public, max-age=31536000, immutable"
 SHA256_PATTERN = "^[0-9a-f]{64}$"
+MANIFEST_PATH = "/v1/channels/{channel}/manifest"
 
 
 router = APIRouter(prefix="/v1", tags=["serving"])
 
 
-@router.head("/channels/{channel}/manifest", include_in_schema=False)
-@router.get(
-    "/channels/{channel}/manifest",
-    response_class=Response,
-    responses={200: {"content": {"application/json": {}},
-                     "description": "The channel's DSSE envelope, exactly as signed"},
-               304: {"description": "If-None-Match matched the current ETag"}, **NOT_FOUND},
-)
-async def get_manifest(channel: str, request: Request) -> Response:
+async def get_manifest(request: Request) -> Response:
     """The channel's current signed manifest (a DSSE envelope). Poll with If-None-Match."""
+    channel: str = request.path_params["channel"]
     if not CHANNEL_NAME.fullmatch(channel):
         raise ChannelNotFoundError(f"channel {channel[:80]!r} does not exist")
     cache = manifest_cache(request)
@@ -49,6 +54,51 @@ async def get_manifest(channel: str, request: Request) -> Response:
     if entry.not_modified(request.headers.get("if-none-match")):
         return Response(status_code=304, headers=headers)
     return Response(entry.data, media_type="application/json", headers=headers)
+
+
+class LabelledRoute(Route):
+    """A Starlette route that puts itself in the scope as `route`, as FastAPI's own routes
+    do: FastAPI's router sets it for those only, and the request counter and access log
+    (server/api/observe.py) label each request with `scope["route"].path`."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child_scope = super().matches(scope)
+        if match is not Match.NONE:
+            child_scope["route"] = self
+        return match, child_scope
+
+
+# GET, and HEAD with it (Starlette adds HEAD to every GET route).
+POLL_ROUTES = [LabelledRoute(MANIFEST_PATH, get_manifest, methods=["GET"], name="get_manifest")]
+
+MANIFEST_OPERATION: dict[str, Any] = {
+    "tags": ["serving"],
+    "summary": "Get Manifest",
+    "description": get_manifest.__doc__,
+    "operationId": "get_manifest_v1_channels__channel__manifest_get",
+    "parameters": [{"name": "channel", "in": "path", "required": True,
+                    "schema": {"type": "string", "title": "Channel"}}],
+    "responses": {
+        "200": {"description": "The channel's DSSE envelope, exactly as signed",
+                "content": {"application/json": {}}},
+        "304": {"description": "If-None-Match matched the current ETag"},
+        "404": {"description": "Not found", "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/ErrorBody"}}}},
+    },
+}
+
+
+def document_poll_routes(app: FastAPI) -> None:
+    """Adds the poll's operation to the app's OpenAPI spec (FastAPI documents its own routes
+    only), where FastAPI put it when it was one of its routes."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        spec = build()
+        spec.setdefault("paths", {}).setdefault(MANIFEST_PATH, {"get": MANIFEST_OPERATION})
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override hook
 
 
 @router.get("/root", responses={**NOT_FOUND})

@@ -1,8 +1,9 @@
 """`GET /v1/channels/{channel}/manifest`, the one poll route over the process's manifest
 cache (server/publish/manifest_cache.py): the stored bytes, a strong ETag and 304, 404 for
 unknown channels, a manifest published elsewhere within the cache time and one published
-here at once, the stale entry served while one slow reload runs, polls in /metrics, and
-`modelfleet serve` writing no access line for them unless `--log-polls`."""
+here at once, the stale entry served while one slow reload runs, polls in /metrics, the
+app's error bodies and OpenAPI operation for the (Starlette) route, and `modelfleet serve`
+writing no access line for them unless `--log-polls`."""
 
 from __future__ import annotations
 
@@ -177,6 +178,66 @@ def test_polls_are_counted_in_metrics_with_their_304s(settings: Settings) -> Non
                 - sample(before, "modelfleet_http_requests_total", **labels))
 
     assert (delta("304"), delta("200")) == (3, 1)
+
+
+def test_poll_errors_have_the_apps_one_error_body_and_request_id(settings: Settings) -> None:
+    """The poll is a plain Starlette route (server/api/serving.py), ahead of FastAPI's
+    routing: its refusals and failures still go through the app's exception handlers and
+    the one renderer (server/api/errors.py), inside the request observer."""
+    publish_prod(settings, "1.0")
+    shape = {"detail", "code", "field", "fix", "errors"}
+    with TestClient(create_app(settings), raise_server_exceptions=False) as c:
+        before = c.get("/metrics").text  # the counters are the process's
+        r = c.get("/v1/channels/nope/manifest", headers={"X-Request-Id": "poll-404"})
+        assert (r.status_code, r.headers["content-type"]) == (404, "application/json")
+        assert set(r.json()) == shape and r.json()["code"] == "channel_not_found"
+        assert r.headers["x-request-id"] == "poll-404"
+        for method in ("POST", "PUT", "DELETE"):
+            r = c.request(method, MANIFEST, content=b"{}",
+                          headers={"Content-Type": "application/json"})
+            assert r.status_code == 405, (method, r.text)
+            assert set(r.json()) == shape and r.json()["code"] == "http_405"
+            assert set(r.headers["allow"].split(", ")) == {"GET", "HEAD"}
+        cache = c.app.state.services.manifest_cache  # type: ignore[attr-defined]
+
+        def broken(channel: str) -> tuple[bytes, str]:
+            raise RuntimeError("a bug in the loader")
+
+        cache.loader = broken
+        cache.invalidate("prod")
+        r = c.get(MANIFEST)
+        assert r.status_code == 500 and r.json()["code"] == "internal_error"
+        assert "a bug" not in r.text
+        after = c.get("/metrics").text
+
+    def counted(method: str, status: str) -> float:
+        labels = {"method": method, "route": "/v1/channels/{channel}/manifest",
+                  "status": status}
+        return (sample(after, "modelfleet_http_requests_total", **labels)
+                - sample(before, "modelfleet_http_requests_total", **labels))
+
+    assert (counted("GET", "404"), counted("GET", "500"), counted("DELETE", "405")) == (1, 1, 1)
+
+
+def test_the_poll_is_documented_in_the_openapi_spec(settings: Settings) -> None:
+    """FastAPI documents its own routes only; the poll's operation is added where FastAPI
+    put it (server/api/serving.py `document_poll_routes`), every status it answers."""
+    publish_prod(settings, "1.0")
+    with TestClient(create_app(settings)) as c:
+        spec = c.get("/openapi.json").json()
+        again = c.get("/openapi.json").json()
+    assert spec == again  # the hook does not grow the spec per call
+    item = spec["paths"]["/v1/channels/{channel}/manifest"]
+    assert set(item) == {"get"}
+    op = item["get"]
+    assert op["tags"] == ["serving"] and op["description"].startswith("The channel's current")
+    assert [(p["name"], p["in"], p["required"]) for p in op["parameters"]] == [
+        ("channel", "path", True)]
+    assert set(op["responses"]) == {"200", "304", "404"}
+    ref = op["responses"]["404"]["content"]["application/json"]["schema"]["$ref"]
+    assert ref.rsplit("/", 1)[1] in spec["components"]["schemas"]
+    operation_ids = [o["operationId"] for path in spec["paths"].values() for o in path.values()]
+    assert len(operation_ids) == len(set(operation_ids))
 
 
 def test_workers_starting_together_import_the_roots_once_without_failing(

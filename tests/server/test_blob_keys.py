@@ -29,9 +29,10 @@ def test_private_keys_are_the_ones_earlier_releases_stored() -> None:
 
 
 def test_read_api_keys_are_the_paths_of_the_api_routes() -> None:
-    from server.api.serving import router
+    from server.api.serving import POLL_ROUTES, router
 
-    routes = [compile_path(r.path)[0] for r in router.routes]  # type: ignore[attr-defined]
+    routes = [compile_path(r.path)[0]  # type: ignore[attr-defined]
+              for r in [*POLL_ROUTES, *router.routes]]
     keys = {artifact_key(SHA): f"/v1/artifacts/{SHA}", patch_key(SHA): f"/v1/patches/{SHA}",
             channel_manifest_key("prod"): "/v1/channels/prod/manifest",
             root_key(3): "/v1/root/3.json"}

@@ -1,9 +1,9 @@
 """PostgreSQL stopped and restarted under a running API (docs/architecture.md "Outages"): a
 request in flight and every request while it is down get 503 `database_unavailable` with the
 reason and Retry-After (never a 500); polls keep being answered from the last good cache
-entry or the bucket's copy; once PostgreSQL is back the same process serves again by itself
-(pool pre-ping, the telemetry group commit reconnecting), and nothing a 503 answered was
-stored.
+entry or the bucket's copy (a 503 when there is neither); once PostgreSQL is back the same
+process serves again by itself (pool pre-ping, the telemetry group commit reconnecting),
+and nothing a 503 answered was stored.
 
 The cluster is the test's own (tests/support/private_postgres.py): the machine's shared
 PostgreSQL is never stopped.
@@ -25,6 +25,7 @@ from sqlalchemy import select
 
 from server.app import create_app
 from server.auth import create_token
+from server.blobstore.keys import channel_manifest_key
 from server.db import models as db
 from server.db.migrate import upgrade
 from server.settings import Settings
@@ -130,6 +131,10 @@ def test_postgres_restart_mid_request_answers_503_with_reason_and_recovers(
         r = c.get(MANIFEST)
         assert (r.status_code, r.content, r.headers["etag"]) == (
             200, good.content, good.headers["etag"])
+        # Neither an entry nor the bucket's copy: the poll is a clear 503, not a 500.
+        cache.invalidate("prod")
+        c.app.state.blob_store.delete(channel_manifest_key("prod"))  # type: ignore[attr-defined]
+        assert_database_unavailable(c.get(MANIFEST))
 
         pg.start()
         deadline = time.monotonic() + RECOVERY_DEADLINE_S
