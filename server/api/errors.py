@@ -168,12 +168,18 @@ async def _database_error(request: Request, exc: Exception) -> Response:
     return await _service_error(request, translated)
 
 
-async def _internal_error(_request: Request, _exc: Exception) -> Response:
-    # Starlette's ServerErrorMiddleware answers with this, then re-raises the exception for
-    # the server to log with its traceback; the client learns nothing of the internals.
+def internal_error_response() -> Response:
+    """The body of every unexpected exception: the client learns nothing of the internals.
+    server/api/observe.py sends it (with the request's X-Request-Id) when the app raises."""
     return error_response(500, "internal_error", "the server failed to answer this request",
                           fix="retry later; if it persists, report it with the X-Request-Id "
                           "of the response")
+
+
+async def _internal_error(_request: Request, _exc: Exception) -> Response:
+    # Starlette's ServerErrorMiddleware calls this, then re-raises the exception for the
+    # server to log with its traceback. The observer inside it has usually answered already.
+    return internal_error_response()
 
 
 async def _transition_error(_request: Request, exc: Exception) -> Response:

@@ -28,6 +28,7 @@ from urllib.parse import quote
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.api.errors import internal_error_response
 from server.observability.logs import REQUEST_ID, request_id_from
 from server.observability.metrics import HTTP_REQUESTS, UNMATCHED_ROUTE
 
@@ -91,6 +92,13 @@ class RequestObserver:
             await self.app(scope, watch_receive, send_with_id)
         except ClientDisconnect:
             gone = True  # Starlette's body read saw the disconnect: nothing to answer
+        except Exception:
+            # Answered here, not by Starlette's outermost ServerErrorMiddleware, so the 500
+            # carries the X-Request-Id its body tells the client to report. The exception
+            # goes on up for the server to log; that middleware sees the answer started.
+            if not started and not gone:
+                await internal_error_response()(scope, watch_receive, send_with_id)
+            raise
         finally:
             if gone and not started:
                 status = CLIENT_CLOSED

@@ -205,9 +205,11 @@ def test_poll_errors_have_the_apps_one_error_body_and_request_id(settings: Setti
 
         cache.loader = broken
         cache.invalidate("prod")
-        r = c.get(MANIFEST)
+        r = c.get(MANIFEST, headers={"X-Request-Id": "poll-500"})
         assert r.status_code == 500 and r.json()["code"] == "internal_error"
-        assert "a bug" not in r.text
+        assert set(r.json()) == shape and "a bug" not in r.text
+        # The body says "report it with the X-Request-Id of the response": it must be there.
+        assert r.headers["x-request-id"] == "poll-500"
         after = c.get("/metrics").text
 
     def counted(method: str, status: str) -> float:
