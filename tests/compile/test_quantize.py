@@ -87,6 +87,24 @@ def test_a_block_size_that_divides_no_weight_is_refused_not_shipped_uncompressed
                 minimum_deployment_target="iOS18")
 
 
+def test_weights_a_block_does_not_fit_get_int8_per_channel_not_fp16(tmp_path):
+    # 48 input channels: block 32 does not divide the first layer's, does the second's (64).
+    odd = mlp(tmp_path, "odd", (48, 64, 32))
+    art = _coreml(odd, tmp_path / "int4", weight_compression="int4-block32",
+                  minimum_deployment_target="iOS18")
+    linears = [o for o in MilExecutor(art.path).operations if o.type == "linear"]
+    assert len(linears) == 2
+    # Both weights are compressed (before: the first stayed FP16, the package outweighing
+    # its own INT8 build), and the package is smaller than the INT8 per-channel one.
+    assert any("2 weight tensor(s) compressed" in n for n in art.notes), art.notes
+    int8 = _coreml(odd, tmp_path / "int8", weight_compression="int8",
+                   minimum_deployment_target="iOS18")
+    assert _weights_bytes(art.path) < _weights_bytes(int8.path)
+    feeds = load_samples(odd.reference, odd.inputs)
+    (got,) = CoreMLCompiler().run(art, feeds[:1])[0]
+    assert snr_db(run_onnx_cpu(odd.onnx, feeds[:1])[0][0], got) > 12.0
+
+
 def test_unknown_compression_names_the_schemes(net, tmp_path):
     with pytest.raises(InvalidSourceError, match="int4-block<N>"):
         _coreml(net, tmp_path, weight_compression="int3")
