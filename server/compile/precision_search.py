@@ -10,6 +10,7 @@ version sets it. The first candidate that passes wins; a failing one is recorded
 - Core ML: int4-block32, int8 (per channel), int8-block32, then FP16 weights (block-wise and
   INT4 only when the version's minimum_deployment_target is iOS18 or later: the search never
   narrows the devices a version reaches); palettize4/6/8 when `search_candidates` names them.
+  Weights from 256 elements up are compressed unless the version sets `weight_threshold`.
 - QNN, per target: w4a16 (HTP v73+), w8a8, w8a16 (calibration inputs needed for all three),
   then fp16 (HTP v69+; v68 has no FP16 arithmetic).
 - `search_candidates` (a platform setting, comma-separated labels) narrows and orders the list.
@@ -91,6 +92,10 @@ class Candidate:
 # Uniform palettization keeps ~28 dB on Gaussian weights at 6 bits (one table per tensor),
 # below the INT8 gate's 40 dB, so palettize<B> is tried only when search_candidates names it.
 COREML_DEFAULT = ("int4-block32", "int8", "int8-block32", "fp16")
+# The search compresses weights from 256 elements up unless the version sets
+# weight_threshold: coremltools' default (2048) leaves a small conv net's depthwise and first
+# convs FP16 (13 kB of mobilenetv3's 168 kB INT8 weights file).
+SEARCH_WEIGHT_THRESHOLD = 256
 _QNN = [("w4a16", 4.0), ("w8a8", 8.0), ("w8a16", 8.1), ("fp16", 16.0)]
 
 
@@ -108,6 +113,7 @@ def coreml_candidates(opts: dict[str, Any]) -> tuple[list[Candidate], list[dict[
     target_name = str(opts.get("minimum_deployment_target", "iOS17"))
     target = getattr(ct.target, target_name, None)
     ios18 = target is not None and target >= getattr(ct.target, BLOCKWISE_TARGET)
+    threshold = opts.get("weight_threshold", SEARCH_WEIGHT_THRESHOLD)
     out, skipped = [], []
     for label in _wanted(opts) or COREML_DEFAULT:
         c = coreml_quant.parse("none" if label == "fp16" else label)
@@ -116,7 +122,8 @@ def coreml_candidates(opts: dict[str, Any]) -> tuple[list[Candidate], list[dict[
                             f"{BLOCKWISE_TARGET} (constexpr_blockwise_shift_scale); the version "
                             f"targets {target_name}"})
             continue
-        out.append(Candidate(label, {"precision": "fp16", "weight_compression": c.scheme},
+        out.append(Candidate(label, {"precision": "fp16", "weight_compression": c.scheme,
+                                     "weight_threshold": threshold},
                              c.bits_per_weight, c.kind != "none"))
     if _wanted(opts) is None:
         out.sort(key=lambda c: c.bits)

@@ -68,6 +68,25 @@ def test_auto_ships_the_smallest_candidate_that_passes_and_skips_one_failing_the
     assert out.artifact is not None
 
 
+def test_auto_compresses_weights_below_coremltools_default_threshold(tmp_path):
+    # Every weight is under 2048 elements (40x40, 40x16), coremltools' default threshold: a
+    # search at that default compiled no quantized candidate ("compressed no weight").
+    small = mlp(tmp_path, "small", (40, 40, 16))
+    (out,) = _build(small, "coreml", {"coreml": {"precision": "auto",
+                                                 "minimum_deployment_target": "iOS18"}},
+                    tmp_path / "auto")
+    assert out.state == "ready", out.error
+    tried = {r["candidate"]: r for r in out.gates["precision_search"]["tried"]}
+    assert tried["int8"]["outcome"] == "passed" and out.precision == "int8"
+    assert out.compile_settings["weight_threshold"] == 256
+    assert out.variant == "fp16-int8"
+    # A version's own threshold still wins.
+    (own,) = _build(small, "coreml", {"coreml": {"precision": "auto", "weight_threshold": 2048,
+                                                 "minimum_deployment_target": "iOS18"}},
+                    tmp_path / "own")
+    assert own.precision == "fp16" and own.compile_settings["weight_threshold"] == 2048
+
+
 def test_each_qnn_target_gets_its_own_search(nets, tmp_path):
     settings = pipeline_settings("qnn", {"precision": "auto", "targets": "SM8650,SM8350",
                                          "search_candidates": "w4a16,w8a16,fp16"})
