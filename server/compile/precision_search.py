@@ -22,10 +22,11 @@ version sets it. The first candidate that passes wins; a failing one is recorded
   mixed (INT4 at ~16 dB is not rescued by a few layers, and mixing it would spend the budget
   the others need).
 - Budget: `search_budget_seconds` (default 900) caps the compile and gate seconds of all
-  searches of one build — one `Pipeline.build`, i.e. one platform × shape variant of a
-  version as a worker runs it, all of that platform's targets sharing it; a candidate is not
-  started once it is spent. (Builds of one version run as separate jobs, possibly on
-  separate workers, so the cap is per build, not summed across a version's builds.)
+  searches of one version. One `Pipeline.build` (one platform × shape variant, all of that
+  platform's targets sharing it) spends what its settings say; the worker sets that to the
+  build's share of the version's budget (server/jobs/search_budget.py: what the finished
+  builds left, divided among the unfinished ones). A candidate is not started once it is
+  spent.
 
 The outcome's `gates["precision_search"]` is the frontier: every candidate tried (bytes,
 gate figures against FP32, compile and gate seconds, kept layers), every one skipped and why,
