@@ -20,7 +20,8 @@ version sets it. The first candidate that passes wins; a failing one is recorded
   `mixed_max_layers` (default 8), while it stays smaller than the plain winner (if any);
   a candidate more than `mixed_max_gap_db` (default 15) below the gate's 40 dB SNR is not
   mixed (INT4 at ~16 dB is not rescued by a few layers, and mixing it would spend the budget
-  the others need).
+  the others need), nor one whose measured loss is spread so evenly that its
+  `mixed_max_layers` most sensitive layers cannot carry it over the gate (`_out_of_reach`).
 - Budget: `search_budget_seconds` (default 900) caps the compile and gate seconds of all
   searches of one version. One `Pipeline.build` (one platform × shape variant, all of that
   platform's targets sharing it) spends what its settings say; the worker sets that to the
@@ -36,6 +37,7 @@ and why the winner won.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -384,6 +386,11 @@ def _mix(s: _Search, cand: Candidate, first: Tried, max_layers: int, limit: int 
         except Exception as e:  # a diagnostic that fails ends the mixing, never the build
             first.row["mixed_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             return None
+        if not keep:
+            why = _out_of_reach(first, ranked, max_layers)
+            if why:
+                first.row["mixed"] = why
+                return None
         pick = next((x for x in ranked if x.name not in keep), None)
         if pick is None:
             return None
@@ -399,6 +406,29 @@ def _mix(s: _Search, cand: Candidate, first: Tried, max_layers: int, limit: int 
         if tried.passed:
             return tried
     return None
+
+
+def _out_of_reach(first: Tried, ranked: list[Any], max_layers: int) -> str:
+    """Why keeping `max_layers` layers cannot lift `first` over the gate, or "".
+
+    The measured losses say how the noise is spread: if the most sensitive `max_layers`
+    layers add a fraction f of all the noise the layers add, keeping them leaves about
+    (1 - f) of the output's noise. A candidate whose noise stays above twice the gate's even
+    then (margin for the estimate) is not mixed: a deep encoder at INT8 loses a little in
+    each of its 36 matmuls, and mixing it spent 16 compiles and gates (minilm, 515 s).
+    """
+    total = sum(x.added_noise for x in ranked)
+    snr = first.row.get("vs_fp32", {}).get("snr_db")
+    if total <= 0 or snr is None:
+        return ""
+    share = sum(x.added_noise for x in ranked[:max_layers]) / total
+    left = 10 ** (-float(snr) / 10) * (1 - share)
+    if left <= 2 * 10 ** (-INT8_SNR_DB / 10):
+        return ""
+    return (f"not tried: the {min(max_layers, len(ranked))} most sensitive of {len(ranked)} "
+            f"layers add {100 * share:.0f}% of the measured loss; keeping them leaves about "
+            f"{-10 * math.log10(left):.1f} dB, short of the gate's {INT8_SNR_DB:g} dB "
+            "(mixed_max_layers)")
 
 
 def _won(tried: Tried, frontier: dict[str, Any], budget: Budget) -> SearchResult:

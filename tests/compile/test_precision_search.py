@@ -123,6 +123,22 @@ def test_mixed_keeps_the_measured_most_sensitive_layer_at_fp16_until_the_gate_pa
     assert out.compile_settings["keep_ops"] == kept["kept_because"]["layer"]
 
 
+def test_mixed_skips_a_candidate_whose_loss_is_spread_over_more_layers_than_it_may_keep(
+        tmp_path):
+    # Nine alike layers, eight with outliers: INT8 loses a few dB in each, none stands out,
+    # so keeping the two most sensitive (mixed_max_layers 2) cannot lift it over 40 dB.
+    deep = mlp(tmp_path, "deep", (64,) * 9 + (32,), outlier_layer=tuple(range(8)),
+               outlier=8.0)
+    (out,) = _build(deep, "coreml", _coreml(search_candidates="int8,fp16", mixed=True,
+                                            mixed_max_layers=2), tmp_path / "w")
+    assert out.state == "ready" and out.variant == "fp16", out.error
+    assert _tried(out) == ["int8", "fp16"]
+    int8 = out.gates["precision_search"]["tried"][0]
+    assert int8["vs_fp32"]["snr_db"] < 40
+    assert int8["mixed"].startswith("not tried: the 2 most sensitive of 9 layers"), int8
+    assert "mixed_max_layers" in int8["mixed"]
+
+
 def test_qnn_mixed_gives_an_htp_without_fp16_an_int8_artifact(nets, tmp_path):
     # SM8350 (v68): no INT4 weights, no FP16; both 8-bit schemes fail as they are.
     settings = pipeline_settings("qnn", {"precision": "auto", "mixed": "true",
