@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.compile import CompileRequest, SourceFormat
+from server.compile import CompileRequest, InputSpec, SourceFormat
 from server.compile.compilers.coreml import CoreMLCompiler
 from server.compile.compilers.qnn import QnnCompiler
 from server.compile.errors import InvalidSourceError
@@ -118,6 +118,38 @@ def test_core_ml_keep_ops_leaves_that_layer_uncompressed(net, tmp_path):
     count = sum(o.type.startswith("constexpr_") for o in MilExecutor(kept.path).operations)
     assert count == 1  # of the two linear weights, only the other one
     assert kept.compile_settings["keep_ops"] == first and kept.target.variant.endswith("keep1")
+
+
+def test_keeping_one_reader_of_a_shared_weight_keeps_it_for_all(tmp_path):
+    """A tied LM head's table is one const read by the gather and the matmul: keeping the
+    matmul (what the precision search's mixed pass asks) used to fail the compile with
+    coremltools' "compression config conflict"."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    emb = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "ids"], ["h"], axis=0),
+         helper.make_node("Transpose", ["emb"], ["emb_t"], perm=[1, 0]),
+         helper.make_node("MatMul", ["h", "emb_t"], ["logits"]),
+         helper.make_node("MatMul", ["logits", "head"], ["y"])], "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 16])],
+        [numpy_helper.from_array(emb, "emb"),
+         numpy_helper.from_array(emb[:, :16].copy(), "head")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "tied.onnx"))
+    tied = ModelFiles("tied", (InputSpec("ids", (1, 3), "int64"),), tmp_path / "tied.onnx",
+                      tmp_path / "tied.onnx", tmp_path / "tied.onnx", tmp_path / "tied.onnx")
+    full = _coreml(tied, tmp_path / "full", weight_compression="int8")
+    ops = MilExecutor(full.path).operations
+    assert sum(o.type.startswith("constexpr_") for o in ops) == 2  # the table and the head
+    matmul = next(o for o in ops if o.type in ("matmul", "linear"))  # the tied one
+    name = matmul.attributes["name"].immediateValue.tensor.strings.values[0]
+    kept = _coreml(tied, tmp_path / "kept", weight_compression="int8", keep_ops=[name])
+    # The table stays FP16 for the gather too; only the head's weight is compressed.
+    assert sum(o.type.startswith("constexpr_") for o in MilExecutor(kept.path).operations) == 1
+    assert kept.compile_settings["keep_ops"] == name
 
 
 def _qnn(net: ModelFiles, out: Path, precision: str, arch: str = "75", **opts: object

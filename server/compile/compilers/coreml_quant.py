@@ -12,7 +12,8 @@ Schemes (`weight_compression`):
   (`constexpr_lut_to_dense`).
 
 `keep_ops` names MIL ops whose weights stay uncompressed (mixed precision: the precision
-search keeps the layers that lose the most at FP16 this way, via `op_name_configs`).
+search keeps the layers that lose the most at FP16 this way, via `op_name_configs`); a
+weight a kept op shares with other ops stays uncompressed for all of them.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def compress(mlmodel: Any, c: Compression, threshold: int, palette_mode: str,
     else:
         op_config = cto.OpPalettizerConfig(mode=palette_mode, nbits=c.nbits,
                                            weight_threshold=threshold)
+    keep_ops = with_shared_weights(mlmodel, keep_ops)
     # None in op_name_configs: that op's weights stay as they are (coremltools' own opt-out).
     cfg = cto.OptimizationConfig(global_config=op_config,
                                  op_name_configs=dict.fromkeys(keep_ops))
@@ -111,6 +113,32 @@ def compress(mlmodel: Any, c: Compression, threshold: int, palette_mode: str,
             + ". Lower weight_threshold, pick a block size that divides the channels, or use "
             "weight_compression int8.")
     return out
+
+
+def with_shared_weights(mlmodel: Any, keep_ops: tuple[str, ...]) -> tuple[str, ...]:
+    """`keep_ops` and every other op reading a weight one of them reads.
+
+    A weight two ops share (a tied LM head: the embedding's gather and the logits' matmul)
+    is one const; keeping it for one consumer and compressing it for the other is a
+    "compression config conflict" in coremltools, so keeping one keeps it for all.
+    """
+    if not keep_ops:
+        return keep_ops
+    wanted, out = set(keep_ops), list(keep_ops)
+    for fn in mlmodel._mil_program.functions.values():
+        for op in fn.operations:
+            if op.name not in wanted:
+                continue
+            args = [v for arg in op.inputs.values()
+                    for v in (arg if isinstance(arg, (list, tuple)) else [arg])]
+            for var in args:
+                if getattr(var, "op", None) is None or var.op.op_type != "const":
+                    continue
+                for child in var.child_ops:
+                    if child.name not in wanted:
+                        wanted.add(child.name)
+                        out.append(child.name)
+    return tuple(out)
 
 
 def _per_channel_rest(mlmodel: Any, threshold: int, keep_ops: tuple[str, ...]) -> Any:
