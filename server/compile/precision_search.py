@@ -414,8 +414,9 @@ def _out_of_reach(first: Tried, ranked: list[Any], max_layers: int) -> str:
     The measured losses say how the noise is spread: if the most sensitive `max_layers`
     layers add a fraction f of all the noise the layers add, keeping them leaves about
     (1 - f) of the output's noise. A candidate whose noise stays above twice the gate's even
-    then (margin for the estimate) is not mixed: a deep encoder at INT8 loses a little in
-    each of its 36 matmuls, and mixing it spent 16 compiles and gates (minilm, 515 s).
+    then (margin for the estimate) is not mixed: a net that loses a little in each of many
+    layers is not rescued by keeping a few, and each try is a compile and a gate. (The
+    estimate is local: on minilm-l6's Core ML package it did not fire, docs/benchmarks.md.)
     """
     total = sum(x.added_noise for x in ranked)
     snr = first.row.get("vs_fp32", {}).get("snr_db")
