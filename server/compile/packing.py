@@ -2,9 +2,9 @@
 
 A directory artifact (Core ML .mlpackage) becomes an uncompressed POSIX tar whose bytes depend
 only on the file names and contents: entries sorted, mtime 0, uid/gid 0, empty owner names,
-fixed modes. So identical compiler output always gives the same sha256, and delta patches
-between releases see unchanged tensors as unchanged bytes (no compression inside). Single
-files are copied as they are.
+fixed modes, and no padding after the end-of-archive blocks. So identical compiler output
+always gives the same sha256, and delta patches between releases see unchanged tensors as
+unchanged bytes (no compression inside). Single files are copied as they are.
 """
 
 from __future__ import annotations
@@ -80,6 +80,11 @@ def pack_directory(src: Path, out: Path) -> PackedArtifact:
                     raise PackingError(f"{src.name} exceeds {MAX_PACKED_BYTES} bytes")
                 with p.open("rb") as f:
                     tar.addfile(_tarinfo(name, is_dir=False, size=size), f)
+            # tarfile pads the archive to a 10 KiB record after the end-of-archive blocks;
+            # readers stop at those blocks, so the padding is bytes every device downloads
+            # for nothing (up to a third of a small Core ML package).
+            tar.close()  # writes the two zero blocks, then the padding
+            raw.truncate(tar.offset)  # tar.offset counts the blocks, not the padding
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)

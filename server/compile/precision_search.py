@@ -10,6 +10,7 @@ version sets it. The first candidate that passes wins; a failing one is recorded
 - Core ML: int4-block32, int8 (per channel), int8-block32, then FP16 weights (block-wise and
   INT4 only when the version's minimum_deployment_target is iOS18 or later: the search never
   narrows the devices a version reaches); palettize4/6/8 when `search_candidates` names them.
+  Weights from 256 elements up are compressed unless the version sets `weight_threshold`.
 - QNN, per target: w4a16 (HTP v73+), w8a8, w8a16 (calibration inputs needed for all three),
   then fp16 (HTP v69+; v68 has no FP16 arithmetic).
 - `search_candidates` (a platform setting, comma-separated labels) narrows and orders the list.
@@ -19,12 +20,14 @@ version sets it. The first candidate that passes wins; a failing one is recorded
   `mixed_max_layers` (default 8), while it stays smaller than the plain winner (if any);
   a candidate more than `mixed_max_gap_db` (default 15) below the gate's 40 dB SNR is not
   mixed (INT4 at ~16 dB is not rescued by a few layers, and mixing it would spend the budget
-  the others need).
+  the others need), nor one whose measured loss is spread so evenly that its
+  `mixed_max_layers` most sensitive layers cannot carry it over the gate (`_out_of_reach`).
 - Budget: `search_budget_seconds` (default 900) caps the compile and gate seconds of all
-  searches of one build — one `Pipeline.build`, i.e. one platform × shape variant of a
-  version as a worker runs it, all of that platform's targets sharing it; a candidate is not
-  started once it is spent. (Builds of one version run as separate jobs, possibly on
-  separate workers, so the cap is per build, not summed across a version's builds.)
+  searches of one version. One `Pipeline.build` (one platform × shape variant, all of that
+  platform's targets sharing it) spends what its settings say; the worker sets that to the
+  build's share of the version's budget (server/jobs/search_budget.py: what the finished
+  builds left, divided among the unfinished ones). A candidate is not started once it is
+  spent.
 
 The outcome's `gates["precision_search"]` is the frontier: every candidate tried (bytes,
 gate figures against FP32, compile and gate seconds, kept layers), every one skipped and why,
@@ -34,6 +37,7 @@ and why the winner won.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -91,6 +95,10 @@ class Candidate:
 # Uniform palettization keeps ~28 dB on Gaussian weights at 6 bits (one table per tensor),
 # below the INT8 gate's 40 dB, so palettize<B> is tried only when search_candidates names it.
 COREML_DEFAULT = ("int4-block32", "int8", "int8-block32", "fp16")
+# The search compresses weights from 256 elements up unless the version sets
+# weight_threshold: coremltools' default (2048) leaves a small conv net's depthwise and first
+# convs FP16 (13 kB of mobilenetv3's 168 kB INT8 weights file).
+SEARCH_WEIGHT_THRESHOLD = 256
 _QNN = [("w4a16", 4.0), ("w8a8", 8.0), ("w8a16", 8.1), ("fp16", 16.0)]
 
 
@@ -108,6 +116,7 @@ def coreml_candidates(opts: dict[str, Any]) -> tuple[list[Candidate], list[dict[
     target_name = str(opts.get("minimum_deployment_target", "iOS17"))
     target = getattr(ct.target, target_name, None)
     ios18 = target is not None and target >= getattr(ct.target, BLOCKWISE_TARGET)
+    threshold = opts.get("weight_threshold", SEARCH_WEIGHT_THRESHOLD)
     out, skipped = [], []
     for label in _wanted(opts) or COREML_DEFAULT:
         c = coreml_quant.parse("none" if label == "fp16" else label)
@@ -116,7 +125,8 @@ def coreml_candidates(opts: dict[str, Any]) -> tuple[list[Candidate], list[dict[
                             f"{BLOCKWISE_TARGET} (constexpr_blockwise_shift_scale); the version "
                             f"targets {target_name}"})
             continue
-        out.append(Candidate(label, {"precision": "fp16", "weight_compression": c.scheme},
+        out.append(Candidate(label, {"precision": "fp16", "weight_compression": c.scheme,
+                                     "weight_threshold": threshold},
                              c.bits_per_weight, c.kind != "none"))
     if _wanted(opts) is None:
         out.sort(key=lambda c: c.bits)
@@ -376,6 +386,11 @@ def _mix(s: _Search, cand: Candidate, first: Tried, max_layers: int, limit: int 
         except Exception as e:  # a diagnostic that fails ends the mixing, never the build
             first.row["mixed_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             return None
+        if not keep:
+            why = _out_of_reach(first, ranked, max_layers)
+            if why:
+                first.row["mixed"] = why
+                return None
         pick = next((x for x in ranked if x.name not in keep), None)
         if pick is None:
             return None
@@ -391,6 +406,30 @@ def _mix(s: _Search, cand: Candidate, first: Tried, max_layers: int, limit: int 
         if tried.passed:
             return tried
     return None
+
+
+def _out_of_reach(first: Tried, ranked: list[Any], max_layers: int) -> str:
+    """Why keeping `max_layers` layers cannot lift `first` over the gate, or "".
+
+    The measured losses say how the noise is spread: if the most sensitive `max_layers`
+    layers add a fraction f of all the noise the layers add, keeping them leaves about
+    (1 - f) of the output's noise. A candidate whose noise stays above twice the gate's even
+    then (margin for the estimate) is not mixed: a net that loses a little in each of many
+    layers is not rescued by keeping a few, and each try is a compile and a gate. (The
+    estimate is local: on minilm-l6's Core ML package it did not fire, docs/benchmarks.md.)
+    """
+    total = sum(x.added_noise for x in ranked)
+    snr = first.row.get("vs_fp32", {}).get("snr_db")
+    if total <= 0 or snr is None:
+        return ""
+    share = sum(x.added_noise for x in ranked[:max_layers]) / total
+    left = 10 ** (-float(snr) / 10) * (1 - share)
+    if left <= 2 * 10 ** (-INT8_SNR_DB / 10):
+        return ""
+    return (f"not tried: the {min(max_layers, len(ranked))} most sensitive of {len(ranked)} "
+            f"layers add {100 * share:.0f}% of the measured loss; keeping them leaves about "
+            f"{-10 * math.log10(left):.1f} dB, short of the gate's {INT8_SNR_DB:g} dB "
+            "(mixed_max_layers)")
 
 
 def _won(tried: Tried, frontier: dict[str, Any], budget: Budget) -> SearchResult:

@@ -9,7 +9,8 @@ Recognised keys, per platform block:
   16); `layer_diff` ("on" default | "off": the per-layer diff against the FP32 source);
   `task` (the model's task, set by the worker: top-k is checked for "classification");
   `search_budget_seconds` (compile + gate seconds all `precision: auto` searches of one
-  build — this platform and shape variant, all its targets — may spend, default 900);
+  version may spend, default 900: the worker gives each build its share,
+  server/jobs/search_budget.py; a Pipeline run alone spends it on its one build);
   `deny_ops` / `allow_ops`
   (comma-separated operator names added to / removed from the operator gate's list).
 - coreml: `precision` (fp16 | fp32 | auto), `minimum_deployment_target`, `weight_compression`,

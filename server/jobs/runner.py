@@ -59,6 +59,7 @@ from server.db.models import (
 from server.db.types import utcnow
 from server.delta import DeltaPolicy
 from server.hashing import file_sha256
+from server.jobs import search_budget
 from server.jobs.lease import Lease, RetryPolicy, public_worker_name
 from server.jobs.patch_runner import patch_before_ready
 from server.observability.metrics import BUILD_JOBS
@@ -204,6 +205,9 @@ class BuildRunner:
             platform, settings = build.platform, dict(build.compile_settings or {})
             # The model's task decides which outputs the numeric gate checks top-k on.
             settings["task"] = task.value
+            # precision auto: this build's share of the version's search budget.
+            settings = search_budget.with_share(settings,
+                                                search_budget.version_share(s, build))
             variant = build.variant
             marks = meta.get("watermark") or None
             watermark = None

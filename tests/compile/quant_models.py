@@ -1,9 +1,10 @@
 """Small ONNX multilayer perceptrons for the quantization tests, written with onnx.helper (no
 export: milliseconds to build), with reference and calibration inputs from separate draws.
 
-`outlier_layer` gives that layer's weights a few huge values in every output row, so one
-scale per channel (or per block) has to span them and the layer's ordinary weights lose
-most of their bits when quantized: a layer that is measurably the most sensitive one.
+`outlier_layer` (one index or several) gives that layer's weights a few huge values in every
+output row, so one scale per channel (or per block) has to span them and the layer's
+ordinary weights lose most of their bits when quantized: a layer that is measurably the
+most sensitive one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from tests.compile.compile_models import ModelFiles, onnx_model
 
 
 def mlp(tmp: Path, name: str, widths: tuple[int, ...] = (64, 64, 64, 32), seed: int = 0,
-        outlier_layer: int | None = None, outlier: float = 60.0) -> ModelFiles:
+        outlier_layer: int | tuple[int, ...] | None = None, outlier: float = 60.0
+        ) -> ModelFiles:
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -26,7 +28,7 @@ def mlp(tmp: Path, name: str, widths: tuple[int, ...] = (64, 64, 64, 32), seed: 
     x = "x"
     for i, (a, b) in enumerate(itertools.pairwise(widths)):
         w = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
-        if i == outlier_layer:
+        if i == outlier_layer or (isinstance(outlier_layer, tuple) and i in outlier_layer):
             rows = rng.integers(0, a, size=b)
             w[rows, np.arange(b)] *= outlier  # one outlier per output channel
         inits += [numpy_helper.from_array(w, f"w{i}"),

@@ -324,3 +324,30 @@ def test_inputs_named_like_tensorflow_or_a_mil_keyword_feed_the_core_ml_gate(
                                       reference_path=tmp_path / "ref.npz"), tmp_path / "w")
     assert o.state == "ready", o.error
     assert o.gates["numeric"]["status"] == "passed"
+
+
+def _tied_head(perm: list[int]) -> onnx.ModelProto:
+    """GPT-2's tied LM head: Gather(E, ids) → MatMul(·, Transpose(E)); E is square here so
+    that an identity `perm` gives the same shapes."""
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["h"], axis=0),
+             helper.make_node("Transpose", ["emb"], ["emb_t"], perm=perm),
+             helper.make_node("MatMul", ["h", "emb_t"], ["logits"])]
+    return graph(nodes, {"ids": np.array([[1, 5, 7]], np.int64)},
+                 {"emb": rand(64, 64, seed=3)}, opset=17)
+
+
+@pytest.mark.parametrize("perm", [[1, 0], [0, 1]])
+def test_tied_embedding_is_stored_once_and_matches_onnxruntime(tmp_path: Path,
+                                                                perm: list[int]) -> None:
+    model = _tied_head(perm)
+    feeds = {"ids": np.array([[1, 5, 7]], np.int64)}
+    assert_matches_onnxruntime(model, feeds, rtol=1e-3, atol=1e-3)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    spec = (InputSpec("ids", (1, 3), "int64"),)
+    (art,) = CoreMLCompiler().compile(CompileRequest(
+        tmp_path / "m.onnx", SourceFormat.ONNX, spec, onnx_path=tmp_path / "m.onnx",
+        settings={"coreml": {"precision": "fp32"}}), tmp_path)
+    weights = (art.path / "Data/com.apple.CoreML/weights/weight.bin").stat().st_size
+    # One 64x64 FP32 table (16 kB) and a blob header; a transposed copy would double it. (An
+    # identity perm is no transpose: that MatMul reads E itself, and numerics must match.)
+    assert 64 * 64 * 4 <= weights < 2 * 64 * 64 * 4

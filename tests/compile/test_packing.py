@@ -60,6 +60,23 @@ def test_archive_is_uncompressed_with_fixed_owners_and_sorted_entries(tmp_path):
     assert bytes(range(256)) in packed.path.read_bytes()
 
 
+def test_archive_ends_at_its_end_of_archive_blocks_without_record_padding(tmp_path):
+    """tarfile pads to a 10 KiB record; the shipped artifact stops at the two zero blocks."""
+    packed = pack_directory(make_tree(tmp_path, mtime=0), tmp_path / "m.tar")
+    data = packed.path.read_bytes()
+    with tarfile.open(packed.path, mode="r:") as tar:
+        members = tar.getmembers()
+        last = members[-1]
+        end = last.offset_data + -(-last.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    assert packed.length == len(data) == end + 2 * tarfile.BLOCKSIZE
+    assert data[end:] == bytes(2 * tarfile.BLOCKSIZE) and packed.length % tarfile.RECORDSIZE
+    # Both unpackers (server, and the SDK's plain tarfile.open) read it whole.
+    root = unpack_directory(packed.path, tmp_path / "out")
+    assert (root / "Data/com.apple.CoreML/weights/weight.bin").read_bytes() == bytes(range(256))
+    with tarfile.open(packed.path) as tar:
+        assert [m.name for m in tar.getmembers()] == [m.name for m in members]
+
+
 def test_unpack_round_trips_the_tree(tmp_path):
     src = make_tree(tmp_path / "src", mtime=5)
     packed = pack_directory(src, tmp_path / "m.tar")

@@ -68,6 +68,25 @@ def test_auto_ships_the_smallest_candidate_that_passes_and_skips_one_failing_the
     assert out.artifact is not None
 
 
+def test_auto_compresses_weights_below_coremltools_default_threshold(tmp_path):
+    # Every weight is under 2048 elements (40x40, 40x16), coremltools' default threshold: a
+    # search at that default compiled no quantized candidate ("compressed no weight").
+    small = mlp(tmp_path, "small", (40, 40, 16))
+    (out,) = _build(small, "coreml", {"coreml": {"precision": "auto",
+                                                 "minimum_deployment_target": "iOS18"}},
+                    tmp_path / "auto")
+    assert out.state == "ready", out.error
+    tried = {r["candidate"]: r for r in out.gates["precision_search"]["tried"]}
+    assert tried["int8"]["outcome"] == "passed" and out.precision == "int8"
+    assert out.compile_settings["weight_threshold"] == 256
+    assert out.variant == "fp16-int8"
+    # A version's own threshold still wins.
+    (own,) = _build(small, "coreml", {"coreml": {"precision": "auto", "weight_threshold": 2048,
+                                                 "minimum_deployment_target": "iOS18"}},
+                    tmp_path / "own")
+    assert own.precision == "fp16" and own.compile_settings["weight_threshold"] == 2048
+
+
 def test_each_qnn_target_gets_its_own_search(nets, tmp_path):
     settings = pipeline_settings("qnn", {"precision": "auto", "targets": "SM8650,SM8350",
                                          "search_candidates": "w4a16,w8a16,fp16"})
@@ -102,6 +121,22 @@ def test_mixed_keeps_the_measured_most_sensitive_layer_at_fp16_until_the_gate_pa
     assert kept["kept_because"]["layer"].startswith("a0") and kept["kept_layers"] == [
         kept["kept_because"]["layer"]]
     assert out.compile_settings["keep_ops"] == kept["kept_because"]["layer"]
+
+
+def test_mixed_skips_a_candidate_whose_loss_is_spread_over_more_layers_than_it_may_keep(
+        tmp_path):
+    # Nine alike layers, eight with outliers: INT8 loses a few dB in each, none stands out,
+    # so keeping the two most sensitive (mixed_max_layers 2) cannot lift it over 40 dB.
+    deep = mlp(tmp_path, "deep", (64,) * 9 + (32,), outlier_layer=tuple(range(8)),
+               outlier=8.0)
+    (out,) = _build(deep, "coreml", _coreml(search_candidates="int8,fp16", mixed=True,
+                                            mixed_max_layers=2), tmp_path / "w")
+    assert out.state == "ready" and out.variant == "fp16", out.error
+    assert _tried(out) == ["int8", "fp16"]
+    int8 = out.gates["precision_search"]["tried"][0]
+    assert int8["vs_fp32"]["snr_db"] < 40
+    assert int8["mixed"].startswith("not tried: the 2 most sensitive of 9 layers"), int8
+    assert "mixed_max_layers" in int8["mixed"]
 
 
 def test_qnn_mixed_gives_an_htp_without_fp16_an_int8_artifact(nets, tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.compile import CompileRequest, SourceFormat
+from server.compile import CompileRequest, InputSpec, SourceFormat
 from server.compile.compilers.coreml import CoreMLCompiler
 from server.compile.compilers.qnn import QnnCompiler
 from server.compile.errors import InvalidSourceError
@@ -87,6 +87,24 @@ def test_a_block_size_that_divides_no_weight_is_refused_not_shipped_uncompressed
                 minimum_deployment_target="iOS18")
 
 
+def test_weights_a_block_does_not_fit_get_int8_per_channel_not_fp16(tmp_path):
+    # 48 input channels: block 32 does not divide the first layer's, does the second's (64).
+    odd = mlp(tmp_path, "odd", (48, 64, 32))
+    art = _coreml(odd, tmp_path / "int4", weight_compression="int4-block32",
+                  minimum_deployment_target="iOS18")
+    linears = [o for o in MilExecutor(art.path).operations if o.type == "linear"]
+    assert len(linears) == 2
+    # Both weights are compressed (before: the first stayed FP16, the package outweighing
+    # its own INT8 build), and the package is smaller than the INT8 per-channel one.
+    assert any("2 weight tensor(s) compressed" in n for n in art.notes), art.notes
+    int8 = _coreml(odd, tmp_path / "int8", weight_compression="int8",
+                   minimum_deployment_target="iOS18")
+    assert _weights_bytes(art.path) < _weights_bytes(int8.path)
+    feeds = load_samples(odd.reference, odd.inputs)
+    (got,) = CoreMLCompiler().run(art, feeds[:1])[0]
+    assert snr_db(run_onnx_cpu(odd.onnx, feeds[:1])[0][0], got) > 12.0
+
+
 def test_unknown_compression_names_the_schemes(net, tmp_path):
     with pytest.raises(InvalidSourceError, match="int4-block<N>"):
         _coreml(net, tmp_path, weight_compression="int3")
@@ -100,6 +118,38 @@ def test_core_ml_keep_ops_leaves_that_layer_uncompressed(net, tmp_path):
     count = sum(o.type.startswith("constexpr_") for o in MilExecutor(kept.path).operations)
     assert count == 1  # of the two linear weights, only the other one
     assert kept.compile_settings["keep_ops"] == first and kept.target.variant.endswith("keep1")
+
+
+def test_keeping_one_reader_of_a_shared_weight_keeps_it_for_all(tmp_path):
+    """A tied LM head's table is one const read by the gather and the matmul: keeping the
+    matmul (what the precision search's mixed pass asks) used to fail the compile with
+    coremltools' "compression config conflict"."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    emb = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "ids"], ["h"], axis=0),
+         helper.make_node("Transpose", ["emb"], ["emb_t"], perm=[1, 0]),
+         helper.make_node("MatMul", ["h", "emb_t"], ["logits"]),
+         helper.make_node("MatMul", ["logits", "head"], ["y"])], "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 16])],
+        [numpy_helper.from_array(emb, "emb"),
+         numpy_helper.from_array(emb[:, :16].copy(), "head")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "tied.onnx"))
+    tied = ModelFiles("tied", (InputSpec("ids", (1, 3), "int64"),), tmp_path / "tied.onnx",
+                      tmp_path / "tied.onnx", tmp_path / "tied.onnx", tmp_path / "tied.onnx")
+    full = _coreml(tied, tmp_path / "full", weight_compression="int8")
+    ops = MilExecutor(full.path).operations
+    assert sum(o.type.startswith("constexpr_") for o in ops) == 2  # the table and the head
+    matmul = next(o for o in ops if o.type in ("matmul", "linear"))  # the tied one
+    name = matmul.attributes["name"].immediateValue.tensor.strings.values[0]
+    kept = _coreml(tied, tmp_path / "kept", weight_compression="int8", keep_ops=[name])
+    # The table stays FP16 for the gather too; only the head's weight is compressed.
+    assert sum(o.type.startswith("constexpr_") for o in MilExecutor(kept.path).operations) == 1
+    assert kept.compile_settings["keep_ops"] == name
 
 
 def _qnn(net: ModelFiles, out: Path, precision: str, arch: str = "75", **opts: object

@@ -5,12 +5,15 @@ Schemes (`weight_compression`):
 - `int8`: linear symmetric INT8, one scale per output channel;
 - `int8-block<N>` / `int4-block<N>`: linear symmetric INT8 / INT4 with one scale per block of
   N input-channel weights (coremltools' `granularity="per_block"`), which Core ML stores as
-  `constexpr_blockwise_shift_scale`: an iOS18 / macOS15 op, so these need that target;
+  `constexpr_blockwise_shift_scale`: an iOS18 / macOS15 op, so these need that target; a
+  weight whose input channels N does not divide gets INT8 per output channel instead (not
+  FP16, coremltools' own fallback), unless N divides no weight at all (refused);
 - `palettize<B>` (B in 1, 2, 3, 4, 6, 8): a 2^B-entry lookup table per tensor
   (`constexpr_lut_to_dense`).
 
 `keep_ops` names MIL ops whose weights stay uncompressed (mixed precision: the precision
-search keeps the layers that lose the most at FP16 this way, via `op_name_configs`).
+search keeps the layers that lose the most at FP16 this way, via `op_name_configs`); a
+weight a kept op shares with other ops stays uncompressed for all of them.
 """
 
 from __future__ import annotations
@@ -89,11 +92,14 @@ def compress(mlmodel: Any, c: Compression, threshold: int, palette_mode: str,
     else:
         op_config = cto.OpPalettizerConfig(mode=palette_mode, nbits=c.nbits,
                                            weight_threshold=threshold)
+    keep_ops = with_shared_weights(mlmodel, keep_ops)
     # None in op_name_configs: that op's weights stay as they are (coremltools' own opt-out).
     cfg = cto.OptimizationConfig(global_config=op_config,
                                  op_name_configs=dict.fromkeys(keep_ops))
     if c.kind == "linear":
         out = cto.linear_quantize_weights(mlmodel, config=cfg)
+        if c.block_size and compressed_weights(out):
+            out = _per_channel_rest(out, threshold, keep_ops)
     else:
         out = cto.palettize_weights(mlmodel, config=cfg)
     if not compressed_weights(out):
@@ -107,6 +113,48 @@ def compress(mlmodel: Any, c: Compression, threshold: int, palette_mode: str,
             + ". Lower weight_threshold, pick a block size that divides the channels, or use "
             "weight_compression int8.")
     return out
+
+
+def with_shared_weights(mlmodel: Any, keep_ops: tuple[str, ...]) -> tuple[str, ...]:
+    """`keep_ops` and every other op reading a weight one of them reads.
+
+    A weight two ops share (a tied LM head: the embedding's gather and the logits' matmul)
+    is one const; keeping it for one consumer and compressing it for the other is a
+    "compression config conflict" in coremltools, so keeping one keeps it for all.
+    """
+    if not keep_ops:
+        return keep_ops
+    wanted, out = set(keep_ops), list(keep_ops)
+    for fn in mlmodel._mil_program.functions.values():
+        for op in fn.operations:
+            if op.name not in wanted:
+                continue
+            args = [v for arg in op.inputs.values()
+                    for v in (arg if isinstance(arg, (list, tuple)) else [arg])]
+            for var in args:
+                if getattr(var, "op", None) is None or var.op.op_type != "const":
+                    continue
+                for child in var.child_ops:
+                    if child.name not in wanted:
+                        wanted.add(child.name)
+                        out.append(child.name)
+    return tuple(out)
+
+
+def _per_channel_rest(mlmodel: Any, threshold: int, keep_ops: tuple[str, ...]) -> Any:
+    """INT8 per output channel for the weights a block-wise pass left uncompressed.
+
+    coremltools skips a weight whose input channels the block size does not divide (a first
+    conv on 3 channels, a 16-channel conv at block 32) and leaves it FP16: on a small conv
+    net those are most of the weights, so "int4-block32" came out larger than "int8". Per
+    channel INT8 is the scheme that fits any shape, and never less precise than the block.
+    """
+    from coremltools.optimize import coreml as cto
+
+    rest = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8",
+                                       weight_threshold=threshold)
+    return cto.linear_quantize_weights(mlmodel, config=cto.OptimizationConfig(
+        global_config=rest, op_name_configs=dict.fromkeys(keep_ops)))
 
 
 def compressed_weights(mlmodel: Any) -> int:

@@ -65,6 +65,29 @@ def to_mil_array(a: NDArray[Any], what: str = "constant") -> NDArray[Any]:
     raise ConversionError(f"{what} has dtype {a.dtype}, which Core ML cannot compute in")
 
 
+class TransposedConst(np.ndarray):
+    """A folded 2-D Transpose of a constant, remembering that constant (`source`).
+
+    A tied LM head reads the token embedding twice: Gather(E) and MatMul(x, Transpose(E)).
+    Folding the Transpose gives the MatMul a second, transposed copy of E, which Core ML
+    then stores beside the first (gpt2: half the weights twice). The MatMul rule reads
+    `source` with `transpose_y` instead, so both consumers hold the same values and
+    coremltools' const deduplication keeps one copy. Anything computed from it is a plain
+    array again (`source` is not inherited).
+    """
+
+    source: NDArray[Any] | None = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.source = None
+
+
+def transposed_const(value: NDArray[Any], source: NDArray[Any]) -> TransposedConst:
+    out = np.asarray(value).view(TransposedConst)
+    out.source = source
+    return out
+
+
 def is_const(v: Value) -> bool:
     return isinstance(v, np.ndarray)
 

@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 from coremltools.converters.mil import Builder as mb
 
-from server.compile.onnx_mil.context import NodeContext, dtype_of, is_const, shape_of
+from server.compile.onnx_mil.context import (
+    NodeContext,
+    TransposedConst,
+    dtype_of,
+    is_const,
+    shape_of,
+)
 from server.compile.onnx_mil.registry import Outputs, onnx_op
 
 
@@ -425,6 +431,12 @@ def matmul(ctx: NodeContext) -> Outputs:
     unit axis is dropped from the result."""
     a, b = ctx.raw(0), ctx.raw(1)
     ref = b if is_const(a) else a
+    if isinstance(b, TransposedConst) and b.source is not None and not is_const(a) and \
+            len(shape_of(a)) > 1:
+        # Transpose(E) of a constant: read E as stored (one copy when E is also a Gather's
+        # table, a tied LM head), transposed by the matmul.
+        return [mb.matmul(x=a, y=ctx.as_var(ctx.like(b.source, a)), transpose_y=True,
+                          name=ctx.name())]
     va, vb = ctx.as_var(ctx.like(a, ref)), ctx.as_var(ctx.like(b, ref))
     ra, rb = len(shape_of(va)), len(shape_of(vb))
     if ra > 1 and rb > 1:
