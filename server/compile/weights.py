@@ -9,9 +9,11 @@ quantized input of a DequantizeLinear (other integers are shapes and indices); i
 are its integers, so scale or zero point changes do not matter.
 
 Formats: an ONNX file (protobuf, external data refused); a Core ML `.mlpackage` directory,
-or one packed as our deterministic tar (server/compile/packing.py) or as a zip (how an app
-bundle or a leak may carry it). A QNN context binary's weights are compiled into the HTP
-graph, laid out for the DSP, and not readable: it is neither marked nor identified here.
+or one packed as our deterministic tar (server/compile/packing.py), a compressed tar or a
+zip (how an app bundle or a leak may carry it) — unpacked only when its headers add up to
+at most `MAX_WEIGHT_FILE_BYTES` and `MAX_ENTRIES` (a leaked file is hostile input). A QNN
+context binary's weights are compiled into the HTP graph, laid out for the DSP, and not
+readable: it is neither marked nor identified here.
 
 Rewriting keeps everything but the weight values: ONNX initializers are replaced in place
 (same name, dtype, shape); a Core ML weight file is rewritten blob by blob through
@@ -34,9 +36,11 @@ from typing import Any
 import numpy as np
 
 MIN_ELEMENTS = 64
-MAX_WEIGHT_FILE_BYTES = 8 * 1024**3
+MAX_WEIGHT_FILE_BYTES = 8 * 1024**3  # also the cap on what an archive may unpack to
+MAX_ENTRIES = 100_000  # an .mlpackage holds a handful of files
 FLOATS = ("float16", "float32")
 INTS = ("int8", "uint8")
+COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")  # gzip, bzip2, xz: a compressed tar
 QUANTIZED_SUFFIX = "_quantized"  # onnxruntime's quantizers: X → X_quantized, X_scale, …
 
 
@@ -65,7 +69,8 @@ def kind_of(path: Path) -> str:
         raise WeightsError(f"{path.name} is a directory but no .mlpackage (no Manifest.json)")
     with path.open("rb") as f:
         head = f.read(512)
-    if head[:4] == b"PK\x03\x04" or (len(head) >= 262 and head[257:262] == b"ustar"):
+    if head[:4] == b"PK\x03\x04" or head.startswith(COMPRESSED) or \
+            (len(head) >= 262 and head[257:262] == b"ustar"):
         return "mlpackage"
     if path.suffix in (".bin", ".dlc"):
         raise WeightsError(f"{path.name} looks like a QNN context binary: its weights are "
@@ -297,9 +302,11 @@ def _package_dir(path: Path) -> Iterator[Path]:
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as z:
-                if sum(i.file_size for i in z.infolist()) > MAX_WEIGHT_FILE_BYTES:
+                if len(z.infolist()) > MAX_ENTRIES or \
+                        sum(i.file_size for i in z.infolist()) > MAX_WEIGHT_FILE_BYTES:
                     raise WeightsError(f"{path.name} unpacks to more than "
-                                       f"{MAX_WEIGHT_FILE_BYTES} bytes")
+                                       f"{MAX_WEIGHT_FILE_BYTES} bytes or {MAX_ENTRIES} "
+                                       "entries")
                 for info in z.infolist():
                     target = (tmp / info.filename).resolve()
                     if tmp.resolve() not in target.parents:
@@ -308,7 +315,8 @@ def _package_dir(path: Path) -> Iterator[Path]:
         else:
             try:
                 with tarfile.open(path, mode="r:*") as tar:
-                    tar.extractall(tmp, filter="data")
+                    members = _capped_members(tar, path.name)
+                    tar.extractall(tmp, members=members, filter="data")
             except (tarfile.TarError, OSError) as e:
                 raise WeightsError(f"{path.name} is not a readable .mlpackage archive: {e}"
                                    ) from None
@@ -318,3 +326,18 @@ def _package_dir(path: Path) -> Iterator[Path]:
         yield found[0]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _capped_members(tar: tarfile.TarFile, name: str) -> list[tarfile.TarInfo]:
+    """The archive's members, refused as soon as their sizes add up to more than
+    `MAX_WEIGHT_FILE_BYTES` or they outnumber `MAX_ENTRIES` (a tar bomb: a small compressed
+    file that unpacks to more than the disk holds). The headers are read one by one, so the
+    check stops at the first member over the cap and nothing is written before it."""
+    members, total = [], 0
+    for info in tar:
+        total += max(info.size, 0)
+        members.append(info)
+        if total > MAX_WEIGHT_FILE_BYTES or len(members) > MAX_ENTRIES:
+            raise WeightsError(f"{name} unpacks to more than {MAX_WEIGHT_FILE_BYTES} bytes "
+                               f"or {MAX_ENTRIES} entries")
+    return members
