@@ -15,8 +15,13 @@ import pytest
 from server.compile import weights
 
 
-def _no_leftovers(tmp: Path) -> list[Path]:
-    return [p for p in tmp.rglob("*") if p.is_file()]
+def _refused_with_nothing_written(bomb: Path, tmp_path: Path, monkeypatch) -> None:
+    scratch = tmp_path / "scratch"  # where weights.py unpacks (tempfile's directory)
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with pytest.raises(weights.WeightsError, match="unpacks to more than"):
+        weights.read(bomb)
+    assert [p for p in scratch.rglob("*") if p.is_file()] == []
 
 
 def test_sparse_tar_bomb_of_9_gib_is_refused_before_unpacking(tmp_path, monkeypatch):
@@ -30,13 +35,7 @@ def test_sparse_tar_bomb_of_9_gib_is_refused_before_unpacking(tmp_path, monkeypa
     bomb = tmp_path / "leak.tar.gz"
     subprocess.run(["tar", "-cSzf", str(bomb), "-C", str(pkg.parent), pkg.name], check=True)
     assert bomb.stat().st_size < 4096
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-
-    with pytest.raises(weights.WeightsError, match="unpacks to more than"):
-        weights.read(bomb)
-    assert _no_leftovers(scratch) == []
+    _refused_with_nothing_written(bomb, tmp_path, monkeypatch)
 
 
 def test_gzip_tar_bomb_is_refused_at_the_first_member_over_the_cap(tmp_path, monkeypatch):
@@ -53,13 +52,7 @@ def test_gzip_tar_bomb_is_refused_at_the_first_member_over_the_cap(tmp_path, mon
         manifest.size = 2
         tar.addfile(manifest, io.BytesIO(b"{}"))
     assert bomb.stat().st_size < 1024**2
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-
-    with pytest.raises(weights.WeightsError, match="unpacks to more than"):
-        weights.read(bomb)
-    assert _no_leftovers(scratch) == []
+    _refused_with_nothing_written(bomb, tmp_path, monkeypatch)
 
 
 def test_inode_bomb_tar_with_more_entries_than_the_cap_is_refused(tmp_path):
