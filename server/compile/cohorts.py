@@ -1,10 +1,9 @@
 """Per-cohort watermarked copies of a gated artifact (issue 23; docs/security.md).
 
-A version with `watermark: {cohorts: N}` gets, for each artifact whose weights are readable
-here (ONNX, Core ML .mlpackage — server/compile/weights.py), N copies: copy c's weights
-carry cohort c's keyed fingerprint (server/watermark.py), embedded in the dtype each weight
-really has after conversion and quantization. Every copy passes two checks before it is
-packed, else the outcome fails naming the cohort:
+A version with `watermark: {cohorts: N}` gets, for each ONNX, Core ML .mlpackage or QNN
+artifact, N copies: copy c's weights carry cohort c's keyed fingerprint (server/watermark.py),
+embedded in the dtype each weight really has after conversion and quantization. Every copy
+passes two checks before it is packed, else the outcome fails naming the cohort:
 
 - the watermark's own cost: each output of the copy against the unmarked artifact's, on the
   reference inputs, PSNR ≥ `MIN_PSNR_DB` (the seed's 60 dB; peak = max |unmarked output|;
@@ -14,9 +13,12 @@ packed, else the outcome fails naming the cohort:
   unmarked artifact has passed) is the watermark's 60 dB for its copies: their FP32 weights
   move by FP16 steps on purpose, so that an FP16 conversion cannot wash the mark out.
 
+A QNN artifact's weights are compiled into its context binary, so its copies are not
+re-marked files but the HTP's source graph marked in the HTP's precision and compiled again
+(server/compile/qnn_marks.py): one HTP compile per cohort, each gated like the others.
+
 The key is the release's (server/watermark.release_key), never the server's secret: this
-runs inside the compile sandbox. A QNN context binary's weights are compiled for the DSP and
-not readable, so QNN artifacts stay unmarked (the gate report says so).
+runs inside the compile sandbox.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from server import watermark as wm
-from server.compile import weights
+from server.compile import qnn_marks, weights
 from server.compile.compilers.base import Compiler
 from server.compile.gates.numeric import thresholds_for
 from server.compile.gates.verdict import Reference, numeric_gate
@@ -39,7 +41,7 @@ from server.compile.packing import PackedArtifact, pack
 from server.compile.types import CompiledArtifact, CompileRequest, Precision
 
 MIN_PSNR_DB = 60.0
-MARKED_FORMATS = ("onnx", "mlpackage")
+MARKED_FORMATS = ("onnx", "mlpackage", "onnx-epcontext")
 Log = Callable[[str], None]
 
 
@@ -96,12 +98,30 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         why = (f"{fmt} artifacts are not marked: their weights are compiled for the target "
                "and cannot be read back (docs/security.md)")
         return CohortResult([], {"status": "not_supported", "reason": why})
+    graph = Path(str(art.extra.get("htp_graph", ""))) if fmt == qnn_marks.EPCONTEXT_FORMAT \
+        else None
+    if graph is not None and (not graph.is_file() or not qnn_marks.mark_graph(
+            graph, pdir / "cohorts" / "probe.onnx", spec.key, 0, art.precision)):
+        why = ("this QNN build has no weight the HTP stores in a precision marked here "
+               "(FP16 floats, 8-bit quantized weights; INT4 is not)")
+        return CohortResult([], {"status": "not_supported", "reason": why})
+    (pdir / "cohorts" / "probe.onnx").unlink(missing_ok=True)
     unmarked = compiler.run(art, ref.feeds) if ref.outputs is not None and \
         art.runnable_here else None
     worst_psnr, packed = math.inf, []
     for c in range(spec.cohorts):
-        copy = mark_copy(art.path, pdir / "cohorts" / str(c) / art.path.name, spec.key, c)
-        marked = replace(art, path=copy)
+        where = pdir / "cohorts" / str(c)
+        if graph is None:
+            marked = replace(art, path=mark_copy(art.path, where / art.path.name, spec.key, c))
+        else:  # the HTP's source graph marked, then compiled again (qnn_marks.py)
+            qnn_marks.mark_graph(graph, where / "graph.onnx", spec.key, c, art.precision)
+            try:
+                marked = qnn_marks.compile_cohort(art, where / "graph.onnx",
+                                                  where / art.path.name)
+            except Exception as e:  # the cohort's failure, named, not the worker's crash
+                return CohortResult([], _gate(spec, worst_psnr, "failed"),
+                                    f"cohort {c}'s QNN compile failed: {str(e)[:300]}")
+        copy = marked.path
         if unmarked is not None:
             psnr = output_psnr_db(unmarked, compiler.run(marked, ref.feeds))
             worst_psnr = min(worst_psnr, psnr)
