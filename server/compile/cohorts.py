@@ -90,6 +90,36 @@ def mark_copy(src: Path, dest: Path, key: bytes, cohort: int) -> Path:
     return dest
 
 
+def min_marked(cohorts: int) -> int:
+    """The fewest marked weights whose exact copy can score the z that names one of
+    `cohorts` cohorts (z = √marked at best; N·exp(−z²/2) ≤ the bound)."""
+    return math.ceil(2 * math.log(cohorts / wm.MAX_FALSE_POSITIVE))
+
+
+def marked_weights(art: CompiledArtifact, graph: Path | None, probe: Path,
+                   spec: WatermarkSpec) -> int:
+    """How many weights cohort 0's mark moves in `art` (in the HTP's source `graph` for a
+    QNN artifact), from a marked probe copy."""
+    if graph is not None:
+        if not graph.is_file():
+            return 0
+        src, copy = graph, probe / "graph.onnx"
+        qnn_marks.mark_graph(src, copy, spec.key, 0, art.precision)
+    else:
+        src, copy = art.path, mark_copy(art.path, probe / art.path.name, spec.key, 0)
+    try:
+        before = {t.name: t.values for t in weights.read(src)}
+        return sum(_changed(before[t.name], t.values) for t in weights.read(copy)
+                   if t.name in before)
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+
+
+def _changed(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
+    bits = f"u{a.dtype.itemsize}"  # compared as bit patterns: NaN is unchanged
+    return int(np.count_nonzero(a.view(bits) != b.view(bits)))
+
+
 def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileRequest,
                   ref: Reference, pdir: Path, spec: WatermarkSpec, log: Log) -> CohortResult:
     """The N marked, gated and packed copies of `art` (or the first failure)."""
@@ -100,12 +130,15 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         return CohortResult([], {"status": "not_supported", "reason": why})
     graph = Path(str(art.extra.get("htp_graph", ""))) if fmt == qnn_marks.EPCONTEXT_FORMAT \
         else None
-    if graph is not None and (not graph.is_file() or not qnn_marks.mark_graph(
-            graph, pdir / "cohorts" / "probe.onnx", spec.key, 0, art.precision)):
-        why = ("this QNN build has no weight the HTP stores in a precision marked here "
-               "(FP16 floats, 8-bit quantized weights; INT4 is not)")
-        return CohortResult([], {"status": "not_supported", "reason": why})
-    (pdir / "cohorts" / "probe.onnx").unlink(missing_ok=True)
+    moved, needed = marked_weights(art, graph, pdir / "cohorts" / "probe", spec), \
+        min_marked(spec.cohorts)
+    if moved < needed:
+        why = (f"the mark moves {moved} weight(s) of this artifact, fewer than the {needed} "
+               f"that naming one of {spec.cohorts} cohorts at a false-positive probability "
+               f"≤ {wm.MAX_FALSE_POSITIVE:g} needs even as shipped (FP16/FP32 and 8-bit "
+               "weights are marked; sub-byte and palettized ones, and INT4 QNN builds, not)")
+        return CohortResult([], {"status": "not_supported", "reason": why,
+                                 "marked_weights": moved})
     unmarked = compiler.run(art, ref.feeds) if ref.outputs is not None and \
         art.runnable_here else None
     worst_psnr, packed = math.inf, []
@@ -139,7 +172,7 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
     log(f"[{art.target.variant}/{art.target.platform}] {spec.cohorts} watermarked cohort "
         f"artifacts {status}" + (f", lowest output PSNR {worst_psnr:.1f} dB"
                                  if unmarked is not None else ""))
-    return CohortResult(packed, _gate(spec, worst_psnr, status))
+    return CohortResult(packed, {**_gate(spec, worst_psnr, status), "marked_weights": moved})
 
 
 def _marked_request(request: CompileRequest) -> CompileRequest:

@@ -158,17 +158,18 @@ def identify_binary(leaked: bytes, unmarked: bytes, cohorts: Iterable[bytes], wo
     if len(leaked) != len(unmarked) or len(unmarked) % word:
         return wm.Identified(None, 0.0, 1.0)
     signs: list[np.ndarray[Any, Any]] = []
-    marked: np.ndarray[Any, Any] | None = None
+    at: np.ndarray[Any, Any] | None = None  # the candidates: one step off in every cohort
     for blob in cohorts:
         if len(blob) != len(unmarked):
             return wm.Identified(None, 0.0, 1.0)
         s = _steps(blob, unmarked, word)
-        one = np.abs(s) == 1
-        marked = one if marked is None else marked & one
-        signs.append(s)
-    if marked is None or not marked.any():
+        if at is None:
+            at = np.flatnonzero(np.abs(s) == 1)  # kept small: a cohort's marks only
+        signs.append(s[at])
+    if at is None or at.size == 0:
         return wm.Identified(None, 0.0, 1.0)
-    at = np.flatnonzero(marked)
+    keep = np.logical_and.reduce([np.abs(s) == 1 for s in signs])
+    at, signs = at[keep], [s[keep] for s in signs]
     d = _values(leaked, word, at) - _values(unmarked, word, at)
     if word == 1:  # a byte step, whether the HTP stores it signed or not
         d = (d + 128) % 256 - 128
@@ -176,7 +177,7 @@ def identify_binary(leaked: bytes, unmarked: bytes, cohorts: Iterable[bytes], wo
     norm = math.sqrt(float(np.dot(d.astype(np.float64), d.astype(np.float64))))
     if norm <= 0:
         return wm.Identified(None, 0.0, 1.0, int(at.size))
-    z = np.array([float(np.dot(d, s[at].astype(np.float32))) for s in signs]) / norm
+    z = np.array([float(np.dot(d, s.astype(np.float32))) for s in signs]) / norm
     best = int(np.argmax(z))
     p = wm.false_positive(float(z[best]), len(signs))
     return wm.Identified(best if p <= max_false_positive else None, float(z[best]), p,

@@ -52,10 +52,12 @@ class WeightsError(Exception):
 class Tensor:
     name: str
     values: np.ndarray[Any, Any]  # as stored (float16, float32, int8 or uint8), flat
+    weight: bool = True  # False: values that are not weights (palette indices, sub-byte)
 
     @property
     def markable(self) -> bool:
-        return self.values.dtype.name in FLOATS + INTS and self.values.size >= MIN_ELEMENTS
+        return self.weight and self.values.dtype.name in FLOATS + INTS \
+            and self.values.size >= MIN_ELEMENTS
 
 
 Rewrite = Callable[[str, np.ndarray[Any, Any]], np.ndarray[Any, Any]]
@@ -83,7 +85,7 @@ def read(path: Path) -> list[Tensor]:
     if kind_of(path) == "onnx":
         return _onnx_tensors(_load_onnx(path))
     with _package_dir(path) as pkg:
-        return [Tensor(ref.name, ref.read()) for ref in _blob_refs(pkg)[1]]
+        return [Tensor(ref.name, ref.read(), ref.weight) for ref in _blob_refs(pkg)[1]]
 
 
 def by_name(tensors: list[Tensor]) -> dict[str, np.ndarray[Any, Any]]:
@@ -186,7 +188,17 @@ _READ = {"FLOAT16": ("read_fp16_data", "write_fp16_data", np.float16),
          "INT16": ("read_int16_data", "write_int16_data", np.int16),
          "UINT16": ("read_uint16_data", "write_uint16_data", np.uint16),
          "INT32": ("read_int32_data", "write_int32_data", np.int32),
-         "UINT32": ("read_uint32_data", "write_uint32_data", np.uint32)}
+         "UINT32": ("read_uint32_data", "write_uint32_data", np.uint32),
+         # sub-byte: INT4 linear weights, palette indices; read and written back, not marked
+         "INT4": ("read_int4_data", "write_int4_data", np.int8),
+         **{f"UINT{n}": (f"read_uint{n}_data", f"write_uint{n}_data", np.uint8)
+            for n in (1, 2, 3, 4, 6)}}
+SUB_BYTE = ("INT4", "UINT1", "UINT2", "UINT3", "UINT4", "UINT6")
+# What a compressed weight's constexpr op holds besides the weight values: a palettized
+# weight's indices into its table (a step there is another table entry, not a step in value;
+# the table's FP16 entries are marked), and the per-channel or per-block scales, zero points
+# and offsets of a quantized one (a step there moves a whole channel). Never marked.
+NOT_WEIGHTS = ("indices", "zero_point", "scale", "offset", "mask")
 
 
 @dataclass
@@ -197,11 +209,17 @@ class _BlobRef:
     offset: int
     values: list[Any]  # the spec's BlobFileValue messages that point at this blob
     reader: Any
+    op: tuple[str, str] = ("", "")  # (MIL op type, attribute) that holds the blob
+
+    @property
+    def weight(self) -> bool:
+        return self.dtype not in SUB_BYTE and not (self.op[0].startswith("constexpr_")
+                                                   and self.op[1] in NOT_WEIGHTS)
 
     def read(self) -> np.ndarray[Any, Any]:
         if self.dtype not in _READ:
             raise WeightsError(f"weight {self.name} is stored as {self.dtype}, which is not "
-                               "read here (palettized and sub-byte weights are not supported)")
+                               "read here")
         method, _, np_type = _READ[self.dtype]
         raw = np.asarray(getattr(self.reader, method)(self.offset)).reshape(-1)
         # coremltools hands float16 blobs over as their uint16 bit patterns
@@ -227,6 +245,20 @@ def _operations(block: Any) -> Iterator[Any]:
             yield from _operations(inner)
 
 
+def _blob_values(op: Any) -> Iterator[tuple[str, Any]]:
+    """(attribute or input name, Value) of each of the op's weight-file values: attributes
+    (a `const`'s `val`, iOS16/17 constexpr ops), and inputs bound to values (iOS18's
+    constexpr ops: `constexpr_lut_to_dense(indices=…, lut=…)`)."""
+    for attr in sorted(op.attributes):
+        if op.attributes[attr].WhichOneof("value") == "blobFileValue":
+            yield attr, op.attributes[attr]
+    for name in sorted(op.inputs):
+        for arg in op.inputs[name].arguments:
+            if arg.WhichOneof("binding") == "value" and \
+                    arg.value.WhichOneof("value") == "blobFileValue":
+                yield name, arg.value
+
+
 def _blob_refs(pkg: Path) -> tuple[Any, list[_BlobRef]]:
     from coremltools import libmilstoragepython as storage
     from coremltools.proto import MIL_pb2, Model_pb2
@@ -242,10 +274,7 @@ def _blob_refs(pkg: Path) -> tuple[Any, list[_BlobRef]]:
         fn = spec.mlProgram.functions[fname]
         for block_name in sorted(fn.block_specializations):
             for op in _operations(fn.block_specializations[block_name]):
-                for attr in sorted(op.attributes):
-                    value = op.attributes[attr]
-                    if value.WhichOneof("value") != "blobFileValue":
-                        continue
+                for attr, value in _blob_values(op):
                     blob = value.blobFileValue
                     file = _weight_file(pkg, model_file, blob.fileName)
                     if file not in readers:
@@ -253,7 +282,7 @@ def _blob_refs(pkg: Path) -> tuple[Any, list[_BlobRef]]:
                     dtype = MIL_pb2.DataType.Name(value.type.tensorType.dataType)
                     name = f"{op.outputs[0].name if op.outputs else op.type}:{attr}"
                     ref = refs.setdefault((file, blob.offset), _BlobRef(
-                        name, dtype, file, blob.offset, [], readers[file]))
+                        name, dtype, file, blob.offset, [], readers[file], (op.type, attr)))
                     ref.values.append(blob)
     return spec, sorted(refs.values(), key=lambda r: (r.file, r.offset))
 
@@ -275,7 +304,7 @@ def _rewrite_mlpackage(pkg: Path, change: Rewrite) -> None:
         writer = storage._BlobStorageWriter(tmp, truncate_file=True)
         for ref in (r for r in refs if r.file == file):
             values = ref.read()
-            t = Tensor(ref.name, values)
+            t = Tensor(ref.name, values, ref.weight)
             if t.markable:
                 values = _checked(ref.name, values, change(ref.name, values))
             data = np.ascontiguousarray(values)

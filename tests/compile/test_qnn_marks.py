@@ -160,7 +160,8 @@ def test_an_int4_qnn_build_is_not_marked_and_says_why(convmlp, tmp_path):
                      watermark=WatermarkSpec(COHORTS, KEY))
     (o,) = Pipeline().build(spec, tmp_path / "build")
     assert o.cohorts == [] and o.gates["watermark"]["status"] == "not_supported"
-    assert "INT4 is not" in o.gates["watermark"]["reason"]
+    assert "INT4 QNN builds" in o.gates["watermark"]["reason"]
+    assert o.gates["watermark"]["marked_weights"] == 0
 
 
 def test_marking_the_fp16_graph_moves_only_the_masked_weights_by_one_fp16_step(convmlp,
