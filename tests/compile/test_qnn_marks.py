@@ -115,8 +115,9 @@ def test_the_context_binary_stores_each_marked_weight_as_one_word_one_step_off(b
     # The cohorts' steps there are the keyed patterns' signs: ±1, about half each, and the
     # cohorts disagree on about half of the positions.
     signs = np.stack([s[one_step] for s in steps]).astype(np.int32)
-    assert abs(float(signs.mean())) < 0.05
-    assert 0.45 < float((signs[0] != signs[1]).mean()) < 0.55
+    # (within 4 standard deviations: an INT8 build has only ~100 marked positions)
+    assert abs(float(signs.mean())) < 4 / np.sqrt(signs.size)
+    assert abs(float((signs[0] != signs[1]).mean()) - 0.5) < 2 / np.sqrt(signs.shape[1])
 
 
 def test_a_shipped_qnn_artifact_names_its_cohort_and_still_does_after_noise(built):
