@@ -42,6 +42,8 @@ def _named(out, c: int, tmp) -> wm.Identified:  # type: ignore[no-untyped-def]
     return wm.identify_tensors(weights.by_name(read(copy, f"c{c}")), original, KEY, COHORTS)
 
 
+@pytest.mark.timeout(3600)  # a QNN cell is 64 HTP compiles: > 10 min for a 70k-weight
+#                             detector at load 30 (pyproject's default timeout is 600 s)
 @pytest.mark.parametrize("platform", ["onnx", "coreml", "qnn"])
 @pytest.mark.parametrize("name", names())
 def test_every_one_of_64_cohorts_passes_the_gate_the_corpus_model_passes(name, platform,
