@@ -12,8 +12,9 @@ Formats: an ONNX file (protobuf, external data refused); a Core ML `.mlpackage` 
 or one packed as our deterministic tar (server/compile/packing.py), a compressed tar or a
 zip (how an app bundle or a leak may carry it) — unpacked only when its headers add up to
 at most `MAX_WEIGHT_FILE_BYTES` and `MAX_ENTRIES` (a leaked file is hostile input). A QNN
-context binary's weights are compiled into the HTP graph, laid out for the DSP, and not
-readable: it is neither marked nor identified here.
+context binary's weights are compiled into the HTP graph in the DSP's layout: not read as
+tensors here (server/compile/qnn_marks.py marks QNN artifacts and names a leaked binary's
+cohort against the server's own binaries).
 
 Rewriting keeps everything but the weight values: ONNX initializers are replaced in place
 (same name, dtype, shape); a Core ML weight file is rewritten blob by blob through
@@ -76,7 +77,8 @@ def kind_of(path: Path) -> str:
         return "mlpackage"
     if path.suffix in (".bin", ".dlc"):
         raise WeightsError(f"{path.name} looks like a QNN context binary: its weights are "
-                           "compiled for the DSP and cannot be read (docs/security.md)")
+                           "compiled for the DSP and cannot be read as tensors (identify "
+                           "compares it with the server's binaries: server/compile/qnn_marks.py)")
     return "onnx"
 
 
