@@ -4,13 +4,14 @@ Marking. A QNN artifact is an EPContext ONNX file whose context binary the HTP c
 built from a graph (`extra["htp_graph"]`: the FP32 source, its QDQ-quantized form, or either
 rewritten for the HTP). Cohort c's artifact is that graph with cohort c's mark in the
 precision the HTP really uses, compiled again by the same HTP compiler: for an FP16 build,
-every float weight rounded to FP16 and moved by whole FP16 steps (stored back as FP32 that
-the HTP's FP16 conversion keeps exactly); for a QDQ build, the quantized weights (the
-uint8/int8 inputs of DequantizeLinear) moved by ±1, floats left alone. INT4 (w4a16) weights
-are not marked here (no tensor to mark: the build's watermark gate says not_supported).
+each marked float weight set to its FP16 value one FP16 step off (stored as an FP32 that the
+HTP's FP16 conversion keeps exactly; the other weights are left as they were); for a QDQ
+build, the quantized weights (the uint8/int8 inputs of DequantizeLinear) moved by ±1,
+floats left alone. INT4 (w4a16) weights are not marked here (no tensor to mark: the build's
+watermark gate says not_supported).
 
 Reading. The context binary's graph is laid out for the DSP and not parsed here; but a real
-build shows (server/compile/qnn_marks.py tests, docs/security.md) that it stores each weight
+build shows (tests/compile/test_qnn_marks.py, docs/security.md) that it stores each weight
 verbatim in the HTP's precision — one FP16 word, or one byte, per weight, in a tiled order —
 and that the layout does not depend on the values: cohort c's binary differs from the
 unmarked one at exactly one word per marked weight, by one step, in the pattern's direction
@@ -20,7 +21,8 @@ the positions where every cohort's binary moved by exactly one step from the unm
 are the marked weights; cohort c's sign there is its binary's step; d is the leaked value
 minus the unmarked one there, decoded as FP16 (or as a byte step). The signs are the keyed
 patterns' (server/watermark.py), so the same Hoeffding bound holds. It needs every cohort's
-binary, which the server keeps (it serves them).
+binary, which the server keeps (it serves them); a few weights whose step is two bit
+patterns (one FP16 step down from a power of two, a byte wrapping) are left out.
 """
 
 from __future__ import annotations
