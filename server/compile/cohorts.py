@@ -143,17 +143,11 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         art.runnable_here else None
     worst_psnr, packed = math.inf, []
     for c in range(spec.cohorts):
-        where = pdir / "cohorts" / str(c)
-        if graph is None:
-            marked = replace(art, path=mark_copy(art.path, where / art.path.name, spec.key, c))
-        else:  # the HTP's source graph marked, then compiled again (qnn_marks.py)
-            qnn_marks.mark_graph(graph, where / "graph.onnx", spec.key, c, art.precision)
-            try:
-                marked = qnn_marks.compile_cohort(art, where / "graph.onnx",
-                                                  where / art.path.name)
-            except Exception as e:  # the cohort's failure, named, not the worker's crash
-                return CohortResult([], _gate(spec, worst_psnr, "failed"),
-                                    f"cohort {c}'s QNN compile failed: {str(e)[:300]}")
+        try:
+            marked = _cohort_artifact(art, graph, pdir / "cohorts" / str(c), spec, c)
+        except Exception as e:  # the cohort's failure, named, not the worker's crash
+            return CohortResult([], _gate(spec, worst_psnr, "failed"),
+                                f"cohort {c}'s copy could not be made: {str(e)[:300]}")
         copy = marked.path
         if unmarked is not None:
             psnr = output_psnr_db(unmarked, compiler.run(marked, ref.feeds))
@@ -173,6 +167,16 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         f"artifacts {status}" + (f", lowest output PSNR {worst_psnr:.1f} dB"
                                  if unmarked is not None else ""))
     return CohortResult(packed, {**_gate(spec, worst_psnr, status), "marked_weights": moved})
+
+
+def _cohort_artifact(art: CompiledArtifact, graph: Path | None, where: Path,
+                     spec: WatermarkSpec, c: int) -> CompiledArtifact:
+    """Cohort c's copy of `art`: the artifact re-marked, or — for a QNN artifact — the HTP's
+    source `graph` marked and compiled again (qnn_marks.py)."""
+    if graph is None:
+        return replace(art, path=mark_copy(art.path, where / art.path.name, spec.key, c))
+    qnn_marks.mark_graph(graph, where / "graph.onnx", spec.key, c, art.precision)
+    return qnn_marks.compile_cohort(art, where / "graph.onnx", where / art.path.name)
 
 
 def _marked_request(request: CompileRequest) -> CompileRequest:
