@@ -13,7 +13,11 @@ the artifact's dtype (a float16 weight moves by a whole float16 step, which no f
 float32 round trip undoes), an INT8/UINT8 weight by one integer step. Sparse, because a
 float16 or int8 weight cannot move by less than a step, and a step on every weight costs the
 outputs ≈ 15 dB more (√32); the detector knows the mask, so noise on the other weights does
-not dilute it. At 1/32 a 1M-weight MLP's outputs stay at 68 dB (FP16 Core ML) and 75 dB
+not dilute it. Quantized weights are marked far more sparsely (`INT_DENSITY`, 1/8192): one
+INT8 step is ~1/255 of a tensor's range, ~16× an FP16 step, and at 1/32 it cost a w8a16 QNN
+build 40 dB against its unmarked outputs; at 1/8192, 63 dB (tests/compile/test_qnn_marks.py).
+So an INT8 artifact needs ~400k quantized weights for a 1e-9 claim over 64 cohorts. At
+1/32 a 1M-weight MLP's outputs stay at 68 dB (FP16 Core ML) and 75 dB
 (FP32 ONNX) PSNR against the unmarked artifact's (server/compile/cohorts.py checks ≥ 60 dB).
 Zeros (pruned weights), non-finite values and huge constants (|w| ≥ 1e4: masks, not weights)
 stay as they are.
@@ -44,6 +48,7 @@ FLOAT_DTYPES = (np.float16, np.float32)
 INT_DTYPES = (np.int8, np.uint8)
 DEFAULT_STRENGTH = 1.0
 DENSITY = 1 / 32  # share of a tensor's weights moved by one step (see the docstring)
+INT_DENSITY = 1 / 8192  # the same for quantized (int8/uint8) weights (see the docstring)
 LARGEST_MARKED = 1e4  # above: masks and sentinels (-1e9, 65504), never weights
 MAX_FALSE_POSITIVE = 1e-9
 
@@ -79,10 +84,16 @@ def patterns(secret: bytes, cohorts: int, n: int, name: str = ""
     return np.stack([pattern(secret, c, n, name) for c in range(cohorts)]).astype(np.float32)
 
 
-def mask(key: bytes, name: str, n: int) -> np.ndarray[Any, np.dtype[np.bool_]]:
-    """The keyed `DENSITY` share of tensor `name`'s weights that carry the mark — one mask
+def density_for(dtype: Any) -> float:
+    """The share of a tensor's weights marked: `INT_DENSITY` for quantized ones."""
+    return INT_DENSITY if np.dtype(dtype) in INT_DTYPES else DENSITY
+
+
+def mask(key: bytes, name: str, n: int, density: float = DENSITY
+         ) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """The keyed `density` share of tensor `name`'s weights that carry the mark — one mask
     for every cohort, so two cohorts' copies differ only there (and patches stay small)."""
-    return _generator(key, -1, name).random(n) < DENSITY
+    return _generator(key, -1, name).random(n) < density
 
 
 def embed(weights: Array, secret: bytes, cohort: int,
@@ -90,7 +101,8 @@ def embed(weights: Array, secret: bytes, cohort: int,
     """`weights` (float16/float32, or int8/uint8 quantized ones; any shape) carrying cohort
     `cohort`'s fingerprint for tensor `name`, in the same dtype and shape."""
     flat = weights.reshape(-1)
-    signs = pattern(secret, cohort, flat.size, name) * mask(secret, name, flat.size)
+    signs = pattern(secret, cohort, flat.size, name) * \
+        mask(secret, name, flat.size, density_for(weights.dtype))
     if weights.dtype in INT_DTYPES:
         info = np.iinfo(weights.dtype)
         moved = flat.astype(np.int16) + signs
@@ -145,7 +157,7 @@ def identify_tensors(leaked: Mapping[str, Array], original: Iterable[tuple[str, 
         copy = leaked.get(name)
         if copy is None or copy.size != values.size:
             continue
-        marked = mask(key, name, values.size)
+        marked = mask(key, name, values.size, density_for(values.dtype))
         d = (copy.astype(np.float32).reshape(-1) - values.astype(np.float32).reshape(-1))[marked]
         d = np.nan_to_num(d, nan=0.0, posinf=0.0, neginf=0.0)
         norm2 += float(np.dot(d.astype(np.float64), d.astype(np.float64)))

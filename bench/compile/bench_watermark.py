@@ -62,20 +62,76 @@ def _patch_bytes(new: Path, base: Path, workdir: Path) -> int | None:
     return made[0].length if made else None
 
 
-def _identify(art: Path, copy: Path, cohorts: int, workdir: Path) -> Any:
-    from server import watermark as wm
+def _tensors(p: Path, workdir: Path) -> list[Any]:
     from server.compile import weights
     from server.compile.packing import unpack_directory
 
-    def tensors(p: Path, name: str) -> list[weights.Tensor]:
-        return weights.read(unpack_directory(p, workdir / name) if p.suffix == ".tar" else p)
+    return weights.read(unpack_directory(p, workdir) if p.suffix == ".tar" else p)
 
-    original = [(t.name, t.values) for t in tensors(art, "orig") if t.markable]
-    return wm.identify_tensors(weights.by_name(tensors(copy, "copy")), original, KEY, cohorts)
+
+def _attacked(values: np.ndarray, attack: str, rng: np.random.Generator) -> np.ndarray:
+    """A leaked tensor after `attack` (as tests/publish/test_watermark_files.py does them to
+    files): an FP16 round trip, per-tensor symmetric INT8 re-quantization (dequantized, as
+    identify compares a re-quantized copy), or 1% Gaussian noise of each weight's magnitude
+    (on integer weights: noise of σ = 0.5 steps, rounded)."""
+    v = values.astype(np.float32)
+    if values.dtype.kind in "iu" or attack == "shipped":
+        return values if attack != "noise" else v + np.rint(0.5 * rng.standard_normal(v.size))
+    if attack == "fp16":
+        return v.astype(np.float16).astype(np.float32)
+    if attack == "int8":
+        scale = float(np.max(np.abs(v[np.isfinite(v)]), initial=0.0)) / 127 or 1.0
+        return np.asarray(np.clip(np.rint(v / scale), -127, 127) * np.float32(scale))
+    return np.asarray(v * (1 + 0.01 * rng.standard_normal(v.size)).astype(np.float32))
+
+
+ATTACKS = ("shipped", "fp16", "int8", "noise")
+
+
+def _identify(art: Path, copies: list[Path], c: int, cohorts: int, precision: str,
+              workdir: Path) -> dict[str, Any]:
+    """Cohort c's copy named as shipped and after each attack: {attack: (cohort, z)}."""
+    from server import watermark as wm
+    from server.compile import qnn_marks, weights
+
+    rng = np.random.default_rng(c)
+    out: dict[str, Any] = {}
+    if qnn_marks.is_epcontext(art):  # attacks on the binary's stored words
+        word = qnn_marks.word_bytes(precision)
+        unmarked = qnn_marks.context_binary(art)
+        blobs = [qnn_marks.context_binary(p) for p in copies]
+        kind = np.float16 if word == 2 else np.uint8
+        stored = np.frombuffer(blobs[c], kind)
+        for attack in ATTACKS:
+            if attack == "int8":  # needs the tensors' boundaries, which the binary hides
+                out[attack] = None
+                continue
+            with np.errstate(all="ignore"):
+                leaked = _attacked(stored, attack, rng)
+                leaked = np.clip(leaked, 0, 255) if word == 1 else leaked
+            got = qnn_marks.identify_binary(np.asarray(leaked).astype(kind).tobytes(),
+                                            unmarked, blobs, word)
+            out[attack] = (got.cohort, got.z)
+        return out
+    original = [(t.name, t.values) for t in _tensors(art, workdir / "orig") if t.markable]
+    shipped = _tensors(copies[c], workdir / "copy")
+    for attack in ATTACKS:
+        with np.errstate(all="ignore"):
+            copy = {t.name: _attacked(t.values, attack, rng) for t in shipped}
+        got = wm.identify_tensors(weights.by_name([weights.Tensor(n, v)
+                                                   for n, v in copy.items()]),
+                                  original, KEY, cohorts)
+        out[attack] = (got.cohort, got.z)
+    return out
+
+
+_WARM: set[str] = set()
 
 
 def cell(model: Any, plat: str, cohorts: int, workdir: Path) -> dict[str, Any]:
-    _build(model, plat, workdir / "warm", None)  # imports and caches, not timed
+    if plat not in _WARM:  # imports and caches, once per platform, not timed
+        _build(model, plat, workdir / "warm", None)
+        _WARM.add(plat)
     base, base_s = _build(model, plat, workdir / "base", None)
     row: dict[str, Any] = {"model": model.name, "platform": plat, "base": base.state,
                            "base_s": base_s}
@@ -84,9 +140,12 @@ def cell(model: Any, plat: str, cohorts: int, workdir: Path) -> dict[str, Any]:
         return row
     marked, marked_s = _build(model, plat, workdir / "marked", cohorts)
     gate = marked.gates.get("watermark", {})
+    num = (marked.gates.get("numeric") or {}).get("outputs") or [{}]
     row.update(state=marked.state, marked_s=marked_s, gate=gate.get("status"),
                passed=len(marked.cohorts), psnr=gate.get("lowest_output_psnr_db"),
-               error=marked.error[:160], artifact_bytes=base.artifact.length)
+               error=(marked.error or gate.get("reason", ""))[:160],
+               artifact_bytes=base.artifact.length, marked_weights=gate.get("marked_weights"),
+               snr=min((float(o.get("snr_db", np.inf)) for o in num), default=None))
     if marked.state == "ready" and marked.cohorts:
         unmarked = marked.artifact.path
         row["stored_bytes"] = sum(c.length for c in marked.cohorts)
@@ -94,8 +153,8 @@ def cell(model: Any, plat: str, cohorts: int, workdir: Path) -> dict[str, Any]:
                                                    workdir / "d0")
         row["patch_c0_to_c1"] = _patch_bytes(marked.cohorts[1].path, marked.cohorts[0].path,
                                              workdir / "d1")
-        got = _identify(unmarked, marked.cohorts[1].path, cohorts, workdir / "id")
-        row.update(identified=got.cohort, z=got.z, fp=got.false_positive)
+        row["identify"] = _identify(unmarked, [c.path for c in marked.cohorts], 1, cohorts,
+                                    marked.precision, workdir / "id")
     shutil.rmtree(workdir, ignore_errors=True)
     return row
 
@@ -138,24 +197,34 @@ def _kb(n: int | None) -> str:
     return "—" if n is None else f"{n / 1e3:.1f}"
 
 
+def _named(r: dict[str, Any]) -> str:
+    """Cohort 1's copy: named cohort (z) as shipped / FP16 round trip / INT8 / 1% noise."""
+    if "identify" not in r:
+        return "—"
+    return " / ".join("—" if got is None else "none" if got[0] is None
+                      else f"{got[0]} ({got[1]:.0f})" for got in (r["identify"][a]
+                                                            for a in ATTACKS))
+
+
 def table(rows: list[dict[str, Any]], cohorts: int) -> str:
-    lines = [f"| model | platform | gate without | {cohorts} cohorts passed | lowest PSNR "
-             "dB | compile s without / with | stored MB one / all | patch kB unmarked→c0 "
-             "/ c0→c1 | identify c1 (z, bound) |", "|" + "---|" * 9]
+    lines = [f"| model | platform | gate without (SNR dB) | {cohorts} cohorts passed "
+             "| marked weights | lowest PSNR dB | compile s without / with | stored MB one / "
+             "all | patch kB unmarked→c0 / c0→c1 | identify c1: shipped / FP16 / INT8 / "
+             "1% noise |", "|" + "---|" * 10]
     for r in rows:
         if r["base"] != "ready":
             lines.append(f"| {r['model']} | {r['platform']} | {r['base']} | — (baseline "
-                         f"fails: {r.get('error', '')}) | | {r['base_s']:.1f} | | | |")
+                         f"fails: {r.get('error', '')}) | | | {r['base_s']:.1f} | | | |")
             continue
-        ident = "—" if "z" not in r else \
-            f"{r['identified']} ({r['z']:.0f}, {r['fp']:.1e})"
-        passed = f"{r['passed']}/{cohorts}" + ("" if r["state"] == "ready"
-                                               else f" — {r['error']}")
+        snr = "" if r.get("snr") in (None, np.inf) else f" ({r['snr']:.0f})"
+        passed = f"{r['passed']}/{cohorts}" + ("" if r["state"] == "ready" and r["passed"]
+                                               else f" — {r['gate']}: {r['error']}")
         lines.append(
-            f"| {r['model']} | {r['platform']} | ready | {passed} | {r['psnr']} | "
+            f"| {r['model']} | {r['platform']} | ready{snr} | {passed} | "
+            f"{r.get('marked_weights')} | {r['psnr']} | "
             f"{r['base_s']:.1f} / {r['marked_s']:.1f} | {_mb(r['artifact_bytes'])} / "
             f"{_mb(r.get('stored_bytes'))} | {_kb(r.get('patch_unmarked_to_c0'))} / "
-            f"{_kb(r.get('patch_c0_to_c1'))} | {ident} |")
+            f"{_kb(r.get('patch_c0_to_c1'))} | {_named(r)} |")
     return "\n".join(lines)
 
 
@@ -165,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", help="comma-separated corpus model names (default: all)")
-    ap.add_argument("--platforms", default="onnx")
+    ap.add_argument("--platforms", default="onnx,coreml,qnn")
     ap.add_argument("--cohorts", type=int, default=64)
     ap.add_argument("--trials", type=int, default=10_000)
     args = ap.parse_args(argv)

@@ -1,12 +1,12 @@
 """`modelfleet watermark identify LEAKED_FILE`: which cohort a leaked model file came from.
 
 Reads the file's weights — an ONNX file (also one re-quantized by onnxruntime's quantizers),
-or a Core ML .mlpackage as a directory, tar or zip; a QNN context binary's weights are
-compiled for the DSP and cannot be read — and compares them with every watermarked
-artifact's unmarked original (server/services/watermarks.py). Prints the model, version,
-platform and cohort with the false-positive bound, or "none" (an unmarked or foreign file);
-`--json` for scripts. Exit 0 when a cohort is named, 1 for "none", 2 when the file cannot
-be read.
+a Core ML .mlpackage as a directory, tar or zip, or a QNN EPContext file or its bare
+context binary (read in the binary's own layout against the server's copies) — and compares
+them with every watermarked artifact's unmarked original (server/services/watermarks.py).
+Prints the model, version, platform and cohort with the false-positive bound, or "none"
+(an unmarked or foreign file); `--json` for scripts. Exit 0 when a cohort is named, 1 for
+"none", 2 when the file cannot be read.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ DataDir = Annotated[Path, typer.Option("--data-dir", help="The server's data dir
 @watermark_app.command("identify")
 def identify(
     leaked: Annotated[Path, typer.Argument(help="The leaked model file (.onnx, .mlpackage "
-                                           "directory, tar or zip)")],
+                                           "directory, tar or zip, QNN .ctx.onnx or .bin)")],
     data_dir: DataDir = Path("data"),
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:

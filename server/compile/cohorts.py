@@ -1,10 +1,9 @@
 """Per-cohort watermarked copies of a gated artifact (issue 23; docs/security.md).
 
-A version with `watermark: {cohorts: N}` gets, for each artifact whose weights are readable
-here (ONNX, Core ML .mlpackage — server/compile/weights.py), N copies: copy c's weights
-carry cohort c's keyed fingerprint (server/watermark.py), embedded in the dtype each weight
-really has after conversion and quantization. Every copy passes two checks before it is
-packed, else the outcome fails naming the cohort:
+A version with `watermark: {cohorts: N}` gets, for each ONNX, Core ML .mlpackage or QNN
+artifact, N copies: copy c's weights carry cohort c's keyed fingerprint (server/watermark.py),
+embedded in the dtype each weight really has after conversion and quantization. Every copy
+passes two checks before it is packed, else the outcome fails naming the cohort:
 
 - the watermark's own cost: each output of the copy against the unmarked artifact's, on the
   reference inputs, PSNR ≥ `MIN_PSNR_DB` (the seed's 60 dB; peak = max |unmarked output|;
@@ -14,9 +13,12 @@ packed, else the outcome fails naming the cohort:
   unmarked artifact has passed) is the watermark's 60 dB for its copies: their FP32 weights
   move by FP16 steps on purpose, so that an FP16 conversion cannot wash the mark out.
 
+A QNN artifact's weights are compiled into its context binary, so its copies are not
+re-marked files but the HTP's source graph marked in the HTP's precision and compiled again
+(server/compile/qnn_marks.py): one HTP compile per cohort, each gated like the others.
+
 The key is the release's (server/watermark.release_key), never the server's secret: this
-runs inside the compile sandbox. A QNN context binary's weights are compiled for the DSP and
-not readable, so QNN artifacts stay unmarked (the gate report says so).
+runs inside the compile sandbox.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from server import watermark as wm
-from server.compile import weights
+from server.compile import qnn_marks, weights
 from server.compile.compilers.base import Compiler
 from server.compile.gates.numeric import thresholds_for
 from server.compile.gates.verdict import Reference, numeric_gate
@@ -39,7 +41,7 @@ from server.compile.packing import PackedArtifact, pack
 from server.compile.types import CompiledArtifact, CompileRequest, Precision
 
 MIN_PSNR_DB = 60.0
-MARKED_FORMATS = ("onnx", "mlpackage")
+MARKED_FORMATS = ("onnx", "mlpackage", "onnx-epcontext")
 Log = Callable[[str], None]
 
 
@@ -88,6 +90,36 @@ def mark_copy(src: Path, dest: Path, key: bytes, cohort: int) -> Path:
     return dest
 
 
+def min_marked(cohorts: int) -> int:
+    """The fewest marked weights whose exact copy can score the z that names one of
+    `cohorts` cohorts (z = √marked at best; N·exp(−z²/2) ≤ the bound)."""
+    return math.ceil(2 * math.log(cohorts / wm.MAX_FALSE_POSITIVE))
+
+
+def marked_weights(art: CompiledArtifact, graph: Path | None, probe: Path,
+                   spec: WatermarkSpec) -> int:
+    """How many weights cohort 0's mark moves in `art` (in the HTP's source `graph` for a
+    QNN artifact), from a marked probe copy."""
+    if graph is not None:
+        if not graph.is_file():
+            return 0
+        src, copy = graph, probe / "graph.onnx"
+        qnn_marks.mark_graph(src, copy, spec.key, 0, art.precision)
+    else:
+        src, copy = art.path, mark_copy(art.path, probe / art.path.name, spec.key, 0)
+    try:
+        before = {t.name: t.values for t in weights.read(src)}
+        return sum(_changed(before[t.name], t.values) for t in weights.read(copy)
+                   if t.name in before)
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+
+
+def _changed(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
+    bits = f"u{a.dtype.itemsize}"  # compared as bit patterns: NaN is unchanged
+    return int(np.count_nonzero(a.view(bits) != b.view(bits)))
+
+
 def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileRequest,
                   ref: Reference, pdir: Path, spec: WatermarkSpec, log: Log) -> CohortResult:
     """The N marked, gated and packed copies of `art` (or the first failure)."""
@@ -96,12 +128,27 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         why = (f"{fmt} artifacts are not marked: their weights are compiled for the target "
                "and cannot be read back (docs/security.md)")
         return CohortResult([], {"status": "not_supported", "reason": why})
+    graph = Path(str(art.extra.get("htp_graph", ""))) if fmt == qnn_marks.EPCONTEXT_FORMAT \
+        else None
+    moved, needed = marked_weights(art, graph, pdir / "cohorts" / "probe", spec), \
+        min_marked(spec.cohorts)
+    if moved < needed:
+        why = (f"the mark moves {moved} weight(s) of this artifact, fewer than the {needed} "
+               f"that naming one of {spec.cohorts} cohorts at a false-positive probability "
+               f"≤ {wm.MAX_FALSE_POSITIVE:g} needs even as shipped (FP16/FP32 and 8-bit "
+               "weights are marked; sub-byte and palettized ones, and INT4 QNN builds, not)")
+        return CohortResult([], {"status": "not_supported", "reason": why,
+                                 "marked_weights": moved})
     unmarked = compiler.run(art, ref.feeds) if ref.outputs is not None and \
         art.runnable_here else None
     worst_psnr, packed = math.inf, []
     for c in range(spec.cohorts):
-        copy = mark_copy(art.path, pdir / "cohorts" / str(c) / art.path.name, spec.key, c)
-        marked = replace(art, path=copy)
+        try:
+            marked = _cohort_artifact(art, graph, pdir / "cohorts" / str(c), spec, c)
+        except Exception as e:  # the cohort's failure, named, not the worker's crash
+            return CohortResult([], _gate(spec, worst_psnr, "failed"),
+                                f"cohort {c}'s copy could not be made: {str(e)[:300]}")
+        copy = marked.path
         if unmarked is not None:
             psnr = output_psnr_db(unmarked, compiler.run(marked, ref.feeds))
             worst_psnr = min(worst_psnr, psnr)
@@ -119,7 +166,17 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
     log(f"[{art.target.variant}/{art.target.platform}] {spec.cohorts} watermarked cohort "
         f"artifacts {status}" + (f", lowest output PSNR {worst_psnr:.1f} dB"
                                  if unmarked is not None else ""))
-    return CohortResult(packed, _gate(spec, worst_psnr, status))
+    return CohortResult(packed, {**_gate(spec, worst_psnr, status), "marked_weights": moved})
+
+
+def _cohort_artifact(art: CompiledArtifact, graph: Path | None, where: Path,
+                     spec: WatermarkSpec, c: int) -> CompiledArtifact:
+    """Cohort c's copy of `art`: the artifact re-marked, or — for a QNN artifact — the HTP's
+    source `graph` marked and compiled again (qnn_marks.py)."""
+    if graph is None:
+        return replace(art, path=mark_copy(art.path, where / art.path.name, spec.key, c))
+    qnn_marks.mark_graph(graph, where / "graph.onnx", spec.key, c, art.precision)
+    return qnn_marks.compile_cohort(art, where / "graph.onnx", where / art.path.name)
 
 
 def _marked_request(request: CompileRequest) -> CompileRequest:

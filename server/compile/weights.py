@@ -9,9 +9,12 @@ quantized input of a DequantizeLinear (other integers are shapes and indices); i
 are its integers, so scale or zero point changes do not matter.
 
 Formats: an ONNX file (protobuf, external data refused); a Core ML `.mlpackage` directory,
-or one packed as our deterministic tar (server/compile/packing.py) or as a zip (how an app
-bundle or a leak may carry it). A QNN context binary's weights are compiled into the HTP
-graph, laid out for the DSP, and not readable: it is neither marked nor identified here.
+or one packed as our deterministic tar (server/compile/packing.py), a compressed tar or a
+zip (how an app bundle or a leak may carry it) — unpacked only when its headers add up to
+at most `MAX_WEIGHT_FILE_BYTES` and `MAX_ENTRIES` (a leaked file is hostile input). A QNN
+context binary's weights are compiled into the HTP graph in the DSP's layout: not read as
+tensors here (server/compile/qnn_marks.py marks QNN artifacts and names a leaked binary's
+cohort against the server's own binaries).
 
 Rewriting keeps everything but the weight values: ONNX initializers are replaced in place
 (same name, dtype, shape); a Core ML weight file is rewritten blob by blob through
@@ -34,9 +37,11 @@ from typing import Any
 import numpy as np
 
 MIN_ELEMENTS = 64
-MAX_WEIGHT_FILE_BYTES = 8 * 1024**3
+MAX_WEIGHT_FILE_BYTES = 8 * 1024**3  # also the cap on what an archive may unpack to
+MAX_ENTRIES = 100_000  # an .mlpackage holds a handful of files
 FLOATS = ("float16", "float32")
 INTS = ("int8", "uint8")
+COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")  # gzip, bzip2, xz: a compressed tar
 QUANTIZED_SUFFIX = "_quantized"  # onnxruntime's quantizers: X → X_quantized, X_scale, …
 
 
@@ -48,10 +53,12 @@ class WeightsError(Exception):
 class Tensor:
     name: str
     values: np.ndarray[Any, Any]  # as stored (float16, float32, int8 or uint8), flat
+    weight: bool = True  # False: values that are not weights (palette indices, sub-byte)
 
     @property
     def markable(self) -> bool:
-        return self.values.dtype.name in FLOATS + INTS and self.values.size >= MIN_ELEMENTS
+        return self.weight and self.values.dtype.name in FLOATS + INTS \
+            and self.values.size >= MIN_ELEMENTS
 
 
 Rewrite = Callable[[str, np.ndarray[Any, Any]], np.ndarray[Any, Any]]
@@ -65,11 +72,13 @@ def kind_of(path: Path) -> str:
         raise WeightsError(f"{path.name} is a directory but no .mlpackage (no Manifest.json)")
     with path.open("rb") as f:
         head = f.read(512)
-    if head[:4] == b"PK\x03\x04" or (len(head) >= 262 and head[257:262] == b"ustar"):
+    if head[:4] == b"PK\x03\x04" or head.startswith(COMPRESSED) or \
+            (len(head) >= 262 and head[257:262] == b"ustar"):
         return "mlpackage"
     if path.suffix in (".bin", ".dlc"):
         raise WeightsError(f"{path.name} looks like a QNN context binary: its weights are "
-                           "compiled for the DSP and cannot be read (docs/security.md)")
+                           "compiled for the DSP and cannot be read as tensors (identify "
+                           "compares it with the server's binaries: server/compile/qnn_marks.py)")
     return "onnx"
 
 
@@ -78,7 +87,7 @@ def read(path: Path) -> list[Tensor]:
     if kind_of(path) == "onnx":
         return _onnx_tensors(_load_onnx(path))
     with _package_dir(path) as pkg:
-        return [Tensor(ref.name, ref.read()) for ref in _blob_refs(pkg)[1]]
+        return [Tensor(ref.name, ref.read(), ref.weight) for ref in _blob_refs(pkg)[1]]
 
 
 def by_name(tensors: list[Tensor]) -> dict[str, np.ndarray[Any, Any]]:
@@ -181,7 +190,17 @@ _READ = {"FLOAT16": ("read_fp16_data", "write_fp16_data", np.float16),
          "INT16": ("read_int16_data", "write_int16_data", np.int16),
          "UINT16": ("read_uint16_data", "write_uint16_data", np.uint16),
          "INT32": ("read_int32_data", "write_int32_data", np.int32),
-         "UINT32": ("read_uint32_data", "write_uint32_data", np.uint32)}
+         "UINT32": ("read_uint32_data", "write_uint32_data", np.uint32),
+         # sub-byte: INT4 linear weights, palette indices; read and written back, not marked
+         "INT4": ("read_int4_data", "write_int4_data", np.int8),
+         **{f"UINT{n}": (f"read_uint{n}_data", f"write_uint{n}_data", np.uint8)
+            for n in (1, 2, 3, 4, 6)}}
+SUB_BYTE = ("INT4", "UINT1", "UINT2", "UINT3", "UINT4", "UINT6")
+# What a compressed weight's constexpr op holds besides the weight values: a palettized
+# weight's indices into its table (a step there is another table entry, not a step in value;
+# the table's FP16 entries are marked), and the per-channel or per-block scales, zero points
+# and offsets of a quantized one (a step there moves a whole channel). Never marked.
+NOT_WEIGHTS = ("indices", "zero_point", "scale", "offset", "mask")
 
 
 @dataclass
@@ -192,11 +211,17 @@ class _BlobRef:
     offset: int
     values: list[Any]  # the spec's BlobFileValue messages that point at this blob
     reader: Any
+    op: tuple[str, str] = ("", "")  # (MIL op type, attribute) that holds the blob
+
+    @property
+    def weight(self) -> bool:
+        return self.dtype not in SUB_BYTE and not (self.op[0].startswith("constexpr_")
+                                                   and self.op[1] in NOT_WEIGHTS)
 
     def read(self) -> np.ndarray[Any, Any]:
         if self.dtype not in _READ:
             raise WeightsError(f"weight {self.name} is stored as {self.dtype}, which is not "
-                               "read here (palettized and sub-byte weights are not supported)")
+                               "read here")
         method, _, np_type = _READ[self.dtype]
         raw = np.asarray(getattr(self.reader, method)(self.offset)).reshape(-1)
         # coremltools hands float16 blobs over as their uint16 bit patterns
@@ -222,6 +247,20 @@ def _operations(block: Any) -> Iterator[Any]:
             yield from _operations(inner)
 
 
+def _blob_values(op: Any) -> Iterator[tuple[str, Any]]:
+    """(attribute or input name, Value) of each of the op's weight-file values: attributes
+    (a `const`'s `val`, iOS16/17 constexpr ops), and inputs bound to values (iOS18's
+    constexpr ops: `constexpr_lut_to_dense(indices=…, lut=…)`)."""
+    for attr in sorted(op.attributes):
+        if op.attributes[attr].WhichOneof("value") == "blobFileValue":
+            yield attr, op.attributes[attr]
+    for name in sorted(op.inputs):
+        for arg in op.inputs[name].arguments:
+            if arg.WhichOneof("binding") == "value" and \
+                    arg.value.WhichOneof("value") == "blobFileValue":
+                yield name, arg.value
+
+
 def _blob_refs(pkg: Path) -> tuple[Any, list[_BlobRef]]:
     from coremltools import libmilstoragepython as storage
     from coremltools.proto import MIL_pb2, Model_pb2
@@ -237,10 +276,7 @@ def _blob_refs(pkg: Path) -> tuple[Any, list[_BlobRef]]:
         fn = spec.mlProgram.functions[fname]
         for block_name in sorted(fn.block_specializations):
             for op in _operations(fn.block_specializations[block_name]):
-                for attr in sorted(op.attributes):
-                    value = op.attributes[attr]
-                    if value.WhichOneof("value") != "blobFileValue":
-                        continue
+                for attr, value in _blob_values(op):
                     blob = value.blobFileValue
                     file = _weight_file(pkg, model_file, blob.fileName)
                     if file not in readers:
@@ -248,7 +284,7 @@ def _blob_refs(pkg: Path) -> tuple[Any, list[_BlobRef]]:
                     dtype = MIL_pb2.DataType.Name(value.type.tensorType.dataType)
                     name = f"{op.outputs[0].name if op.outputs else op.type}:{attr}"
                     ref = refs.setdefault((file, blob.offset), _BlobRef(
-                        name, dtype, file, blob.offset, [], readers[file]))
+                        name, dtype, file, blob.offset, [], readers[file], (op.type, attr)))
                     ref.values.append(blob)
     return spec, sorted(refs.values(), key=lambda r: (r.file, r.offset))
 
@@ -270,7 +306,7 @@ def _rewrite_mlpackage(pkg: Path, change: Rewrite) -> None:
         writer = storage._BlobStorageWriter(tmp, truncate_file=True)
         for ref in (r for r in refs if r.file == file):
             values = ref.read()
-            t = Tensor(ref.name, values)
+            t = Tensor(ref.name, values, ref.weight)
             if t.markable:
                 values = _checked(ref.name, values, change(ref.name, values))
             data = np.ascontiguousarray(values)
@@ -297,9 +333,11 @@ def _package_dir(path: Path) -> Iterator[Path]:
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as z:
-                if sum(i.file_size for i in z.infolist()) > MAX_WEIGHT_FILE_BYTES:
+                if len(z.infolist()) > MAX_ENTRIES or \
+                        sum(i.file_size for i in z.infolist()) > MAX_WEIGHT_FILE_BYTES:
                     raise WeightsError(f"{path.name} unpacks to more than "
-                                       f"{MAX_WEIGHT_FILE_BYTES} bytes")
+                                       f"{MAX_WEIGHT_FILE_BYTES} bytes or {MAX_ENTRIES} "
+                                       "entries")
                 for info in z.infolist():
                     target = (tmp / info.filename).resolve()
                     if tmp.resolve() not in target.parents:
@@ -308,7 +346,8 @@ def _package_dir(path: Path) -> Iterator[Path]:
         else:
             try:
                 with tarfile.open(path, mode="r:*") as tar:
-                    tar.extractall(tmp, filter="data")
+                    members = _capped_members(tar, path.name)
+                    tar.extractall(tmp, members=members, filter="data")
             except (tarfile.TarError, OSError) as e:
                 raise WeightsError(f"{path.name} is not a readable .mlpackage archive: {e}"
                                    ) from None
@@ -318,3 +357,18 @@ def _package_dir(path: Path) -> Iterator[Path]:
         yield found[0]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _capped_members(tar: tarfile.TarFile, name: str) -> list[tarfile.TarInfo]:
+    """The archive's members, refused as soon as their sizes add up to more than
+    `MAX_WEIGHT_FILE_BYTES` or they outnumber `MAX_ENTRIES` (a tar bomb: a small compressed
+    file that unpacks to more than the disk holds). The headers are read one by one, so the
+    check stops at the first member over the cap and nothing is written before it."""
+    members, total = [], 0
+    for info in tar:
+        total += max(info.size, 0)
+        members.append(info)
+        if total > MAX_WEIGHT_FILE_BYTES or len(members) > MAX_ENTRIES:
+            raise WeightsError(f"{name} unpacks to more than {MAX_WEIGHT_FILE_BYTES} bytes "
+                               f"or {MAX_ENTRIES} entries")
+    return members

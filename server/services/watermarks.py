@@ -2,12 +2,15 @@
 identifying a leaked file. (The secret — `watermark.key` in the keys directory, made like
 `content.kek` — is server/publish/protection.py's `WatermarkSecret`; a build's sandbox gets
 only its release's key derived from it; the unmarked artifacts rest privately at
-`unmarked/<sha256>`, sealed when the version is protected.) Identification reads the leaked file's
-weights (server/compile/weights.py: ONNX, Core ML .mlpackage as a directory, tar or zip),
-and compares them with the unmarked artifact of every watermarked artifact whose tensors it
-shares (same name and size), cohort by cohort; the best match is named only when its
-false-positive bound — over every cohort of every artifact compared — is ≤ 1e-9, else
-"none".
+`unmarked/<sha256>`, sealed when the version is protected.)
+
+Identification reads the leaked file's weights (server/compile/weights.py: ONNX, Core ML
+.mlpackage as a directory, tar or zip) and compares them with the unmarked artifact of every
+watermarked artifact whose tensors it shares (same name and size), cohort by cohort. A QNN
+leak (an EPContext file, or its bare context binary) is compared with every watermarked QNN
+artifact whose context binary has its length, through that artifact's unmarked and cohort
+binaries (server/compile/qnn_marks.py). The best match is named only when its false-positive
+bound — over every cohort of every artifact compared — is ≤ 1e-9, else "none".
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from server import watermark as wm
 from server.blobstore import BlobStore
-from server.compile import weights
+from server.compile import qnn_marks, weights
 from server.db import models as db
 from server.publish.protection import ContentKeys, WatermarkSecret, unseal_path
 
@@ -53,7 +56,8 @@ def identify(session: Session, store: BlobStore, secret: WatermarkSecret,
              content_keys: ContentKeys | None, leaked: Path) -> Finding:
     """The cohort whose watermark `leaked` carries, over every watermarked artifact; raises
     weights.WeightsError when the file's weights cannot be read."""
-    copy = weights.by_name(weights.read(leaked))
+    binary = qnn_marks.context_binary(leaked) if _is_qnn(leaked) else None
+    copy = weights.by_name(weights.read(leaked)) if binary is None else {}
     best = NONE
     rows = session.execute(
         select(db.Artifact, db.ModelVersion.version, db.Model.name)
@@ -65,12 +69,21 @@ def identify(session: Session, store: BlobStore, secret: WatermarkSecret,
     compared = 0
     try:
         for art, version, model in rows:
-            original = _unmarked(session, store, content_keys, art, tmp)
-            tensors = [(t.name, t.values) for t in original if t.markable]
-            if not any(name in copy for name, _ in tensors):
-                continue  # another model: nothing in common
-            got = wm.identify_tensors(copy, tensors, secret.release_key(model, version),
-                                      len(art.cohorts))
+            if (binary is not None) != (art.format == qnn_marks.EPCONTEXT_FORMAT):
+                continue  # a QNN leak is compared with QNN artifacts only, and vice versa
+            if binary is not None:
+                got = _identify_qnn(session, store, content_keys, art, binary, tmp)
+            else:
+                path = _unmarked(session, store, content_keys, art, tmp)
+                original = weights.read(path)
+                path.unlink()
+                tensors = [(t.name, t.values) for t in original if t.markable]
+                if not any(name in copy for name, _ in tensors):
+                    continue  # another model: nothing in common
+                got = wm.identify_tensors(copy, tensors, secret.release_key(model, version),
+                                          len(art.cohorts))
+            if got is None:
+                continue
             compared += 1
             if got.z > best.z:
                 best = Finding(got.cohort, got.false_positive, got.z, got.weights, model,
@@ -83,19 +96,50 @@ def identify(session: Session, store: BlobStore, secret: WatermarkSecret,
     return replace(best, cohort=cohort, false_positive=bound)
 
 
-def _unmarked(session: Session, store: BlobStore, content_keys: ContentKeys | None,
-              art: db.Artifact, tmp: Path) -> list[weights.Tensor]:
-    assert art.unmarked_blob_key is not None
-    path = tmp / f"unmarked-{art.id}"
-    with store.open(art.unmarked_blob_key) as src, path.open("wb") as out:
-        shutil.copyfileobj(src, out, 1 << 20)
-    if art.plain_sha256 is not None:  # a protected version's: sealed at rest
-        if content_keys is None:
-            raise weights.WeightsError("a protected version's unmarked artifact is sealed; "
-                                       "give this process the keys directory's content.kek")
-        key = content_keys.key_for(session, art.version_id)
-        path = unseal_path(key, path, tmp / f"plain-{art.id}")
+def _is_qnn(path: Path) -> bool:
+    return path.is_file() and (path.suffix in (".bin", ".dlc") or qnn_marks.is_epcontext(path))
+
+
+def _identify_qnn(session: Session, store: BlobStore, content_keys: ContentKeys | None,
+                  art: db.Artifact, leaked: bytes, tmp: Path) -> wm.Identified | None:
+    """A QNN leak against one QNN artifact: its unmarked and every cohort's context binary
+    (server/compile/qnn_marks.py); None when the binaries differ in length (another
+    model or build)."""
+    unmarked = _binary(_unmarked(session, store, content_keys, art, tmp))
+    if len(unmarked) != len(leaked):
+        return None
+    copies = (_binary(_plain(session, store, content_keys, art.version_id, c.blob_key,
+                             c.plain_sha256 is not None, tmp / f"cohort-{c.id}"))
+              for c in art.cohorts)  # one at a time: a cohort's binary is read, then freed
+    word = qnn_marks.word_bytes(str(art.compile_settings.get("precision", "")))
+    return qnn_marks.identify_binary(leaked, unmarked, copies, word)
+
+
+def _binary(path: Path) -> bytes:
     try:
-        return weights.read(path)
+        return qnn_marks.context_binary(path)
     finally:
         path.unlink(missing_ok=True)
+
+
+def _unmarked(session: Session, store: BlobStore, content_keys: ContentKeys | None,
+              art: db.Artifact, tmp: Path) -> Path:
+    assert art.unmarked_blob_key is not None
+    return _plain(session, store, content_keys, art.version_id, art.unmarked_blob_key,
+                  art.plain_sha256 is not None, tmp / f"unmarked-{art.id}")
+
+
+def _plain(session: Session, store: BlobStore, content_keys: ContentKeys | None,
+           version_id: int, blob_key: str, sealed: bool, path: Path) -> Path:
+    """The blob at `path` in plaintext (unsealed when its version is protected)."""
+    with store.open(blob_key) as src, path.open("wb") as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+    if not sealed:
+        return path
+    if content_keys is None:
+        raise weights.WeightsError("a protected version's unmarked artifact is sealed; "
+                                   "give this process the keys directory's content.kek")
+    plain = unseal_path(content_keys.key_for(session, version_id), path,
+                        path.with_name(path.name + ".plain"))
+    path.unlink(missing_ok=True)
+    return plain

@@ -65,21 +65,23 @@ def _identify(env: dict[str, Any], path: Path) -> tuple[int, dict[str, Any]]:
     return done.returncode, dict(json.loads(done.stdout))
 
 
-def _upload(client: httpx.Client, version: str, model: bytes) -> None:
-    meta = {"version": version, "platforms": ["onnx"], "watermark": {"cohorts": COHORTS},
+def _upload(client: httpx.Client, version: str, model: bytes, *, name: str = MODEL,
+            platforms: tuple[str, ...] | list[str] = ("onnx",)) -> None:
+    meta = {"version": version, "platforms": list(platforms),
+            "watermark": {"cohorts": COHORTS},
             "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 256]}]}
     ref = _npz(x=np.random.default_rng(1).standard_normal((4, 1, 256)).astype(np.float32))
-    r = client.post(f"/v1/models/{MODEL}/versions",
+    r = client.post(f"/v1/models/{name}/versions",
                     files={"model": ("m.onnx", model), "reference": ("r.npz", ref)},
                     data={"metadata": json.dumps(meta)})
     assert r.status_code == 201, r.text
     for _ in range(480):
-        got = client.get(f"/v1/models/{MODEL}/versions/{version}").json()
+        got = client.get(f"/v1/models/{name}/versions/{version}").json()
         if got["state"] in ("ready", "failed"):
             break
         time.sleep(0.5)
     assert got["state"] == "ready", got
-    _rollout(client, MODEL, version)
+    _rollout(client, name, version)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +157,36 @@ def test_identify_says_none_for_the_unmarked_upload_and_a_foreign_file(marked, t
 
 
 def test_identify_refuses_an_unreadable_file_with_the_reason(marked, tmp_path):
-    junk = tmp_path / "leak.bin"
+    junk = tmp_path / "leak.onnx"
     junk.write_bytes(b"QNNX" + bytes(200))
     out = _mf("watermark", "identify", str(junk), "--data-dir", str(marked["data"]))
-    assert out.returncode == 2 and "cannot be read" in out.stderr
+    assert out.returncode == 2 and "neither an ONNX model nor an .mlpackage" in out.stderr
+
+
+def test_a_qnn_release_ships_per_cohort_binaries_that_identify_names_as_downloaded(
+        marked, tmp_path):
+    # The QNN platform (FP16 on the HTP): each cohort's EPContext file is served; identify
+    # names its cohort from the file as downloaded, and from its bare context binary.
+    from server.compile.qnn_marks import context_binary
+
+    client = marked["client"]
+    assert client.post("/v1/models", json={"name": "wmq"}).status_code == 201
+    _upload(client, "1.0.0", matmul_model(5), name="wmq", platforms=["qnn"])
+    doc = json.loads(base64.b64decode(
+        httpx.get(f"{marked['base']}/v1/channels/prod/manifest").json()["payload"]))
+    (art,) = doc["models"]["wmq"]["releases"][0]["artifacts"]
+    assert art["platform"] == "qnn" and len(art["cohorts"]["artifacts"]) == COHORTS
+    for c in (0, COHORTS - 1):
+        entry = art["cohorts"]["artifacts"][c]
+        leak = tmp_path / f"c{c}.ctx.onnx"
+        leak.write_bytes(httpx.get(httpx.URL(marked["base"]).join(entry["url"])).content)
+        bare = tmp_path / f"c{c}.bin"
+        bare.write_bytes(context_binary(leak))
+        for path in (leak, bare):
+            code, found = _identify(marked, path)
+            assert code == 0 and found["cohort"] == c, (path.name, found)
+            assert (found["model"], found["platform"]) == ("wmq", "qnn")
+    junk = tmp_path / "junk.bin"  # a bare binary no artifact has the length of
+    junk.write_bytes(b"QNNX" + bytes(200))
+    code, found = _identify(marked, junk)
+    assert code == 1 and found["cohort"] is None, found

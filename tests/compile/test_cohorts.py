@@ -107,16 +107,6 @@ def test_a_watermark_that_moves_outputs_past_the_gate_fails_naming_the_cohort(
     assert o.gates["watermark"]["status"] == "failed"
 
 
-def test_qnn_artifacts_are_not_marked_and_say_why(convnet, tmp_path):
-    spec = BuildSpec(convnet.onnx, SourceFormat.ONNX, {"default": convnet.inputs},
-                     platforms=("qnn",), reference_path=convnet.reference,
-                     watermark=WatermarkSpec(COHORTS, KEY))
-    (o,) = Pipeline().build(spec, tmp_path / "build")
-    assert o.state == "ready" and o.cohorts == []
-    assert o.gates["watermark"]["status"] == "not_supported"
-    assert "cannot be read back" in o.gates["watermark"]["reason"]
-
-
 def test_without_a_watermark_nothing_is_marked_or_run(convnet, tmp_path, monkeypatch):
     def refuse(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("marked a version without a watermark")
