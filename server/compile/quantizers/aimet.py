@@ -38,12 +38,14 @@ STDERR_TAIL = 3000
 
 class AimetQuantizer:
     def __init__(self, python: str, technique: str = "minmax", *,
-                 timeout_s: float = 1800.0) -> None:
+                 timeout_s: float = 1800.0, adaround_iterations: int = 500) -> None:
         if technique not in TECHNIQUES:
             raise ValueError(f"AIMET technique must be one of {TECHNIQUES}, not {technique!r}")
         self.python = python
         self.technique = technique
         self.timeout_s = timeout_s
+        # Per layer; AIMET recommends 10k, which takes hours on a CPU worker.
+        self.adaround_iterations = adaround_iterations
         self.name = "aimet" if technique == "minmax" else f"aimet-{technique}"
 
     def unavailable(self) -> str:
@@ -68,7 +70,7 @@ class AimetQuantizer:
             "result": str(result), "technique": self.technique,
             "weight_bits": scheme.weight_bits, "activation_bits": scheme.activation_bits,
             "per_channel": scheme.per_channel, "keep_float": list(scheme.keep_float),
-            "htp_arch": scheme.htp_arch}))
+            "htp_arch": scheme.htp_arch, "adaround_iterations": self.adaround_iterations}))
         # Only what the interpreter needs: not the server's variables, not its PYTHONPATH.
         env = {"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch),
                "LANG": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1"}

@@ -20,7 +20,6 @@ from typing import Any
 
 # HTP generations AIMET ships a quantsim config for (aimet_onnx/common/quantsim_config).
 HTP_CONFIGS = (66, 68, 69, 73, 75, 79, 81, 85)
-ADAROUND_ITERATIONS = 1000  # AIMET recommends 10k per layer, far too slow on a CPU worker
 SEQ_MSE_CANDIDATES = 20
 
 
@@ -69,8 +68,7 @@ def quantize(job: dict[str, Any]) -> dict[str, Any]:
     _keep_float(sim, model, job.get("keep_float") or [])
     technique = job["technique"]
     if technique == "adaround":
-        apply_adaround(sim, samples, num_iterations=int(job.get("adaround_iterations",
-                                                                ADAROUND_ITERATIONS)))
+        apply_adaround(sim, samples, num_iterations=int(job["adaround_iterations"]))
     elif technique == "seqmse":
         apply_seq_mse(sim, samples, num_candidates=SEQ_MSE_CANDIDATES)
     sim.compute_encodings(samples)
