@@ -161,6 +161,22 @@ def test_a_failing_aimet_run_is_a_conversion_error_with_its_reason(tmp_path: Pat
             QdqScheme(8, 8))
 
 
+def test_an_aimet_export_that_does_not_reproduce_its_simulation_is_caught(
+        net: ModelFiles) -> None:
+    """The worker's own check (seen with SeqMSE on aimet-onnx 2.42: a 44 dB simulation
+    exported as a 7 dB graph): the exported graph is run against the sim's outputs."""
+    from server.compile.quantizers import aimet_worker
+
+    feeds = load_samples(net.reference, net.inputs)
+    outputs = run_onnx_cpu(net.onnx, feeds)
+    assert aimet_worker._export_agreement(str(net.onnx), feeds, outputs) > 100.0
+    rng = np.random.default_rng(1)
+    drifted = [[o + 0.3 * rng.standard_normal(o.shape) * np.std(o) for o in outs]
+               for outs in outputs]
+    agreement = aimet_worker._export_agreement(str(net.onnx), feeds, drifted)
+    assert agreement < aimet_worker.MIN_EXPORT_SNR_DB
+
+
 def _spec(net: ModelFiles, **qnn: object) -> BuildSpec:
     return BuildSpec(source_path=net.onnx, source_format=SourceFormat.ONNX,
                      variants={"default": net.inputs}, platforms=("qnn",),
