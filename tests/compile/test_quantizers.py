@@ -164,17 +164,22 @@ def test_a_failing_aimet_run_is_a_conversion_error_with_its_reason(tmp_path: Pat
 def test_an_aimet_export_that_does_not_reproduce_its_simulation_is_caught(
         net: ModelFiles) -> None:
     """The worker's own check (seen with SeqMSE on aimet-onnx 2.42: a 44 dB simulation
-    exported as a 7 dB graph): the exported graph is run against the sim's outputs."""
-    from server.compile.quantizers import aimet_worker
+    exported as a 7 dB graph): simulation and export are both measured against FP32."""
+    from server.compile.quantizers import aimet_worker as worker
 
     feeds = load_samples(net.reference, net.inputs)
-    outputs = run_onnx_cpu(net.onnx, feeds)
-    assert aimet_worker._export_agreement(str(net.onnx), feeds, outputs) > 100.0
+    fp32 = run_onnx_cpu(net.onnx, feeds)
     rng = np.random.default_rng(1)
-    drifted = [[o + 0.3 * rng.standard_normal(o.shape) * np.std(o) for o in outs]
-               for outs in outputs]
-    agreement = aimet_worker._export_agreement(str(net.onnx), feeds, drifted)
-    assert agreement < aimet_worker.MIN_EXPORT_SNR_DB
+
+    def noisy(scale: float) -> list[list[np.ndarray]]:
+        return [[o + scale * np.std(o) * rng.standard_normal(o.shape) for o in outs]
+                for outs in fp32]
+
+    sim_db, bad_db = worker.export_check(fp32, noisy(0.01), noisy(0.4))  # ~40 dB vs ~8 dB
+    assert 35 < sim_db < 45 and bad_db < sim_db - worker.EXPORT_MARGIN_DB
+    sim_db, ok_db = worker.export_check(fp32, noisy(0.01), noisy(0.015))
+    assert ok_db >= sim_db - worker.EXPORT_MARGIN_DB
+    assert worker.worst_snr_db(fp32, fp32) == 200.0
 
 
 def _spec(net: ModelFiles, **qnn: object) -> BuildSpec:

@@ -21,9 +21,12 @@ from typing import Any
 # HTP generations AIMET ships a quantsim config for (aimet_onnx/common/quantsim_config).
 HTP_CONFIGS = (66, 68, 69, 73, 75, 79, 81, 85)
 SEQ_MSE_CANDIDATES = 20
-# The exported QDQ graph must agree with AIMET's own simulation this well (seen: SeqMSE's
-# encodings exported at 7 dB against a 44 dB simulation, aimet-onnx 2.42 on a MobileNetV3).
-MIN_EXPORT_SNR_DB = 30.0
+# The exported QDQ graph may be at most this much worse against FP32 than AIMET's own
+# simulation (capped: two near-exact results may differ more). Seen: SeqMSE's encodings of a
+# MobileNetV3 simulated at 44 dB, exported at 7 dB (aimet-onnx 2.42). The two run different
+# kernels (fake-quant vs onnxruntime's QDQ), so a few dB apart is normal at W8A8.
+EXPORT_MARGIN_DB = 10.0
+EXPORT_CAP_DB = 60.0
 EXPORT_CHECK_SAMPLES = 4
 
 
@@ -67,8 +70,7 @@ def quantize(job: dict[str, Any]) -> dict[str, Any]:
     config = htp_config(int(job.get("htp_arch", 75)))
     sim = QuantizationSimModel(model, param_type=param, activation_type=act,
                                quant_scheme="min_max", config_file=config,
-                               providers=["CPUExecutionProvider"],
-                               path=str(Path(job["result"]).parent))
+                               providers=["CPUExecutionProvider"])
     _keep_float(sim, model, job.get("keep_float") or [])
     technique = job["technique"]
     if technique == "adaround":
@@ -76,34 +78,47 @@ def quantize(job: dict[str, Any]) -> dict[str, Any]:
     elif technique == "seqmse":
         apply_seq_mse(sim, samples, num_candidates=SEQ_MSE_CANDIDATES)
     sim.compute_encodings(samples)
-    simulated = [sim.session.run(None, s) for s in samples[:EXPORT_CHECK_SAMPLES]]
+    checked = samples[:EXPORT_CHECK_SAMPLES]
+    simulated = [sim.session.run(None, feed) for feed in checked]
     qdq = sim.to_onnx_qdq()
     onnx.save(qdq, job["out"])
-    agreement = _export_agreement(job["out"], samples[:EXPORT_CHECK_SAMPLES], simulated)
-    if agreement < MIN_EXPORT_SNR_DB:
-        raise ValueError(f"AIMET's QDQ export does not reproduce its own simulation: SNR "
-                         f"{agreement:.1f} dB between the QuantizationSimModel and the exported "
-                         f"graph (want >= {MIN_EXPORT_SNR_DB:.0f} dB); use another quantizer")
+    sim_db, export_db = export_check(_run(job["source"], checked), simulated,
+                                     _run(job["out"], checked))
+    if export_db < min(sim_db, EXPORT_CAP_DB) - EXPORT_MARGIN_DB:
+        raise ValueError(f"AIMET's QDQ export does not reproduce its own simulation: against "
+                         f"FP32 the simulation has SNR {sim_db:.1f} dB, the exported graph "
+                         f"{export_db:.1f} dB; use another quantizer")
     return {"seconds": time.monotonic() - started, "config": config, "samples": len(samples),
-            "param_type": param, "activation_type": act, "export_snr_db": agreement}
+            "param_type": param, "activation_type": act, "sim_snr_db": sim_db,
+            "export_snr_db": export_db}
 
 
-def _export_agreement(path: str, samples: list[dict[str, Any]],
-                      simulated: list[list[Any]]) -> float:
-    """Worst SNR (dB) of the exported QDQ graph on onnxruntime's CPU provider against the
-    sim's own outputs on the same samples."""
-    import numpy as np
+def _run(path: str, samples: list[dict[str, Any]]) -> list[list[Any]]:
     import onnxruntime as ort
 
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    worst = float("inf")
-    for feed, expected in zip(samples, simulated, strict=True):
-        for e, g in zip(expected, sess.run(None, feed), strict=True):
+    return [sess.run(None, feed) for feed in samples]
+
+
+def worst_snr_db(expected: list[list[Any]], got: list[list[Any]]) -> float:
+    """Worst SNR (dB) over samples and outputs; 200 for an exact match."""
+    import numpy as np
+
+    worst = 200.0
+    for exp_outs, got_outs in zip(expected, got, strict=True):
+        for e, g in zip(exp_outs, got_outs, strict=True):
             e64, g64 = np.asarray(e, np.float64), np.asarray(g, np.float64)
             noise = float(np.sum((e64 - g64) ** 2))
             if noise > 0:
-                worst = min(worst, 10 * np.log10(max(float(np.sum(e64 ** 2)), 1e-30) / noise))
+                signal = max(float(np.sum(e64 ** 2)), 1e-30)
+                worst = min(worst, float(10 * np.log10(signal / noise)))
     return worst
+
+
+def export_check(fp32: list[list[Any]], simulated: list[list[Any]],
+                 exported: list[list[Any]]) -> tuple[float, float]:
+    """(SNR of AIMET's simulation, SNR of the exported QDQ graph), both against FP32."""
+    return worst_snr_db(fp32, simulated), worst_snr_db(fp32, exported)
 
 
 def main(argv: list[str]) -> int:
