@@ -93,6 +93,10 @@ class Settings(BaseSettings):
     sandbox: Literal["on", "off"] = "on"
     sandbox_memory_mb: int = Field(default=16 * 1024, gt=0)
     sandbox_timeout_seconds: int = Field(default=3300, gt=0)
+    # The python of a separate venv with `aimet-onnx` (it pins its own torch/onnxruntime),
+    # for the qnn quantizers aimet / aimet-adaround / aimet-seqmse; the compile sandbox binds
+    # that venv read-only. Empty: those quantizers report "not installed".
+    aimet_python: str = ""
     max_metadata_bytes: int = Field(default=64 * 1024, gt=0)
     # Every other request body (JSON); read into memory, so it stays small.
     max_json_body_bytes: int = Field(default=1 * MiB, gt=0)
@@ -133,6 +137,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
+        if self.aimet_python and not Path(self.aimet_python).is_absolute():
+            raise SettingsError(
+                f"MODELFLEET_AIMET_PYTHON is {self.aimet_python!r}: give the absolute path of "
+                "the AIMET venv's python (e.g. /opt/aimet-venv/bin/python)"
+            )
         if self.blob_store == "s3" and not self.s3_bucket:
             raise SettingsError(
                 "MODELFLEET_S3_BUCKET is empty but MODELFLEET_BLOB_STORE=s3: set the bucket name"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from server.compile.cohorts import WatermarkSpec
+from server.compile.compilers.registry import default_compilers
 from server.compile.errors import CompileError, TransientCompileError
 from server.compile.pipeline import BuildOutcome, BuildSpec, Pipeline
 from server.compile.sandbox_result import RESULT_FILE
@@ -63,7 +64,10 @@ def main(argv: list[str]) -> int:
     req = json.loads(Path(argv[1]).read_text())
     out = Path(req["out"])
     try:
-        outcomes = Pipeline(log=log).build(_spec(req), out / "work")
+        # The deployment's AIMET interpreter, put in the request by the sandbox (never a
+        # version setting: the uploader does not choose what runs).
+        compilers = default_compilers(str(req.get("aimet_python") or ""))
+        outcomes = Pipeline(compilers, log=log).build(_spec(req), out / "work")
         doc: dict[str, Any] = {"outcomes": [_outcome(o, out) for o in outcomes]}
     except TransientCompileError as e:
         doc = {"error": {"kind": "transient", "message": str(e)}}

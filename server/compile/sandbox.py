@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 import server
+from server.compile.compilers.registry import default_compilers
 from server.compile.errors import CompileError, TransientCompileError
 from server.compile.pipeline import BuildOutcome, BuildSpec, Pipeline
 from server.compile.sandbox_result import RESULT_FILE, read_result
@@ -85,6 +86,9 @@ class SandboxPolicy:
     processes: int = 1024
     open_files: int = 4096
     hidden: tuple[Path, ...] = ()
+    # The AIMET venv's python (settings.aimet_python): its installation is bound read-only
+    # and the child runs AIMET with it, inside this sandbox. Empty: no AIMET.
+    aimet_python: str = ""
 
     @classmethod
     def from_settings(cls, settings: Any, *, hidden: Iterable[Path] = ()) -> SandboxPolicy:
@@ -99,7 +103,8 @@ class SandboxPolicy:
                    memory_bytes=settings.sandbox_memory_mb * 1024 * 1024,
                    wall_seconds=float(settings.sandbox_timeout_seconds),
                    cpu_seconds=2 * settings.sandbox_timeout_seconds,
-                   hidden=tuple(Path(os.path.abspath(p)) for p in hidden))
+                   hidden=tuple(Path(os.path.abspath(p)) for p in hidden),
+                   aimet_python=settings.aimet_python)
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,30 @@ def python_paths() -> list[tuple[str, str]]:
     return pairs
 
 
+_FOREIGN: dict[str, list[tuple[str, str]]] = {}
+
+
+def foreign_python_paths(python: str) -> list[tuple[str, str]]:
+    """(host, sandbox) pairs that make another interpreter (the AIMET venv's) and its packages
+    runnable in the sandbox, read from that interpreter itself (the deployment's own binary,
+    never an upload's) once per process."""
+    if python in _FOREIGN:
+        return _FOREIGN[python]
+    probe_code = "import sys, json; print(json.dumps([sys.prefix, sys.base_prefix]))"
+    try:
+        res = subprocess.run([python, "-I", "-c", probe_code], capture_output=True,
+                             timeout=60, check=True, env={"PATH": "/usr/bin:/bin"})
+        prefixes = [str(p) for p in json.loads(res.stdout)]
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        raise SandboxUnavailableError(f"MODELFLEET_AIMET_PYTHON {python!r} cannot run "
+                                      f"({e}); fix or unset it") from e
+    pairs = {(_real(p), _real(p)) for p in prefixes}
+    pairs |= {(_real(p), os.path.abspath(p)) for p in prefixes}
+    pairs.add((_real(os.path.dirname(python)), os.path.dirname(os.path.abspath(python))))
+    _FOREIGN[python] = sorted(pairs)
+    return _FOREIGN[python]
+
+
 def _parent_dirs(dsts: list[str]) -> list[str]:
     """`--dir` (mode 0755) for every ancestor of a bind target that no bind provides: bwrap
     would otherwise copy the host's mode (e.g. /root 0700), and uid 65534 could not reach
@@ -198,7 +227,7 @@ def bwrap_command(policy: SandboxPolicy, job: JobDirs, *, network: bool = False,
     cmd += _parent_dirs([b[2] for b in binds])
     for b in binds:
         cmd += list(b)
-    bound_hosts = [_real(s) for s, _ in python_paths()] + system + [code]
+    bound_hosts = [_real(s) for s, _ in [*python_paths(), *extra_ro]] + system + [code]
     for hidden in policy.hidden:
         if _covered(str(hidden), bound_hosts) and hidden.is_dir():
             cmd += ["--tmpfs", str(hidden)]  # shadowed: the sandbox sees an empty directory
@@ -357,6 +386,14 @@ def _request(spec: BuildSpec, names: dict[str, str]) -> dict[str, Any]:
             "out": f"{JOB}/out"}
 
 
+def _tools(policy: SandboxPolicy) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """The deployment's extra tools for the child (request keys) and their read-only binds."""
+    if not policy.aimet_python:
+        return {}, []
+    return ({"aimet_python": os.path.abspath(policy.aimet_python)},
+            foreign_python_paths(policy.aimet_python))
+
+
 def _hub_config(spec: BuildSpec) -> list[tuple[str, str]]:
     """qnn-hub compiles in Qualcomm's cloud: that build gets network and the AI Hub client
     config (read-only) — and nothing else secret."""
@@ -388,12 +425,14 @@ class SandboxedPipeline:
                 except OSError:
                     shutil.copyfile(path, job.inputs / names[kind])
                 os.chmod(job.inputs / names[kind], 0o644)
-        (job.inputs / "request.json").write_text(json.dumps(_request(spec, names)))
+        tools, tool_binds = _tools(self.policy)
+        (job.inputs / "request.json").write_text(json.dumps({**_request(spec, names),
+                                                             **tools}))
         hub = _hub_config(spec)
         if hub:
             (job.tmp / ".qai_hub").mkdir()
             (job.tmp / ".qai_hub" / "client.ini").touch()
-        cmd = bwrap_command(self.policy, job, network=bool(hub), extra_ro=hub)
+        cmd = bwrap_command(self.policy, job, network=bool(hub), extra_ro=[*tool_binds, *hub])
         self._log(f"sandbox: compiling in bubblewrap (no network{'' if not hub else ' but AI Hub'}"
                   f", uid {NOBODY if os.geteuid() == 0 else os.geteuid()}, "
                   f"{self.policy.memory_bytes // (1024 * 1024)} MiB, "
@@ -426,6 +465,6 @@ def pipeline_factory(policy: SandboxPolicy) -> Callable[[Log], Builder]:
 
     def unsandboxed(log_fn: Log) -> Builder:
         log_fn("WARNING: sandbox off (MODELFLEET_SANDBOX=off): compiling in-process")
-        return Pipeline(log=log_fn)
+        return Pipeline(default_compilers(policy.aimet_python), log=log_fn)
 
     return unsandboxed

@@ -77,3 +77,19 @@ def test_docker_compose_variable_names_are_the_settings(monkeypatch: pytest.Monk
 def test_s3_store_needs_a_bucket() -> None:
     with pytest.raises(ValidationError, match="MODELFLEET_S3_BUCKET"):
         Settings(blob_store="s3")
+
+
+def test_the_aimet_interpreter_reaches_the_sandbox_policy(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    from server.compile.sandbox import SandboxPolicy
+
+    monkeypatch.setenv("MODELFLEET_AIMET_PYTHON", "/opt/aimet-venv/bin/python")
+    policy = SandboxPolicy.from_settings(Settings(data_dir=tmp_path))
+    assert policy.aimet_python == "/opt/aimet-venv/bin/python"
+    assert SandboxPolicy.from_settings(Settings(data_dir=tmp_path, aimet_python="")
+                                       ).aimet_python == ""
+
+
+def test_a_relative_aimet_interpreter_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"MODELFLEET_AIMET_PYTHON.*absolute"):
+        Settings(aimet_python="aimet-venv/bin/python")

@@ -11,6 +11,9 @@ Settings (`settings["qnn"]`):
   for the QDQ activations of `precision: int8`.
 - `keep_float_nodes`: ONNX node names left out of the quantization (mixed precision: they
   run on dequantized values at 16-bit activations; onnxruntime's `nodes_to_exclude`).
+- `quantizer`: which backend makes the QDQ graph (server/compile/quantizers/): "ort"
+  (default, onnxruntime's QNN QDQ flow) or, where the worker has AIMET, "aimet" (min-max
+  PTQ), "aimet-adaround", "aimet-seqmse". The compile and the gates downstream are the same.
 - `min_htp_share`: unset (default) fails the build when any node would run on the CPU;
   a number in (0, 1] accepts a partial offload when at least that share of the graph's
   nodes runs on the HTP (the rest runs on the device's CPU EP, named in the report).
@@ -27,6 +30,7 @@ them the build compiles FP16 on the HTP and the report says INT8 needs calibrati
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +41,15 @@ from server.compile.compilers.base import (
     int_setting,
     settings_for,
 )
-from server.compile.errors import CalibrationError, ConversionError, InvalidSourceError
+from server.compile.errors import (
+    CalibrationError,
+    CompilerUnavailableError,
+    ConversionError,
+    InvalidSourceError,
+)
 from server.compile.htp_support import HtpAssignment, probe
 from server.compile.qnn_runtime import open_session, qnn_version
+from server.compile.quantizers.base import QdqScheme, Quantizer
 from server.compile.types import CompiledArtifact, CompileRequest, Precision, Target
 
 DEFAULT_TARGETS = [{"name": "SM8650", "soc_model": "57", "htp_arch": "75"}]
@@ -104,6 +114,11 @@ def targets_of(opts: dict[str, object]) -> list[dict[str, str]]:
 class QnnCompiler:
     platform = "qnn"
 
+    def __init__(self, quantizers: Mapping[str, Quantizer] | None = None) -> None:
+        # The QDQ backends a version may pick with `quantizer` (compilers/registry.py gives
+        # them); without any, onnxruntime's flow (`quantize_qdq`) is the only one.
+        self._quantizers = dict(quantizers or {})
+
     def compile(self, request: CompileRequest, workdir: Path) -> list[CompiledArtifact]:
         from server.compile.quiet import quiet
         from server.compile.source import load_samples
@@ -124,6 +139,9 @@ class QnnCompiler:
             raise CalibrationError(NEEDS_CALIBRATION.split(":")[0] + ": this version has none")
         min_share = min_htp_share(opts.get("min_htp_share"))
         keep_float = _names(opts.get("keep_float_nodes"))
+        backend = str(opts.get("quantizer", "ort"))
+        quantizer = self._quantizer(  # checked before anything slow runs
+            backend, needed=request.calibration_path is not None and wanted != "fp16")
         notes: list[str] = []
         src = ensure_onnx(request, workdir)
         refuse_wide_int64(src)
@@ -132,10 +150,17 @@ class QnnCompiler:
         if request.calibration_path is not None and wanted != "fp16":
             samples = load_samples(request.calibration_path, request.inputs,
                                    request.shape_variant)
-            with quiet():
-                model = quantize_qdq(src, workdir / "model.qdq.onnx", samples, act_bits,
-                                     weight_bits=weight_bits, keep_float=keep_float)
+            scheme = QdqScheme(weight_bits, act_bits, keep_float=keep_float,
+                               htp_arch=min(int(t["htp_arch"]) for t in targets_of(opts)))
+            if quantizer is None:
+                with quiet():
+                    model = quantize_qdq(src, workdir / "model.qdq.onnx", samples, act_bits,
+                                         weight_bits=weight_bits, keep_float=keep_float)
+            else:
+                model = quantizer.quantize(src, workdir / "model.qdq.onnx", samples, scheme)
             precision = Precision.INT8
+            if backend != "ort":
+                notes.append(f"quantized by {backend}")
             notes.append(f"QDQ-quantized ({'int4' if weight_bits == 4 else 'uint8'} weights, "
                          f"uint{act_bits} activations) with {len(samples)} calibration samples"
                          + (f"; kept unquantized: {', '.join(keep_float)}" if keep_float
@@ -181,6 +206,9 @@ class QnnCompiler:
                                      if precision is Precision.INT8 else {}),
                                   **({"keep_float_nodes": ",".join(keep_float)}
                                      if keep_float else {}),
+                                  **({"quantizer": backend}
+                                     if precision is Precision.INT8 and backend != "ort"
+                                     else {}),
                                   "context_embed_mode": 1},
                 notes=target_notes,
                 extra={"provider_options": provider,
@@ -192,6 +220,19 @@ class QnnCompiler:
                        "cpu_fallback": bool(assignment.cpu_nodes)},
             ))
         return artifacts
+
+    def _quantizer(self, name: str, needed: bool) -> Quantizer | None:
+        """The backend named by the `quantizer` setting (None: the built-in onnxruntime
+        flow); one that cannot run here fails the build only when it would be `needed`."""
+        backend = self._quantizers.get(name)
+        if backend is None and name != "ort":
+            raise InvalidSourceError(f"qnn quantizer must be one of "
+                                     f"{', '.join(sorted({'ort', *self._quantizers}))}, "
+                                     f"not {name!r}")
+        why = backend.unavailable() if backend is not None and needed else ""
+        if why:
+            raise CompilerUnavailableError(f"qnn quantizer {name}: {why}")
+        return backend
 
     def run(self, artifact: CompiledArtifact, feeds: Feeds) -> Outputs:
         """Runs the EPContext model on the HTP backend (emulated on x86)."""

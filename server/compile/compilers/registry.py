@@ -11,17 +11,19 @@ from collections.abc import Callable
 from server.compile.compilers.base import Compiler
 
 
-def default_compilers() -> dict[str, Callable[[], Compiler]]:
+def default_compilers(aimet_python: str = "") -> dict[str, Callable[[], Compiler]]:
     """Factories by platform name; imported here, at the first call, so a process that never
-    builds (the API, a publish worker) never loads a toolchain."""
+    builds (the API, a publish worker) never loads a toolchain. `aimet_python`: the
+    deployment's AIMET interpreter for the qnn quantizers (empty: AIMET not installed)."""
     from server.compile.compilers.coreml import CoreMLCompiler
     from server.compile.compilers.onnx import OnnxCompiler
     from server.compile.compilers.qnn import QnnCompiler
     from server.compile.compilers.qnn_hub import QnnHubCompiler
+    from server.compile.quantizers.registry import default_quantizers
 
     return {
         "onnx": OnnxCompiler,
         "coreml": CoreMLCompiler,
-        "qnn": QnnCompiler,
+        "qnn": lambda: QnnCompiler(default_quantizers(aimet_python)),
         "qnn-hub": QnnHubCompiler.from_environment,
     }
