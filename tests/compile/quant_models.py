@@ -52,3 +52,34 @@ def mlp(tmp: Path, name: str, widths: tuple[int, ...] = (64, 64, 64, 32), seed: 
     np.savez(cal, x=np.concatenate(
         [feeds, rng.standard_normal((28, *spec.shape)).astype(np.float32)]))
     return ModelFiles(name, (spec,), path, path, ref, cal)
+
+
+def shared_bias_convs(tmp: Path, name: str, opset: int = 13, identity: bool = True,
+                      channels: int = 8) -> ModelFiles:
+    """conv0 → relu → conv1, both Convs reading one bias initializer, through an Identity
+    each when `identity` (as the TorchScript exporter writes a bias several Convs share)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    c = channels
+    inits = [numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) / 9).astype(
+        np.float32), f"w{i}") for i in range(2)]
+    inits.append(numpy_helper.from_array((0.1 * rng.standard_normal(c)).astype(np.float32),
+                                         "b"))
+    bias = ["b0", "b1"] if identity else ["b", "b"]
+    nodes = [helper.make_node("Identity", ["b"], [b], name=f"id{i}")
+             for i, b in enumerate(bias) if identity]
+    nodes += [helper.make_node("Conv", ["x", "w0", bias[0]], ["c0"], name="conv0",
+                               pads=[1, 1, 1, 1]),
+              helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+              helper.make_node("Conv", ["r0", "w1", bias[1]], ["y"], name="conv1",
+                               pads=[1, 1, 1, 1])]
+    shape = (1, c, 8, 8)
+    path = onnx_model(tmp / f"{name}.onnx", nodes,
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+                      inits, opset=opset)
+    ref, cal = tmp / f"{name}.ref.npz", tmp / f"{name}.cal.npz"
+    np.savez(ref, x=rng.standard_normal((2, *shape)).astype(np.float32))
+    np.savez(cal, x=rng.standard_normal((8, *shape)).astype(np.float32))
+    return ModelFiles(name, (InputSpec("x", shape),), path, path, ref, cal)

@@ -8,7 +8,8 @@
 - QNN (onnxruntime QDQ for the HTP): W8A8, W8A16 and INT4-weight (W4A16) QDQ graphs carry
   the weight and activation types of their scheme, compile to an HTP context binary and
   run; W4A16 for an HTP generation before v73 is refused; `keep_float_nodes` leaves the
-  named node out of the quantization.
+  named node out of the quantization; `-pt` schemes give each weight one scale; a bias
+  shared through Identity nodes and an opset-11 graph keep per-channel weights on the HTP.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from server.compile.gates.metrics import snr_db
 from server.compile.milexec import MilExecutor
 from server.compile.source import load_samples, run_onnx_cpu
 from tests.compile.compile_models import ModelFiles
-from tests.compile.quant_models import mlp
+from tests.compile.quant_models import mlp, shared_bias_convs
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +154,49 @@ def test_qnn_keep_float_nodes_leaves_that_node_unquantized(net, tmp_path):
     assert "w1" in types.keys() or any(k.startswith("w1") for k in types)
     assert not any(k.startswith("w0") for k in types), types  # fc0's weight stays float
     assert art.compile_settings["keep_float_nodes"] == "fc0"
+
+
+def _weight_scales(qdq: Path) -> dict[str, tuple[int, ...]]:
+    """Shape of each weight DequantizeLinear's scale, by the weight it reads (() per tensor)."""
+    import onnx
+
+    model = onnx.load(str(qdq))
+    dims = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    return {n.input[0]: dims[n.input[1]] for n in model.graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0].startswith("w")}
+
+
+def test_qnn_bias_shared_through_identity_keeps_per_channel_weights_on_the_htp(tmp_path):
+    # Without a copy of the bias per Conv, the HTP leaves both per-channel weight
+    # DequantizeLinear nodes to the CPU and the build fails naming them.
+    convs = shared_bias_convs(tmp_path, "shared")
+    art = _qnn(convs, tmp_path / "out", "w8a16")
+    assert not art.extra["cpu_fallback"] and art.extra["htp"]["node_share"] == 1.0
+    scales = _weight_scales(Path(art.extra["qdq_model"]))
+    assert sorted(scales.values()) == [(8,), (8,)], scales  # one scale per output channel
+    feeds = load_samples(convs.reference, convs.inputs)[:1]
+    (got,) = QnnCompiler().run(art, feeds)[0]
+    assert snr_db(run_onnx_cpu(convs.onnx, feeds)[0][0], got) > 30.0
+
+
+def test_qnn_per_channel_weights_of_an_opset_11_graph_are_lifted_to_opset_13(tmp_path):
+    # DequantizeLinear has no axis before opset 13: per-channel QDQ of an opset-11 export
+    # was an invalid graph ("fc.bias_DequantizeLinear ... axis").
+    import onnx
+
+    convs = shared_bias_convs(tmp_path, "op11", opset=11, identity=False)
+    art = _qnn(convs, tmp_path / "out", "w8a8")
+    qdq = onnx.load(str(art.extra["qdq_model"]))
+    assert next(o.version for o in qdq.opset_import if o.domain == "") >= 13
+    assert sorted(_weight_scales(Path(art.extra["qdq_model"])).values()) == [(8,), (8,)]
+
+
+def test_qnn_per_tensor_scheme_gives_every_conv_weight_one_scale(tmp_path):
+    convs = shared_bias_convs(tmp_path, "pt", identity=False)
+    art = _qnn(convs, tmp_path / "pt", "w8a16-pt")
+    assert art.target.variant == "w8a16-pt-t" and art.precision.value == "int8"
+    assert art.compile_settings["weight_granularity"] == "tensor"
+    assert sorted(_weight_scales(Path(art.extra["qdq_model"])).values()) == [(), ()]
+    pc = _qnn(convs, tmp_path / "pc", "w8a16")
+    assert pc.compile_settings["weight_granularity"] == "channel"
+    assert sorted(_weight_scales(Path(pc.extra["qdq_model"])).values()) == [(8,), (8,)]

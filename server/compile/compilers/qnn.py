@@ -7,6 +7,9 @@ Settings (`settings["qnn"]`):
   "int8" (requires calibration data; weights 8-bit, activations per `activation_bits`),
   "w8a8", "w8a16", "w4a16" (INT4 weights, 16-bit activations; HTP v73 and later), "fp16",
   or "auto" (the precision search picks per target: server/compile/precision_search.py).
+  Weights are quantized per output channel (Conv, Gemm; MatMul weights are per tensor, as
+  the HTP takes them); "w8a8-pt" and "w8a16-pt" quantize every weight per tensor, for
+  graphs whose per-channel weights the HTP does not claim.
 - `activation_bits`: 16 (default, "w8a16": the HTP's usual accuracy/speed trade-off) or 8
   for the QDQ activations of `precision: int8`.
 - `keep_float_nodes`: ONNX node names left out of the quantization (mixed precision: they
@@ -62,7 +65,12 @@ class _Reader:
 
 
 # precision -> (weight bits, activation bits) of the QDQ scheme
-QDQ_SCHEMES = {"w8a8": (8, 8), "w8a16": (8, 16), "w4a16": (4, 16)}
+QDQ_SCHEMES = {"w8a8": (8, 8), "w8a16": (8, 16), "w4a16": (4, 16),
+               "w8a8-pt": (8, 8), "w8a16-pt": (8, 16)}
+# Schemes with per-tensor weights: for a graph whose per-channel weight DequantizeLinear the
+# HTP does not fold into its Conv and leaves to the CPU (server/compile/qdq_prep.py removes
+# the known cause, biases shared through Identity; per tensor the HTP runs any of them).
+PER_TENSOR = ("w8a8-pt", "w8a16-pt")
 # INT4 weights on the HTP start with this generation (QNN SDK: 4-bit weights on v73+).
 INT4_MIN_ARCH = 73
 # FP16 arithmetic on the HTP starts with v69 (SM8450); v68 (SM8350, SA8295) runs only
@@ -79,6 +87,9 @@ def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
         qnn_preprocess_model,
     )
 
+    from server.compile.qdq_prep import prepare
+
+    src = prepare(src, out.with_name(out.stem + ".prepared.onnx"), per_channel)
     # Fuses Erf sequences into Gelu (and similar): the HTP has no quantized Erf, and QDQ
     # pairs inserted between the pieces would otherwise block QNN's own fusion.
     prepped = out.with_name(out.stem + ".prep.onnx")
@@ -114,12 +125,13 @@ class QnnCompiler:
             raise InvalidSourceError("qnn precision auto is resolved by the pipeline's "
                                      "precision search, not by the compiler")
         if wanted not in ("default", "int8", "fp16", *QDQ_SCHEMES):
-            raise InvalidSourceError("qnn precision must be auto, int8, w8a8, w8a16, w4a16 or "
-                                     "fp16")
+            raise InvalidSourceError("qnn precision must be auto, int8, w8a8, w8a16, w4a16, "
+                                     "w8a8-pt, w8a16-pt or fp16")
         act_bits = int_setting(opts, "activation_bits", 16)
         if act_bits not in (8, 16):
             raise InvalidSourceError("qnn activation_bits must be 8 or 16")
         weight_bits, act_bits = QDQ_SCHEMES.get(wanted, (8, act_bits))
+        per_channel = wanted not in PER_TENSOR
         if wanted not in ("default", "fp16") and request.calibration_path is None:
             raise CalibrationError(NEEDS_CALIBRATION.split(":")[0] + ": this version has none")
         min_share = min_htp_share(opts.get("min_htp_share"))
@@ -134,9 +146,11 @@ class QnnCompiler:
                                    request.shape_variant)
             with quiet():
                 model = quantize_qdq(src, workdir / "model.qdq.onnx", samples, act_bits,
-                                     weight_bits=weight_bits, keep_float=keep_float)
+                                     per_channel=per_channel, weight_bits=weight_bits,
+                                     keep_float=keep_float)
             precision = Precision.INT8
-            notes.append(f"QDQ-quantized ({'int4' if weight_bits == 4 else 'uint8'} weights, "
+            notes.append(f"QDQ-quantized ({'int4' if weight_bits == 4 else 'uint8'} weights "
+                         f"per {'channel' if per_channel else 'tensor'}, "
                          f"uint{act_bits} activations) with {len(samples)} calibration samples"
                          + (f"; kept unquantized: {', '.join(keep_float)}" if keep_float
                             else ""))
@@ -149,6 +163,8 @@ class QnnCompiler:
             soc, arch = str(t["soc_model"]), str(t["htp_arch"])
             name = str(t.get("name", f"soc{soc}"))
             label = f"w{weight_bits}a{act_bits}" if precision is Precision.INT8 else "fp16"
+            if precision is Precision.INT8 and not per_channel:
+                label += "-pt"
             if weight_bits == 8 and act_bits == 8 and wanted in ("int8", "default"):
                 label = "int8"  # the name this scheme has always had
             if keep_float:
@@ -177,7 +193,9 @@ class QnnCompiler:
                 precision=precision,
                 compile_settings={"precision": precision.value, "soc_model": soc,
                                   "htp_arch": arch, "activation_bits": act_bits,
-                                  **({"weight_bits": weight_bits}
+                                  **({"weight_bits": weight_bits,
+                                      "weight_granularity": "channel" if per_channel
+                                      else "tensor"}
                                      if precision is Precision.INT8 else {}),
                                   **({"keep_float_nodes": ",".join(keep_float)}
                                      if keep_float else {}),

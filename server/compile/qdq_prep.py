@@ -1,0 +1,75 @@
+"""Graph preparation before QNN's QDQ quantization (server/compile/compilers/qnn.py).
+
+- Constants shared through Identity nodes get one copy per Identity. The TorchScript
+  exporter writes a bias that several Convs share (equal initial values, as a fresh
+  ResNet's zero biases) as one initializer read through an Identity per Conv. Quantized,
+  each Conv's int32 bias needs its own scale (input scale × that Conv's weight scales), so
+  the quantizer cannot give the shared bias to the Conv's QDQ group; onnxruntime-qnn then
+  finds no Conv group to fold the per-channel weight DequantizeLinear into, and the HTP
+  leaves it to the CPU (per tensor it runs it, but on dequantized FP16 weights, twice the
+  bytes). With a copy per Conv the whole graph goes to the HTP with 8-bit weights.
+- Graphs below opset 13 are lifted to 13 for per-channel weights: DequantizeLinear has no
+  `axis` before 13, so a per-channel QDQ graph of an opset-11 export is invalid (16-bit
+  schemes are lifted to 21 by onnxruntime's quantizer itself). A graph the ONNX version
+  converter cannot lift stays as it is (its per-channel candidate then fails to compile
+  and the precision search tries the per-tensor one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def prepare(src: Path, out: Path, per_channel: bool) -> Path:
+    """`src`, or the prepared graph written to `out` when a step changed it."""
+    import onnx
+
+    graph = onnx.load(str(src))
+    lifted = lift_for_per_channel(graph) if per_channel else None
+    if unshare_identity_constants(lifted or graph) or lifted is not None:
+        onnx.save(lifted or graph, str(out))
+        return out
+    return src
+
+
+PER_CHANNEL_MIN_OPSET = 13
+
+
+def lift_for_per_channel(model: Any) -> Any | None:
+    """`model` converted to opset 13 when its default-domain opset is below it, else None
+    (also when the converter fails)."""
+    from onnx import version_converter
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= PER_CHANNEL_MIN_OPSET:
+        return None
+    try:
+        return version_converter.convert_version(model, PER_CHANNEL_MIN_OPSET)
+    except Exception:  # the converter has no adapter for some node: keep the graph as is
+        return None
+
+
+def unshare_identity_constants(model: Any) -> int:
+    """Replaces each Identity of an initializer by a copy of it under the Identity's output
+    name (in place); returns how many. An Identity whose output is a graph output stays."""
+    import onnx
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    done = []
+    for node in graph.node:
+        if node.op_type != "Identity" or node.input[0] not in inits \
+                or node.output[0] in outputs or node.output[0] in inits:
+            continue
+        copy = onnx.TensorProto()
+        copy.CopyFrom(inits[node.input[0]])
+        copy.name = node.output[0]
+        graph.initializer.append(copy)
+        done.append(node)
+    for node in done:
+        graph.node.remove(node)
+    # The original stays even when nothing reads it now (a subgraph still may); the EPContext
+    # model carries no initializers, so it costs the artifact nothing.
+    return len(done)
