@@ -71,7 +71,7 @@ def test_auto_ships_the_smallest_candidate_that_passes_and_skips_one_failing_the
 def test_each_qnn_target_gets_its_own_search(nets, tmp_path):
     settings = pipeline_settings("qnn", {"precision": "auto", "targets": "SM8650,SM8350",
                                          "search_candidates": "w4a16,w8a16,fp16"})
-    v75, v68 = _build(nets["plain"], "qnn", settings, tmp_path)
+    v75, v68 = _build(nets["outlier"], "qnn", settings, tmp_path)
     # v75: both quantized candidates fail the INT8 thresholds, FP16 passes.
     assert v75.state == "ready" and v75.variant == "fp16-sm8650"
     assert _tried(v75) == ["w4a16", "w8a16", "fp16"]
@@ -156,7 +156,7 @@ def test_a_negative_budget_is_refused(nets, tmp_path):
 def test_a_per_tensor_candidate_is_skipped_when_its_per_channel_twin_compiled(nets, tmp_path):
     settings = pipeline_settings("qnn", {"precision": "auto",
                                          "search_candidates": "w8a16,w8a16-pt,fp16"})
-    (out,) = _build(nets["plain"], "qnn", settings, tmp_path)
+    (out,) = _build(nets["outlier"], "qnn", settings, tmp_path)
     # W8A16 compiled and failed the INT8 thresholds: per-tensor weights would lose more, so
     # the search does not spend a compile on them and goes on to FP16.
     assert _tried(out) == ["w8a16", "fp16"] and out.state == "ready"
