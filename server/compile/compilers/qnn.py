@@ -7,9 +7,9 @@ Settings (`settings["qnn"]`):
   "int8" (requires calibration data; weights 8-bit, activations per `activation_bits`),
   "w8a8", "w8a16", "w4a16" (INT4 weights, 16-bit activations; HTP v73 and later), "fp16",
   or "auto" (the precision search picks per target: server/compile/precision_search.py).
-  Weights are quantized per output channel (Conv, Gemm; MatMul weights are per tensor, as
-  the HTP takes them); "w8a8-pt" and "w8a16-pt" quantize every weight per tensor, for
-  graphs whose per-channel weights the HTP does not claim.
+  Weights are quantized per output channel (Conv, Gemm; MatMul weights per column, signed:
+  server/compile/qdq_prep.py); "w8a8-pt" and "w8a16-pt" quantize every weight per tensor,
+  for graphs whose per-channel weights the HTP does not claim.
 - `activation_bits`: 16 (default, "w8a16": the HTP's usual accuracy/speed trade-off) or 8
   for the QDQ activations of `precision: int8`.
 - `keep_float_nodes`: ONNX node names left out of the quantization (mixed precision: they
