@@ -13,6 +13,13 @@
   whose constant [K, N] weight is signed and symmetric per column (axis 1) on the HTP
   (asymmetric per-channel ones it leaves to the CPU). Per column an 8-bit weight keeps ~4 dB
   more SNR on Gaussian weights, which is what transformer encoders were missing at W8A16.
+- Additive attention masks stay float: a mask built from -inf or a huge negative constant
+  (`Where(mask, 0, -inf)`, `(1 - mask) * finfo.min`) added to the attention scores gives
+  the sum a range no 16-bit scale spans — onnxruntime-qnn refuses to quantize an infinite
+  range ("graphAddNode ... Quantize ... 6007"), and a finite huge one leaves the scores no
+  resolution (BERT-small: 28 dB on the CPU). The nodes from such a constant to the Softmax
+  it reaches are left out of the quantization (they run in FP16 on the HTP; Softmax turns
+  -inf into 0).
 - Graphs below opset 13 are lifted to 13 for per-channel weights: DequantizeLinear has no
   `axis` before 13, so a per-channel QDQ graph of an opset-11 export is invalid (16-bit
   schemes are lifted to 21 by onnxruntime's quantizer itself). A graph the ONNX version
@@ -72,6 +79,56 @@ def matmul_weights_per_channel(model_path: Path, weight_type: Any, keep: set[str
             for name in rank2 if readers.get(name) and all(
                 n.op_type == "MatMul" and list(n.input).index(name) == 1
                 and n.name not in keep for n in readers[name])}
+
+
+HUGE = 1e4  # a constant this large (or non-finite) is a mask value, not a weight
+# Ops a mask value passes through on its way to the scores (shape and selection ops, the
+# arithmetic that builds and adds the mask).
+_MASK_PATH = {"Where", "Add", "Sub", "Mul", "Expand", "Reshape", "Unsqueeze", "Squeeze",
+              "Cast", "Concat", "Slice", "Transpose", "Tile", "Min", "Max", "Identity"}
+
+
+def attention_mask_nodes(model_path: Path) -> list[str]:
+    """Names of the nodes that carry a huge or infinite mask constant to a Softmax, and that
+    Softmax; nothing when the constant reaches no Softmax."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    graph = model.graph
+    huge: set[str] = set()
+    for t in graph.initializer:
+        if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16) and \
+                int(np.prod(t.dims)) <= 16:
+            if np.any(~np.isfinite(v := numpy_helper.to_array(t))) or np.any(np.abs(v) >= HUGE):
+                huge.add(t.name)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].type == \
+                onnx.AttributeProto.TENSOR:
+            v = numpy_helper.to_array(node.attribute[0].t)
+            if v.dtype.kind == "f" and v.size <= 16 and (
+                    np.any(~np.isfinite(v)) or np.any(np.abs(v) >= HUGE)):
+                huge.update(node.output)
+    carried, path, softmax = set(huge), [], []
+    for node in graph.node:  # graph order is topological
+        if not any(i in carried for i in node.input):
+            continue
+        if node.op_type == "Softmax":
+            softmax.append(node)
+        elif node.op_type in _MASK_PATH:
+            carried.update(node.output)
+            path.append(node)
+    if not softmax:
+        return []
+    # Only the path nodes from which a Softmax is reached.
+    feeds = {i for n in softmax for i in n.input}
+    keep = []
+    for node in reversed(path):
+        if any(o in feeds for o in node.output):
+            keep.append(node)
+            feeds.update(i for i in node.input if i in carried)
+    return [n.name for n in reversed(keep)] + [n.name for n in softmax]
 
 
 def unshare_identity_constants(model: Any) -> int:

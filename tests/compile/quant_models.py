@@ -83,3 +83,39 @@ def shared_bias_convs(tmp: Path, name: str, opset: int = 13, identity: bool = Tr
     np.savez(ref, x=rng.standard_normal((2, *shape)).astype(np.float32))
     np.savez(cal, x=rng.standard_normal((8, *shape)).astype(np.float32))
     return ModelFiles(name, (InputSpec("x", shape),), path, path, ref, cal)
+
+
+def masked_attention(tmp: Path, name: str, seq: int = 8, dim: int = 16) -> ModelFiles:
+    """One attention head with an additive mask as exporters write it: scores = (x·Wq)(x·Wk)ᵀ
+    + Where(mask, 0, -inf), softmax, times x·Wv; `mask` is an int64 attention mask (1 = keep)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array((rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(
+        np.float32), w) for w in ("wq", "wk", "wv")]
+    inits += [numpy_helper.from_array(np.array([0.0], np.float32), "zero"),
+              numpy_helper.from_array(np.array([-np.inf], np.float32), "ninf"),
+              numpy_helper.from_array(np.array([1], np.int64), "axis1")]
+    nodes = [helper.make_node("MatMul", ["x", w], [w + "_out"], name=w + "_proj")
+             for w in ("wq", "wk", "wv")]
+    nodes += [helper.make_node("Transpose", ["wk_out"], ["kt"], name="kt", perm=[0, 2, 1]),
+              helper.make_node("MatMul", ["wq_out", "kt"], ["scores"], name="qk"),
+              helper.make_node("Cast", ["mask"], ["keep"], name="keep", to=TensorProto.BOOL),
+              helper.make_node("Unsqueeze", ["keep", "axis1"], ["keep3"], name="keep3"),
+              helper.make_node("Where", ["keep3", "zero", "ninf"], ["bias"], name="mask_bias"),
+              helper.make_node("Add", ["scores", "bias"], ["masked"], name="mask_add"),
+              helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["probs", "wv_out"], ["y"], name="attend")]
+    path = onnx_model(tmp / f"{name}.onnx", nodes,
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, dim]),
+                       helper.make_tensor_value_info("mask", TensorProto.INT64, [1, seq])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])],
+                      inits)
+    masks = np.ones((16, 1, seq), np.int64)
+    masks[:, :, seq - 3:] = 0  # the last three positions are padding
+    x = rng.standard_normal((16, 1, seq, dim)).astype(np.float32)
+    ref, cal = tmp / f"{name}.ref.npz", tmp / f"{name}.cal.npz"
+    np.savez(ref, x=x[:2], mask=masks[:2])
+    np.savez(cal, x=x, mask=masks)  # covers the reference inputs' range
+    return ModelFiles(name, (InputSpec("x", (1, seq, dim)),
+                             InputSpec("mask", (1, seq), "int64")), path, path, ref, cal)

@@ -27,7 +27,7 @@ from server.compile.gates.metrics import snr_db
 from server.compile.milexec import MilExecutor
 from server.compile.source import load_samples, run_onnx_cpu
 from tests.compile.compile_models import ModelFiles
-from tests.compile.quant_models import mlp, shared_bias_convs
+from tests.compile.quant_models import masked_attention, mlp, shared_bias_convs
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +226,29 @@ def test_qnn_per_tensor_scheme_gives_every_conv_weight_one_scale(tmp_path):
     pc = _qnn(convs, tmp_path / "pc", "w8a16")
     assert pc.compile_settings["weight_granularity"] == "channel"
     assert sorted(_weight_scales(Path(pc.extra["qdq_model"])).values()) == [(8,), (8,)]
+
+
+def test_qnn_additive_attention_mask_of_minus_inf_stays_float_and_compiles(tmp_path):
+    # Quantizing Where(mask, 0, -inf) + scores needs an infinite range: onnxruntime-qnn
+    # refused the graph ("Failed to compose Qnn graph"), as it did BERT's.
+    att = masked_attention(tmp_path, "att")
+    art = _qnn(att, tmp_path / "out", "w8a16")
+    import onnx
+
+    qdq = onnx.load(str(art.extra["qdq_model"]))
+    quantized = {n.input[0] for n in qdq.graph.node if n.op_type == "QuantizeLinear"}
+    assert not quantized & {"bias", "masked"}, quantized  # the mask path stays float
+    assert "scores" in quantized and "x" in quantized  # the rest is quantized
+    feeds = load_samples(att.reference, att.inputs)
+    expected = [o[0] for o in run_onnx_cpu(att.onnx, feeds)]
+    got = [o[0] for o in QnnCompiler().run(art, feeds)]
+    assert min(snr_db(e, g) for e, g in zip(expected, got, strict=True)) > 30.0
+
+
+def test_attention_mask_nodes_are_the_path_from_the_mask_constant_to_the_softmax(
+        net, tmp_path):
+    from server.compile.qdq_prep import attention_mask_nodes
+
+    att = masked_attention(tmp_path, "att")
+    assert attention_mask_nodes(att.onnx) == ["mask_bias", "mask_add", "softmax"]
+    assert attention_mask_nodes(net.onnx) == []  # no mask constant, nothing left float
