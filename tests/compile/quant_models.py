@@ -119,3 +119,26 @@ def masked_attention(tmp: Path, name: str, seq: int = 8, dim: int = 16) -> Model
     np.savez(cal, x=x, mask=masks)  # covers the reference inputs' range
     return ModelFiles(name, (InputSpec("x", (1, seq, dim)),
                              InputSpec("mask", (1, seq), "int64")), path, path, ref, cal)
+
+
+def embedding_lookup(tmp: Path, name: str, vocab: int = 64, dim: int = 16, seq: int = 8
+                     ) -> ModelFiles:
+    """ids → Gather(table) → MatMul(w): an embedding table and one projection."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal((vocab, dim)).astype(np.float32),
+                                     "table"),
+             numpy_helper.from_array((rng.standard_normal((dim, dim)) / 4).astype(np.float32),
+                                     "w")]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"], name="embed"),
+             helper.make_node("MatMul", ["emb", "w"], ["y"], name="proj")]
+    path = onnx_model(tmp / f"{name}.onnx", nodes,
+                      [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, seq])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])],
+                      inits)
+    ids = rng.integers(0, vocab, size=(8, 1, seq)).astype(np.int64)
+    ref, cal = tmp / f"{name}.ref.npz", tmp / f"{name}.cal.npz"
+    np.savez(ref, ids=ids[:2])
+    np.savez(cal, ids=ids)
+    return ModelFiles(name, (InputSpec("ids", (1, seq), "int64"),), path, path, ref, cal)

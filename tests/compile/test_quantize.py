@@ -27,7 +27,12 @@ from server.compile.gates.metrics import snr_db
 from server.compile.milexec import MilExecutor
 from server.compile.source import load_samples, run_onnx_cpu
 from tests.compile.compile_models import ModelFiles
-from tests.compile.quant_models import masked_attention, mlp, shared_bias_convs
+from tests.compile.quant_models import (
+    embedding_lookup,
+    masked_attention,
+    mlp,
+    shared_bias_convs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -252,3 +257,18 @@ def test_attention_mask_nodes_are_the_path_from_the_mask_constant_to_the_softmax
     att = masked_attention(tmp_path, "att")
     assert attention_mask_nodes(att.onnx) == ["mask_bias", "mask_add", "softmax"]
     assert attention_mask_nodes(net.onnx) == []  # no mask constant, nothing left float
+
+
+def test_qnn_embedding_table_is_stored_at_8_bits_in_a_16_bit_scheme(tmp_path):
+    # onnxruntime's quantizer took the Gather's table for an activation: 16 bits at W8A16.
+    from onnx import TensorProto
+
+    emb = embedding_lookup(tmp_path, "emb")
+    art = _qnn(emb, tmp_path / "out", "w8a16")
+    types = _dq_types(Path(art.extra["qdq_model"]))
+    assert types["table_quantized"] == TensorProto.UINT8, types
+    assert not art.extra["cpu_fallback"]
+    feeds = load_samples(emb.reference, emb.inputs)
+    expected = [o[0] for o in run_onnx_cpu(emb.onnx, feeds)]
+    got = [o[0] for o in QnnCompiler().run(art, feeds)]
+    assert min(snr_db(e, g) for e, g in zip(expected, got, strict=True)) > 30.0

@@ -87,9 +87,9 @@ def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
         qnn_preprocess_model,
     )
 
-    from server.compile.qdq_prep import attention_mask_nodes, matmul_weights_per_channel, prepare
+    from server.compile import qdq_prep
 
-    src = prepare(src, out.with_name(out.stem + ".prepared.onnx"), per_channel)
+    src = qdq_prep.prepare(src, out.with_name(out.stem + ".prepared.onnx"), per_channel)
     # Fuses Erf sequences into Gelu (and similar): the HTP has no quantized Erf, and QDQ
     # pairs inserted between the pieces would otherwise block QNN's own fusion.
     prepped = out.with_name(out.stem + ".prep.onnx")
@@ -97,9 +97,11 @@ def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
     act = QuantType.QUInt16 if activation_bits == 16 else QuantType.QUInt8
     # 4-bit weights symmetric, as the HTP takes them (QInt4 with a zero offset).
     weight = QuantType.QInt4 if weight_bits == 4 else QuantType.QUInt8
-    keep = tuple(dict.fromkeys([*keep_float, *attention_mask_nodes(model)]))
+    keep = tuple(dict.fromkeys([*keep_float, *qdq_prep.attention_mask_nodes(model)]))
     signed = QuantType.QInt4 if weight_bits == 4 else QuantType.QInt8
-    overrides = matmul_weights_per_channel(model, signed, set(keep)) if per_channel else None
+    overrides = qdq_prep.gather_tables_at_8_bits(model, QuantType.QUInt8, set(keep))
+    if per_channel:
+        overrides |= qdq_prep.matmul_weights_per_channel(model, signed, set(keep))
     cfg = get_qnn_qdq_config(str(model), _Reader(calibration), activation_type=act,
                              weight_type=weight, per_channel=per_channel,
                              init_overrides=overrides or None,
