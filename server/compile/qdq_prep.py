@@ -26,6 +26,7 @@
   resolution (BERT-small: 28 dB on the CPU). The nodes from such a constant to the Softmax
   it reaches are left out of the quantization (they run in FP16 on the HTP; Softmax turns
   -inf into 0).
+- metadata_props are dropped (onnxruntime's QNN preprocessing fails on them).
 - Graphs below opset 13 are lifted to 13 for per-channel weights: DequantizeLinear has no
   `axis` before 13, so a per-channel QDQ graph of an opset-11 export is invalid (16-bit
   schemes are lifted to 21 by onnxruntime's quantizer itself). A graph the ONNX version
@@ -45,8 +46,14 @@ def prepare(src: Path, out: Path, per_channel: bool) -> Path:
 
     graph = onnx.load(str(src))
     lifted = lift_for_per_channel(graph) if per_channel else None
-    if unshare_identity_constants(lifted or graph) or lifted is not None:
-        onnx.save(lifted or graph, str(out))
+    model = lifted or graph
+    # onnxruntime's qnn_preprocess_model fails on any model with metadata_props
+    # (`dict.update` of the protobuf entries: "cannot convert dictionary update sequence");
+    # paddle2onnx and nudenet's exports carry some. The QDQ graph does not need them.
+    had_metadata = len(model.metadata_props) > 0
+    del model.metadata_props[:]
+    if unshare_identity_constants(model) or lifted is not None or had_metadata:
+        onnx.save(model, str(out))
         return out
     return src
 

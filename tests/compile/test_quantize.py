@@ -272,3 +272,18 @@ def test_qnn_embedding_table_is_stored_at_8_bits_in_a_16_bit_scheme(tmp_path):
     expected = [o[0] for o in run_onnx_cpu(emb.onnx, feeds)]
     got = [o[0] for o in QnnCompiler().run(art, feeds)]
     assert min(snr_db(e, g) for e, g in zip(expected, got, strict=True)) > 30.0
+
+
+def test_qnn_quantizes_a_model_that_carries_metadata_props(net, tmp_path):
+    # onnxruntime's qnn_preprocess_model failed on them (paddle2onnx exports carry some):
+    # "cannot convert dictionary update sequence element #0 to a sequence".
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(net.onnx))
+    helper.set_model_props(model, {"producer_note": "exported by paddle2onnx"})
+    path = tmp_path / "meta.onnx"
+    onnx.save(model, str(path))
+    art = _qnn(ModelFiles("meta", net.inputs, path, path, net.reference, net.calibration),
+               tmp_path / "out", "w8a16")
+    assert art.precision.value == "int8" and Path(art.extra["qdq_model"]).is_file()
