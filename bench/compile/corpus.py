@@ -130,10 +130,14 @@ def search_cell(model: str, plat: str, out: Any, seconds: float) -> dict[str, An
                 winner.get("candidate")), {})
     fp32 = frontier.get("fp32_bytes")
     size = out.artifact.length if out.artifact else None
+    # What the artifact would weigh compressed (the HTP context binary pads its tensors):
+    # a measurement for the packing decision, not what ships today.
+    packed = _zstd19(out.artifact.path) if out.artifact else None
     return {"model": model, "platform": plat, "state": out.state, "auto": True,
             "chosen": winner.get("candidate", ""), "precision": out.precision,
             "bytes": size, "fp32_bytes": fp32,
             "ratio": round(size / fp32, 3) if size and fp32 else None,
+            "zstd19_ratio": round(packed / fp32, 3) if packed and fp32 else None,
             "vs_fp32": row.get("vs_fp32", {}), "tried": [
                 f"{r['candidate']}:{'ok' if r['outcome'] == 'passed' else 'x'}"
                 for r in frontier.get("tried", [])],
@@ -141,6 +145,12 @@ def search_cell(model: str, plat: str, out: Any, seconds: float) -> dict[str, An
             "reasons": {r["candidate"]: str(r.get("reason") or r.get("error") or "")[:300]
                         for r in frontier.get("tried", []) if r["outcome"] != "passed"},
             "why": winner.get("why", ""), "error": out.error}
+
+
+def _zstd19(path: Path) -> int:
+    import zstandard
+
+    return len(zstandard.ZstdCompressor(level=19).compress(path.read_bytes()))
 
 
 def auto_table(cells: list[dict[str, Any]]) -> str:

@@ -11,8 +11,11 @@ version sets it. The first candidate that passes wins; a failing one is recorded
   INT4 only when the version's minimum_deployment_target is iOS18 or later: the search never
   narrows the devices a version reaches); palettize4/6/8 when `search_candidates` names them.
   Weights from 256 elements up are compressed unless the version sets `weight_threshold`.
-- QNN, per target: w4a16 (HTP v73+), w8a8, w8a16 (calibration inputs needed for all three),
-  then fp16 (HTP v69+; v68 has no FP16 arithmetic).
+- QNN, per target: w4a16 (HTP v73+), w8a8, w8a8-pt, w8a16, w8a16-pt (calibration inputs
+  needed for all of them), then fp16 (HTP v69+; v68 has no FP16 arithmetic). A per-tensor
+  candidate (`-pt`) is tried only when its per-channel twin did not compile (the HTP left
+  its per-channel weights to the CPU): where the twin compiled, per-tensor weights are no
+  more accurate, so it is skipped with that reason.
 - `search_candidates` (a platform setting, comma-separated labels) narrows and orders the list.
 - `mixed: true`: after the candidates as they are, each failed quantized one (smallest
   first) is compiled again with the layer that added the most loss (sensitivity.py,
@@ -90,6 +93,7 @@ class Candidate:
     overrides: dict[str, Any]  # merged into the platform's settings block
     bits: float  # stored bits per weight (orders the search)
     quantized: bool  # judged with the INT8 thresholds
+    fallback_of: str = ""  # tried only when this candidate did not compile
 
 
 # Uniform palettization keeps ~28 dB on Gaussian weights at 6 bits (one table per tensor),
@@ -99,7 +103,8 @@ COREML_DEFAULT = ("int4-block32", "int8", "int8-block32", "fp16")
 # weight_threshold: coremltools' default (2048) leaves a small conv net's depthwise and first
 # convs FP16 (13 kB of mobilenetv3's 168 kB INT8 weights file).
 SEARCH_WEIGHT_THRESHOLD = 256
-_QNN = [("w4a16", 4.0), ("w8a8", 8.0), ("w8a16", 8.1), ("fp16", 16.0)]
+_QNN = [("w4a16", 4.0), ("w8a8", 8.0), ("w8a8-pt", 8.0), ("w8a16", 8.1), ("w8a16-pt", 8.1),
+        ("fp16", 16.0)]
 
 
 def _wanted(opts: dict[str, Any]) -> list[str] | None:
@@ -152,7 +157,9 @@ def qnn_candidates(opts: dict[str, Any], target: dict[str, str], calibrated: boo
         if why:
             skipped.append({"candidate": label, "why": why})
             continue
-        out.append(Candidate(label, {"precision": label}, bits, label != "fp16"))
+        twin = label.removesuffix("-pt") if label.endswith("-pt") else ""
+        out.append(Candidate(label, {"precision": label}, bits, label != "fp16",
+                             fallback_of=twin if wanted is None or twin in wanted else ""))
     return _ordered(out, wanted), skipped
 
 
@@ -339,12 +346,20 @@ def _plain_pass(s: _Search, cands: list[Candidate], skipped: list[dict[str, str]
     """Candidates as they are, smallest first, up to the first that passes; the failed ones
     (for the mixed pass)."""
     failed: list[tuple[Candidate, Tried]] = []
+    outcome: dict[str, str] = {}
     for cand in cands:
+        twin = outcome.get(cand.fallback_of)
+        if twin is not None and twin != "compile failed":
+            skipped.append({"candidate": cand.label, "why": f"{cand.fallback_of} compiled "
+                            f"({twin}); per-tensor weights are no more accurate than its "
+                            "per-channel ones"})
+            continue
         if s.budget.exhausted:
             skipped.append({"candidate": cand.label, "why": f"search budget of "
                             f"{s.budget.seconds:g} s spent ({s.budget.spent:.1f} s)"})
             continue
         tried = s.attempt(cand)
+        outcome[cand.label] = tried.row["outcome"]
         if tried.passed:
             return tried, failed
         failed.append((cand, tried))

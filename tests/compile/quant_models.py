@@ -54,3 +54,93 @@ def mlp(tmp: Path, name: str, widths: tuple[int, ...] = (64, 64, 64, 32), seed: 
     np.savez(cal, x=np.concatenate(
         [feeds, rng.standard_normal((28, *spec.shape)).astype(np.float32)]))
     return ModelFiles(name, (spec,), path, path, ref, cal)
+
+
+def shared_bias_convs(tmp: Path, name: str, opset: int = 13, identity: bool = True,
+                      channels: int = 8) -> ModelFiles:
+    """conv0 → relu → conv1, both Convs reading one bias initializer, through an Identity
+    each when `identity` (as the TorchScript exporter writes a bias several Convs share)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    c = channels
+    inits = [numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) / 9).astype(
+        np.float32), f"w{i}") for i in range(2)]
+    inits.append(numpy_helper.from_array((0.1 * rng.standard_normal(c)).astype(np.float32),
+                                         "b"))
+    bias = ["b0", "b1"] if identity else ["b", "b"]
+    nodes = [helper.make_node("Identity", ["b"], [b], name=f"id{i}")
+             for i, b in enumerate(bias) if identity]
+    nodes += [helper.make_node("Conv", ["x", "w0", bias[0]], ["c0"], name="conv0",
+                               pads=[1, 1, 1, 1]),
+              helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+              helper.make_node("Conv", ["r0", "w1", bias[1]], ["y"], name="conv1",
+                               pads=[1, 1, 1, 1])]
+    shape = (1, c, 8, 8)
+    path = onnx_model(tmp / f"{name}.onnx", nodes,
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+                      inits, opset=opset)
+    ref, cal = tmp / f"{name}.ref.npz", tmp / f"{name}.cal.npz"
+    np.savez(ref, x=rng.standard_normal((2, *shape)).astype(np.float32))
+    np.savez(cal, x=rng.standard_normal((8, *shape)).astype(np.float32))
+    return ModelFiles(name, (InputSpec("x", shape),), path, path, ref, cal)
+
+
+def masked_attention(tmp: Path, name: str, seq: int = 8, dim: int = 16) -> ModelFiles:
+    """One attention head with an additive mask as exporters write it: scores = (x·Wq)(x·Wk)ᵀ
+    + Where(mask, 0, -inf), softmax, times x·Wv; `mask` is an int64 attention mask (1 = keep)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array((rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(
+        np.float32), w) for w in ("wq", "wk", "wv")]
+    inits += [numpy_helper.from_array(np.array([0.0], np.float32), "zero"),
+              numpy_helper.from_array(np.array([-np.inf], np.float32), "ninf"),
+              numpy_helper.from_array(np.array([1], np.int64), "axis1")]
+    nodes = [helper.make_node("MatMul", ["x", w], [w + "_out"], name=w + "_proj")
+             for w in ("wq", "wk", "wv")]
+    nodes += [helper.make_node("Transpose", ["wk_out"], ["kt"], name="kt", perm=[0, 2, 1]),
+              helper.make_node("MatMul", ["wq_out", "kt"], ["scores"], name="qk"),
+              helper.make_node("Cast", ["mask"], ["keep"], name="keep", to=TensorProto.BOOL),
+              helper.make_node("Unsqueeze", ["keep", "axis1"], ["keep3"], name="keep3"),
+              helper.make_node("Where", ["keep3", "zero", "ninf"], ["bias"], name="mask_bias"),
+              helper.make_node("Add", ["scores", "bias"], ["masked"], name="mask_add"),
+              helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["probs", "wv_out"], ["y"], name="attend")]
+    path = onnx_model(tmp / f"{name}.onnx", nodes,
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, dim]),
+                       helper.make_tensor_value_info("mask", TensorProto.INT64, [1, seq])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])],
+                      inits)
+    masks = np.ones((16, 1, seq), np.int64)
+    masks[:, :, seq - 3:] = 0  # the last three positions are padding
+    x = rng.standard_normal((16, 1, seq, dim)).astype(np.float32)
+    ref, cal = tmp / f"{name}.ref.npz", tmp / f"{name}.cal.npz"
+    np.savez(ref, x=x[:2], mask=masks[:2])
+    np.savez(cal, x=x, mask=masks)  # covers the reference inputs' range
+    return ModelFiles(name, (InputSpec("x", (1, seq, dim)),
+                             InputSpec("mask", (1, seq), "int64")), path, path, ref, cal)
+
+
+def embedding_lookup(tmp: Path, name: str, vocab: int = 64, dim: int = 16, seq: int = 8
+                     ) -> ModelFiles:
+    """ids → Gather(table) → MatMul(w): an embedding table and one projection."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal((vocab, dim)).astype(np.float32),
+                                     "table"),
+             numpy_helper.from_array((rng.standard_normal((dim, dim)) / 4).astype(np.float32),
+                                     "w")]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"], name="embed"),
+             helper.make_node("MatMul", ["emb", "w"], ["y"], name="proj")]
+    path = onnx_model(tmp / f"{name}.onnx", nodes,
+                      [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, seq])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])],
+                      inits)
+    ids = rng.integers(0, vocab, size=(8, 1, seq)).astype(np.int64)
+    ref, cal = tmp / f"{name}.ref.npz", tmp / f"{name}.cal.npz"
+    np.savez(ref, ids=ids[:2])
+    np.savez(cal, ids=ids)
+    return ModelFiles(name, (InputSpec("ids", (1, seq), "int64"),), path, path, ref, cal)

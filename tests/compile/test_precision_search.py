@@ -90,7 +90,7 @@ def test_auto_compresses_weights_below_coremltools_default_threshold(tmp_path):
 def test_each_qnn_target_gets_its_own_search(nets, tmp_path):
     settings = pipeline_settings("qnn", {"precision": "auto", "targets": "SM8650,SM8350",
                                          "search_candidates": "w4a16,w8a16,fp16"})
-    v75, v68 = _build(nets["plain"], "qnn", settings, tmp_path)
+    v75, v68 = _build(nets["outlier"], "qnn", settings, tmp_path)
     # v75: both quantized candidates fail the INT8 thresholds, FP16 passes.
     assert v75.state == "ready" and v75.variant == "fp16-sm8650"
     assert _tried(v75) == ["w4a16", "w8a16", "fp16"]
@@ -186,3 +186,27 @@ def test_a_negative_budget_is_refused(nets, tmp_path):
 
     with pytest.raises(InvalidSourceError, match="search_budget_seconds"):
         _build(nets["plain"], "coreml", {**_coreml(), "search_budget_seconds": -1}, tmp_path)
+
+
+def test_a_per_tensor_candidate_is_skipped_when_its_per_channel_twin_compiled(nets, tmp_path):
+    settings = pipeline_settings("qnn", {"precision": "auto",
+                                         "search_candidates": "w8a16,w8a16-pt,fp16"})
+    (out,) = _build(nets["outlier"], "qnn", settings, tmp_path)
+    # W8A16 compiled and failed the INT8 thresholds: per-tensor weights would lose more, so
+    # the search does not spend a compile on them and goes on to FP16.
+    assert _tried(out) == ["w8a16", "fp16"] and out.state == "ready"
+    skipped = {s["candidate"]: s["why"] for s in out.gates["precision_search"]["skipped"]}
+    assert "w8a16 compiled" in skipped["w8a16-pt"]
+
+
+def test_qnn_candidates_put_each_per_tensor_scheme_behind_its_per_channel_twin():
+    from server.compile.precision_search import qnn_candidates
+
+    cands, _ = qnn_candidates({}, {"htp_arch": "75"}, calibrated=True)
+    assert [c.label for c in cands] == ["w4a16", "w8a8", "w8a8-pt", "w8a16", "w8a16-pt",
+                                        "fp16"]
+    assert {c.label: c.fallback_of for c in cands if c.fallback_of} == {
+        "w8a8-pt": "w8a8", "w8a16-pt": "w8a16"}
+    # Named alone, a per-tensor candidate is tried as it is.
+    (alone,), _ = qnn_candidates({"search_candidates": "w8a16-pt"}, {"htp_arch": "75"}, True)
+    assert alone.fallback_of == ""

@@ -8,7 +8,8 @@
 - QNN (onnxruntime QDQ for the HTP): W8A8, W8A16 and INT4-weight (W4A16) QDQ graphs carry
   the weight and activation types of their scheme, compile to an HTP context binary and
   run; W4A16 for an HTP generation before v73 is refused; `keep_float_nodes` leaves the
-  named node out of the quantization.
+  named node out of the quantization; `-pt` schemes give each weight one scale; a bias
+  shared through Identity nodes and an opset-11 graph keep per-channel weights on the HTP.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from server.compile.gates.metrics import snr_db
 from server.compile.milexec import MilExecutor
 from server.compile.source import load_samples, run_onnx_cpu
 from tests.compile.compile_models import ModelFiles
-from tests.compile.quant_models import mlp
+from tests.compile.quant_models import (
+    embedding_lookup,
+    masked_attention,
+    mlp,
+    shared_bias_convs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +180,7 @@ def _dq_types(qdq: Path) -> dict[str, int]:
 
 
 @pytest.mark.parametrize(("precision", "weight", "activation"), [
-    ("w8a8", "UINT8", "UINT8"), ("w8a16", "UINT8", "UINT16"), ("w4a16", "INT4", "UINT16")])
+    ("w8a8", "INT8", "UINT8"), ("w8a16", "INT8", "UINT16"), ("w4a16", "INT4", "UINT16")])
 def test_qnn_qdq_variant_has_its_types_compiles_and_runs(net, tmp_path, precision, weight,
                                                          activation):
     from onnx import TensorProto
@@ -203,3 +209,131 @@ def test_qnn_keep_float_nodes_leaves_that_node_unquantized(net, tmp_path):
     assert "w1" in types.keys() or any(k.startswith("w1") for k in types)
     assert not any(k.startswith("w0") for k in types), types  # fc0's weight stays float
     assert art.compile_settings["keep_float_nodes"] == "fc0"
+
+
+def _weight_scales(qdq: Path) -> dict[str, tuple[int, ...]]:
+    """Shape of each weight DequantizeLinear's scale, by the weight it reads (() per tensor)."""
+    import onnx
+
+    model = onnx.load(str(qdq))
+    dims = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    return {n.input[0]: dims[n.input[1]] for n in model.graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0].startswith("w")}
+
+
+def test_qnn_matmul_weights_are_per_column_signed_and_run_on_the_htp(net, tmp_path):
+    # onnxruntime's QNN config would keep them per tensor (35 dB on this MLP at W8A16);
+    # per column the output keeps ~4 dB more, and the whole graph still runs on the HTP.
+    import onnx
+    from onnx import TensorProto
+
+    art = _qnn(net, tmp_path / "pc", "w8a16")
+    assert not art.extra["cpu_fallback"]
+    assert _weight_scales(Path(art.extra["qdq_model"])) == {"w0_quantized": (64,),
+                                                           "w1_quantized": (32,)}
+    qdq = onnx.load(str(art.extra["qdq_model"]))
+    zps = {t.name: t for t in qdq.graph.initializer}
+    for n in qdq.graph.node:
+        if n.op_type == "DequantizeLinear" and n.input[0].startswith("w"):
+            zp = zps[n.input[2]]
+            assert zp.data_type == TensorProto.INT8 and not any(onnx.numpy_helper.to_array(zp))
+    feeds = load_samples(net.reference, net.inputs)
+    expected = [o[0] for o in run_onnx_cpu(net.onnx, feeds)]
+    per_channel = [o[0] for o in QnnCompiler().run(art, feeds)]
+    pt = _qnn(net, tmp_path / "pt", "w8a16-pt")
+    per_tensor = [o[0] for o in QnnCompiler().run(pt, feeds)]
+    snr = [min(snr_db(e, g) for e, g in zip(expected, got, strict=True))
+           for got in (per_channel, per_tensor)]
+    assert snr[0] > snr[1] + 2.0, snr
+
+
+def test_qnn_bias_shared_through_identity_keeps_per_channel_weights_on_the_htp(tmp_path):
+    # Without a copy of the bias per Conv, the HTP leaves both per-channel weight
+    # DequantizeLinear nodes to the CPU and the build fails naming them.
+    convs = shared_bias_convs(tmp_path, "shared")
+    art = _qnn(convs, tmp_path / "out", "w8a16")
+    assert not art.extra["cpu_fallback"] and art.extra["htp"]["node_share"] == 1.0
+    scales = _weight_scales(Path(art.extra["qdq_model"]))
+    assert sorted(scales.values()) == [(8,), (8,)], scales  # one scale per output channel
+    feeds = load_samples(convs.reference, convs.inputs)[:1]
+    (got,) = QnnCompiler().run(art, feeds)[0]
+    assert snr_db(run_onnx_cpu(convs.onnx, feeds)[0][0], got) > 30.0
+
+
+def test_qnn_per_channel_weights_of_an_opset_11_graph_are_lifted_to_opset_13(tmp_path):
+    # DequantizeLinear has no axis before opset 13: per-channel QDQ of an opset-11 export
+    # was an invalid graph ("fc.bias_DequantizeLinear ... axis").
+    import onnx
+
+    convs = shared_bias_convs(tmp_path, "op11", opset=11, identity=False)
+    art = _qnn(convs, tmp_path / "out", "w8a8")
+    qdq = onnx.load(str(art.extra["qdq_model"]))
+    assert next(o.version for o in qdq.opset_import if o.domain == "") >= 13
+    assert sorted(_weight_scales(Path(art.extra["qdq_model"])).values()) == [(8,), (8,)]
+
+
+def test_qnn_per_tensor_scheme_gives_every_conv_weight_one_scale(tmp_path):
+    convs = shared_bias_convs(tmp_path, "pt", identity=False)
+    art = _qnn(convs, tmp_path / "pt", "w8a16-pt")
+    assert art.target.variant == "w8a16-pt-t" and art.precision.value == "int8"
+    assert art.compile_settings["weight_granularity"] == "tensor"
+    assert sorted(_weight_scales(Path(art.extra["qdq_model"])).values()) == [(), ()]
+    pc = _qnn(convs, tmp_path / "pc", "w8a16")
+    assert pc.compile_settings["weight_granularity"] == "channel"
+    assert sorted(_weight_scales(Path(pc.extra["qdq_model"])).values()) == [(8,), (8,)]
+
+
+def test_qnn_additive_attention_mask_of_minus_inf_stays_float_and_compiles(tmp_path):
+    # Quantizing Where(mask, 0, -inf) + scores needs an infinite range: onnxruntime-qnn
+    # refused the graph ("Failed to compose Qnn graph"), as it did BERT's.
+    att = masked_attention(tmp_path, "att")
+    art = _qnn(att, tmp_path / "out", "w8a16")
+    import onnx
+
+    qdq = onnx.load(str(art.extra["qdq_model"]))
+    quantized = {n.input[0] for n in qdq.graph.node if n.op_type == "QuantizeLinear"}
+    assert not quantized & {"bias", "masked"}, quantized  # the mask path stays float
+    assert "scores" in quantized and "x" in quantized  # the rest is quantized
+    feeds = load_samples(att.reference, att.inputs)
+    expected = [o[0] for o in run_onnx_cpu(att.onnx, feeds)]
+    got = [o[0] for o in QnnCompiler().run(art, feeds)]
+    assert min(snr_db(e, g) for e, g in zip(expected, got, strict=True)) > 30.0
+
+
+def test_attention_mask_nodes_are_the_path_from_the_mask_constant_to_the_softmax(
+        net, tmp_path):
+    from server.compile.qdq_prep import attention_mask_nodes
+
+    att = masked_attention(tmp_path, "att")
+    assert attention_mask_nodes(att.onnx) == ["mask_bias", "mask_add", "softmax"]
+    assert attention_mask_nodes(net.onnx) == []  # no mask constant, nothing left float
+
+
+def test_qnn_embedding_table_is_stored_at_8_bits_in_a_16_bit_scheme(tmp_path):
+    # onnxruntime's quantizer took the Gather's table for an activation: 16 bits at W8A16.
+    from onnx import TensorProto
+
+    emb = embedding_lookup(tmp_path, "emb")
+    art = _qnn(emb, tmp_path / "out", "w8a16")
+    types = _dq_types(Path(art.extra["qdq_model"]))
+    assert types["table_quantized"] == TensorProto.UINT8, types
+    assert not art.extra["cpu_fallback"]
+    feeds = load_samples(emb.reference, emb.inputs)
+    expected = [o[0] for o in run_onnx_cpu(emb.onnx, feeds)]
+    got = [o[0] for o in QnnCompiler().run(art, feeds)]
+    assert min(snr_db(e, g) for e, g in zip(expected, got, strict=True)) > 30.0
+
+
+def test_qnn_quantizes_a_model_that_carries_metadata_props(net, tmp_path):
+    # onnxruntime's qnn_preprocess_model failed on them (paddle2onnx exports carry some):
+    # "cannot convert dictionary update sequence element #0 to a sequence".
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(net.onnx))
+    helper.set_model_props(model, {"producer_note": "exported by paddle2onnx"})
+    path = tmp_path / "meta.onnx"
+    onnx.save(model, str(path))
+    art = _qnn(ModelFiles("meta", net.inputs, path, path, net.reference, net.calibration),
+               tmp_path / "out", "w8a16")
+    assert art.precision.value == "int8" and Path(art.extra["qdq_model"]).is_file()

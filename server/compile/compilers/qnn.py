@@ -7,6 +7,9 @@ Settings (`settings["qnn"]`):
   "int8" (requires calibration data; weights 8-bit, activations per `activation_bits`),
   "w8a8", "w8a16", "w4a16" (INT4 weights, 16-bit activations; HTP v73 and later), "fp16",
   or "auto" (the precision search picks per target: server/compile/precision_search.py).
+  Weights are quantized per output channel (Conv, Gemm; MatMul weights per column, signed:
+  server/compile/qdq_prep.py); "w8a8-pt" and "w8a16-pt" quantize every weight per tensor,
+  for graphs whose per-channel weights the HTP does not claim.
 - `activation_bits`: 16 (default, "w8a16": the HTP's usual accuracy/speed trade-off) or 8
   for the QDQ activations of `precision: int8`.
 - `keep_float_nodes`: ONNX node names left out of the quantization (mixed precision: they
@@ -72,7 +75,12 @@ class _Reader:
 
 
 # precision -> (weight bits, activation bits) of the QDQ scheme
-QDQ_SCHEMES = {"w8a8": (8, 8), "w8a16": (8, 16), "w4a16": (4, 16)}
+QDQ_SCHEMES = {"w8a8": (8, 8), "w8a16": (8, 16), "w4a16": (4, 16),
+               "w8a8-pt": (8, 8), "w8a16-pt": (8, 16)}
+# Schemes with per-tensor weights: for a graph whose per-channel weight DequantizeLinear the
+# HTP does not fold into its Conv and leaves to the CPU (server/compile/qdq_prep.py removes
+# the known cause, biases shared through Identity; per tensor the HTP runs any of them).
+PER_TENSOR = ("w8a8-pt", "w8a16-pt")
 # INT4 weights on the HTP start with this generation (QNN SDK: 4-bit weights on v73+).
 INT4_MIN_ARCH = 73
 # FP16 arithmetic on the HTP starts with v69 (SM8450); v68 (SM8350, SA8295) runs only
@@ -89,6 +97,9 @@ def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
         qnn_preprocess_model,
     )
 
+    from server.compile import qdq_prep
+
+    src = qdq_prep.prepare(src, out.with_name(out.stem + ".prepared.onnx"), per_channel)
     # Fuses Erf sequences into Gelu (and similar): the HTP has no quantized Erf, and QDQ
     # pairs inserted between the pieces would otherwise block QNN's own fusion.
     prepped = out.with_name(out.stem + ".prep.onnx")
@@ -96,9 +107,15 @@ def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
     act = QuantType.QUInt16 if activation_bits == 16 else QuantType.QUInt8
     # 4-bit weights symmetric, as the HTP takes them (QInt4 with a zero offset).
     weight = QuantType.QInt4 if weight_bits == 4 else QuantType.QUInt8
+    keep = tuple(dict.fromkeys([*keep_float, *qdq_prep.attention_mask_nodes(model)]))
+    signed = QuantType.QInt4 if weight_bits == 4 else QuantType.QInt8
+    overrides = qdq_prep.gather_tables_at_8_bits(model, QuantType.QUInt8, set(keep))
+    if per_channel:
+        overrides |= qdq_prep.matmul_weights_per_channel(model, signed, set(keep))
     cfg = get_qnn_qdq_config(str(model), _Reader(calibration), activation_type=act,
                              weight_type=weight, per_channel=per_channel,
-                             nodes_to_exclude=list(keep_float) or None)
+                             init_overrides=overrides or None,
+                             nodes_to_exclude=list(keep) or None)
     quantize(str(model), str(out), cfg)
     return out
 
@@ -129,12 +146,13 @@ class QnnCompiler:
             raise InvalidSourceError("qnn precision auto is resolved by the pipeline's "
                                      "precision search, not by the compiler")
         if wanted not in ("default", "int8", "fp16", *QDQ_SCHEMES):
-            raise InvalidSourceError("qnn precision must be auto, int8, w8a8, w8a16, w4a16 or "
-                                     "fp16")
+            raise InvalidSourceError("qnn precision must be auto, int8, w8a8, w8a16, w4a16, "
+                                     "w8a8-pt, w8a16-pt or fp16")
         act_bits = int_setting(opts, "activation_bits", 16)
         if act_bits not in (8, 16):
             raise InvalidSourceError("qnn activation_bits must be 8 or 16")
         weight_bits, act_bits = QDQ_SCHEMES.get(wanted, (8, act_bits))
+        per_channel = wanted not in PER_TENSOR
         if wanted not in ("default", "fp16") and request.calibration_path is None:
             raise CalibrationError(NEEDS_CALIBRATION.split(":")[0] + ": this version has none")
         min_share = min_htp_share(opts.get("min_htp_share"))
@@ -150,18 +168,21 @@ class QnnCompiler:
         if request.calibration_path is not None and wanted != "fp16":
             samples = load_samples(request.calibration_path, request.inputs,
                                    request.shape_variant)
-            scheme = QdqScheme(weight_bits, act_bits, keep_float=keep_float,
+            scheme = QdqScheme(weight_bits, act_bits, per_channel=per_channel,
+                               keep_float=keep_float,
                                htp_arch=min(int(t["htp_arch"]) for t in targets_of(opts)))
             if quantizer is None:
                 with quiet():
                     model = quantize_qdq(src, workdir / "model.qdq.onnx", samples, act_bits,
-                                         weight_bits=weight_bits, keep_float=keep_float)
+                                         per_channel=per_channel, weight_bits=weight_bits,
+                                         keep_float=keep_float)
             else:
                 model = quantizer.quantize(src, workdir / "model.qdq.onnx", samples, scheme)
             precision = Precision.INT8
             if backend != "ort":
                 notes.append(f"quantized by {backend}")
-            notes.append(f"QDQ-quantized ({'int4' if weight_bits == 4 else 'uint8'} weights, "
+            notes.append(f"QDQ-quantized ({'int4' if weight_bits == 4 else 'uint8'} weights "
+                         f"per {'channel' if per_channel else 'tensor'}, "
                          f"uint{act_bits} activations) with {len(samples)} calibration samples"
                          + (f"; kept unquantized: {', '.join(keep_float)}" if keep_float
                             else ""))
@@ -174,6 +195,8 @@ class QnnCompiler:
             soc, arch = str(t["soc_model"]), str(t["htp_arch"])
             name = str(t.get("name", f"soc{soc}"))
             label = f"w{weight_bits}a{act_bits}" if precision is Precision.INT8 else "fp16"
+            if precision is Precision.INT8 and not per_channel:
+                label += "-pt"
             if weight_bits == 8 and act_bits == 8 and wanted in ("int8", "default"):
                 label = "int8"  # the name this scheme has always had
             if keep_float:
@@ -202,7 +225,9 @@ class QnnCompiler:
                 precision=precision,
                 compile_settings={"precision": precision.value, "soc_model": soc,
                                   "htp_arch": arch, "activation_bits": act_bits,
-                                  **({"weight_bits": weight_bits}
+                                  **({"weight_bits": weight_bits,
+                                      "weight_granularity": "channel" if per_channel
+                                      else "tensor"}
                                      if precision is Precision.INT8 else {}),
                                   **({"keep_float_nodes": ",".join(keep_float)}
                                      if keep_float else {}),

@@ -1,0 +1,203 @@
+"""Graph preparation before QNN's QDQ quantization (server/compile/compilers/qnn.py).
+
+- Constants shared through Identity nodes get one copy per Identity. The TorchScript
+  exporter writes a bias that several Convs share (equal initial values, as a fresh
+  ResNet's zero biases) as one initializer read through an Identity per Conv. Quantized,
+  each Conv's int32 bias needs its own scale (input scale × that Conv's weight scales), so
+  the quantizer cannot give the shared bias to the Conv's QDQ group; onnxruntime-qnn then
+  finds no Conv group to fold the per-channel weight DequantizeLinear into, and the HTP
+  leaves it to the CPU (per tensor it runs it, but on dequantized FP16 weights, twice the
+  bytes). With a copy per Conv the whole graph goes to the HTP with 8-bit weights.
+- MatMul weights per output channel: onnxruntime's QNN config keeps them per tensor ("QNN
+  does not support per-channel MatMul"), but onnxruntime-qnn 2.x / QAIRT 2.5x run a MatMul
+  of a 2-D activation (its FullyConnected) whose constant [K, N] weight is signed and
+  symmetric per column (axis 1) on the HTP; asymmetric ones, and any per-column weight of
+  a MatMul with a 3-D or wider activation, it leaves to the CPU, so those stay per tensor.
+  Per column an 8-bit weight keeps ~4 dB more SNR on Gaussian weights (an MLP at W8A16:
+  35 → 39 dB).
+- Embedding tables at 8 bits: onnxruntime's quantizer treats a Gather's data input as an
+  activation, so a 16-bit scheme stored the tables (most of a small text encoder's
+  parameters) at 16 bits; as an 8-bit weight (one scale per table) BERT-small keeps
+  43.7 dB on the HTP and its artifact drops from 0.46× to 0.28× the FP32 source.
+- Additive attention masks stay float: a mask built from -inf or a huge negative constant
+  (`Where(mask, 0, -inf)`, `(1 - mask) * finfo.min`) added to the attention scores gives
+  the sum a range no 16-bit scale spans — onnxruntime-qnn refuses to quantize an infinite
+  range ("graphAddNode ... Quantize ... 6007"), and a finite huge one leaves the scores no
+  resolution (BERT-small: 28 dB on the CPU). The nodes from such a constant to the Softmax
+  it reaches are left out of the quantization (they run in FP16 on the HTP; Softmax turns
+  -inf into 0).
+- metadata_props are dropped (onnxruntime's QNN preprocessing fails on them).
+- Graphs below opset 13 are lifted to 13 for per-channel weights: DequantizeLinear has no
+  `axis` before 13, so a per-channel QDQ graph of an opset-11 export is invalid (16-bit
+  schemes are lifted to 21 by onnxruntime's quantizer itself). A graph the ONNX version
+  converter cannot lift stays as it is (its per-channel candidate then fails to compile
+  and the precision search tries the per-tensor one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def prepare(src: Path, out: Path, per_channel: bool) -> Path:
+    """`src`, or the prepared graph written to `out` when a step changed it."""
+    import onnx
+
+    graph = onnx.load(str(src))
+    lifted = lift_for_per_channel(graph) if per_channel else None
+    model = lifted or graph
+    # onnxruntime's qnn_preprocess_model fails on any model with metadata_props
+    # (`dict.update` of the protobuf entries: "cannot convert dictionary update sequence");
+    # paddle2onnx and nudenet's exports carry some. The QDQ graph does not need them.
+    had_metadata = len(model.metadata_props) > 0
+    del model.metadata_props[:]
+    if unshare_identity_constants(model) or lifted is not None or had_metadata:
+        onnx.save(model, str(out))
+        return out
+    return src
+
+
+PER_CHANNEL_MIN_OPSET = 13
+
+
+def lift_for_per_channel(model: Any) -> Any | None:
+    """`model` converted to opset 13 when its default-domain opset is below it, else None
+    (also when the converter fails)."""
+    from onnx import version_converter
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= PER_CHANNEL_MIN_OPSET:
+        return None
+    try:
+        return version_converter.convert_version(model, PER_CHANNEL_MIN_OPSET)
+    except Exception:  # the converter has no adapter for some node: keep the graph as is
+        return None
+
+
+def matmul_weights_per_channel(model_path: Path, weight_type: Any, keep: set[str]
+                               ) -> dict[str, list[dict[str, Any]]]:
+    """`init_overrides` for onnxruntime's QNN config: each rank-2 initializer that only
+    MatMul B inputs read (outside `keep`, the nodes left float) → signed, symmetric, per
+    column. A weight something else reads too (a tied embedding's Gather) is left as is."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    rank2 = {t.name for t in model.graph.initializer if len(t.dims) == 2}
+    readers = _readers(model)
+    ranks = _ranks(model)
+    return {name: [{"axis": 1, "quant_type": weight_type, "symmetric": True}]
+            for name in rank2 if readers.get(name) and all(
+                n.op_type == "MatMul" and list(n.input).index(name) == 1
+                and ranks.get(n.input[0]) == 2 and n.name not in keep for n in readers[name])}
+
+
+def _ranks(model: Any) -> dict[str, int]:
+    """Rank of each tensor shape inference knows (graph inputs, value_info, outputs)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # an op without an inference function: no ranks, nothing per column
+        return {}
+    graph = inferred.graph
+    return {v.name: len(v.type.tensor_type.shape.dim)
+            for v in [*graph.input, *graph.value_info, *graph.output]
+            if v.type.tensor_type.HasField("shape")}
+
+
+HUGE = 1e4  # a constant this large (or non-finite) is a mask value, not a weight
+# Ops a mask value passes through on its way to the scores (shape and selection ops, the
+# arithmetic that builds and adds the mask).
+_MASK_PATH = {"Where", "Add", "Sub", "Mul", "Expand", "Reshape", "Unsqueeze", "Squeeze",
+              "Cast", "Concat", "Slice", "Transpose", "Tile", "Min", "Max", "Identity"}
+
+
+def attention_mask_nodes(model_path: Path) -> list[str]:
+    """Names of the nodes that carry a huge or infinite mask constant to a Softmax, and that
+    Softmax; nothing when the constant reaches no Softmax."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    graph = model.graph
+    huge: set[str] = set()
+    for t in graph.initializer:
+        if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16) and \
+                int(np.prod(t.dims)) <= 16:
+            if np.any(~np.isfinite(v := numpy_helper.to_array(t))) or np.any(np.abs(v) >= HUGE):
+                huge.add(t.name)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].type == \
+                onnx.AttributeProto.TENSOR:
+            v = numpy_helper.to_array(node.attribute[0].t)
+            if v.dtype.kind == "f" and v.size <= 16 and (
+                    np.any(~np.isfinite(v)) or np.any(np.abs(v) >= HUGE)):
+                huge.update(node.output)
+    carried, path, softmax = set(huge), [], []
+    for node in graph.node:  # graph order is topological
+        if not any(i in carried for i in node.input):
+            continue
+        if node.op_type == "Softmax":
+            softmax.append(node)
+        elif node.op_type in _MASK_PATH:
+            carried.update(node.output)
+            path.append(node)
+    if not softmax:
+        return []
+    # Only the path nodes from which a Softmax is reached.
+    feeds = {i for n in softmax for i in n.input}
+    keep = []
+    for node in reversed(path):
+        if any(o in feeds for o in node.output):
+            keep.append(node)
+            feeds.update(i for i in node.input if i in carried)
+    return [n.name for n in reversed(keep)] + [n.name for n in softmax]
+
+
+def gather_tables_at_8_bits(model_path: Path, weight_type: Any, keep: set[str]
+                            ) -> dict[str, list[dict[str, Any]]]:
+    """`init_overrides`: each rank-2 initializer that only Gather data inputs read (outside
+    `keep`) → `weight_type` (8-bit, per tensor)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    rank2 = {t.name for t in model.graph.initializer if len(t.dims) == 2}
+    readers = _readers(model)
+    return {name: [{"quant_type": weight_type}] for name in rank2 if readers.get(name) and all(
+        n.op_type == "Gather" and n.input[0] == name and n.name not in keep
+        for n in readers[name])}
+
+
+def _readers(model: Any) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            out.setdefault(name, []).append(node)
+    return out
+
+
+def unshare_identity_constants(model: Any) -> int:
+    """Replaces each Identity of an initializer by a copy of it under the Identity's output
+    name (in place); returns how many. An Identity whose output is a graph output stays."""
+    import onnx
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    done = []
+    for node in graph.node:
+        if node.op_type != "Identity" or node.input[0] not in inits \
+                or node.output[0] in outputs or node.output[0] in inits:
+            continue
+        copy = onnx.TensorProto()
+        copy.CopyFrom(inits[node.input[0]])
+        copy.name = node.output[0]
+        graph.initializer.append(copy)
+        done.append(node)
+    for node in done:
+        graph.node.remove(node)
+    # The original stays even when nothing reads it now (a subgraph still may); the EPContext
+    # model carries no initializers, so it costs the artifact nothing.
+    return len(done)
