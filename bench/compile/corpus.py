@@ -81,6 +81,8 @@ def run_cell(model: Any, plat: str, workdir: Path, extra: dict[str, Any] | None 
         "snr_db": min((float(m.get("snr_db", 0.0)) for m in metrics), default=None)
         if num.get("status") in ("passed", "failed") else None,
         "htp_share": htp.get("node_share"),
+        "precision": out.precision,
+        "fp32_by_default": bool((out.gates.get("precision_default") or {}).get("chosen")),
         "bytes": out.artifact.length if out.artifact else None,
         "error": out.error,
     }
@@ -90,6 +92,8 @@ def _cell(c: dict[str, Any]) -> str:
     if c["state"] != "ready":
         return f"**failed** ({c['seconds']}s): {c['error'][:160]}"
     parts = [f"ok {c['seconds']}s"]
+    if c.get("fp32_by_default"):
+        parts.append("FP32 by default (FP16 itself loses the model; both builds' seconds)")
     if c.get("cosine") is not None:
         parts.append(f"cos {c['cosine']:.5f}, {c['snr_db']:.1f} dB")
     if c.get("cost_cosine") is not None:
