@@ -407,11 +407,21 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path, *,
     except Exception as e:
         raise InvalidSourceError(f"cannot read {path.name} as ONNX: {e}") from e
     check_inputs(model, specs)
-    if is_static(model) and not if_nodes(model) and not batch_first_rnns(model) and all(
-            s.value is None for s in specs) and not unfixed_dims(model):
+    plain = is_static(model) and not if_nodes(model) and not batch_first_rnns(model) and all(
+        s.value is None for s in specs)
+    if plain and not unfixed_dims(model):
         _fix_inputs(model, specs)  # only checks: static dims that differ are refused
         onnx.save(model, str(out))
         return None
-    static, report = specialize(model, specs, allow_ifs=allow_ifs)
+    try:
+        static, report = specialize(model, specs, allow_ifs=allow_ifs)
+    except ShapeSpecializationError:
+        if not plain:
+            raise
+        # Folding leaves sizes that depend on values (NonMaxSuppression, NonZero): the static
+        # upload passes through, and the operator gate names those operators and tensors.
+        _fix_inputs(model, specs)
+        onnx.save(model, str(out))
+        return None
     onnx.save(static, str(out))
     return report
