@@ -295,6 +295,7 @@ def test_a_yardstick_that_fp16_breaks_is_reported_as_the_precisions_loss(tmp_pat
     assert "so the loss comes from the compile" not in msg
     # SNR -inf fails every threshold, so lowering min_snr_db is not offered.
     assert "lowering min_cosine" not in msg and "no threshold accepts it" in msg
+    assert "the artifact itself scores cosine" in msg  # against FP32: its own figure
     assert "exclude the qnn platform" in msg
 
 
