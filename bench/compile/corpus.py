@@ -115,16 +115,18 @@ def table(models: list[Any], cells: list[dict[str, Any]], plats: list[str]) -> s
         row = [m.name, m.family, m.exporter, m.dims, f"{m.params / 1e6:.1f}M"]
         row += [_cell(by[(m.name, p)]) if (m.name, p) in by else "—" for p in plats]
         lines.append("| " + " | ".join(row) + " |")
-    ok = {p: sum(1 for c in cells if c["platform"] == p and c["state"] == "ready")
+    # A re-run cell replaces the earlier one (by model and platform).
+    kept = [by[(m.name, p)] for m in models for p in plats if (m.name, p) in by]
+    ok = {p: sum(1 for c in kept if c["platform"] == p and c["state"] == "ready")
           for p in plats}
-    n = {p: sum(1 for c in cells if c["platform"] == p) for p in plats}
+    n = {p: sum(1 for c in kept if c["platform"] == p) for p in plats}
     lines.append("")
     lines.append("Succeeded: " + ", ".join(
         f"{p} {ok[p]}/{n[p]} ({100 * ok[p] / max(n[p], 1):.0f}%)" for p in plats))
-    failed = [c for c in cells if c["state"] != "ready"]
+    failed = [c for c in kept if c["state"] != "ready"]
     if failed:
         lines += ["", "Failing cells, with the node and the fix from each build's error:", ""]
-        lines += [f"- {c['model']} ({c['platform']}): {c['error'][:900]}" for c in failed]
+        lines += [f"- {c['model']} ({c['platform']}): {c['error']}" for c in failed]
     return "\n".join(lines)
 
 
