@@ -2,14 +2,15 @@
 
     python -m bench.compile.corpus [--models a,b] [--platforms onnx,coreml,qnn] [--markdown]
                                    [--json out.json] [--precision auto [--mixed]]
+    python -m bench.compile.corpus --cells a.json b.json …   # the table of saved cells
 
 Each cell runs the same pipeline a worker runs (operator gate, compile, numeric gate on 2
 reference samples, packing) and shows the outcome, compile seconds, cosine / SNR of the
 artifact against the source at its precision (what the gate judges), the precision's own cost
 (source at the precision against FP32), the HTP share (qnn) and the artifact bytes; a failed
-cell shows the named operator/node and the fix from the build's error. Models are built or
-fetched into ~/.cache/modelfleet/corpus (tests/corpus). Core ML numerics are "not run" on
-Linux; such a compile counts as a success.
+cell shows the named operator/node and the fix from the build's error (in full in the list
+under the table). Models are built or fetched into ~/.cache/modelfleet/corpus
+(tests/corpus). Core ML numerics run on Linux through the MIL reference executor.
 
 `--precision auto` runs the precision search (server/compile/precision_search.py) for coreml
 and qnn instead and prints, per model and platform, the chosen candidate, the artifact's
@@ -80,6 +81,8 @@ def run_cell(model: Any, plat: str, workdir: Path, extra: dict[str, Any] | None 
         "snr_db": min((float(m.get("snr_db", 0.0)) for m in metrics), default=None)
         if num.get("status") in ("passed", "failed") else None,
         "htp_share": htp.get("node_share"),
+        "precision": out.precision,
+        "fp32_by_default": bool((out.gates.get("precision_default") or {}).get("chosen")),
         "bytes": out.artifact.length if out.artifact else None,
         "error": out.error,
     }
@@ -89,6 +92,8 @@ def _cell(c: dict[str, Any]) -> str:
     if c["state"] != "ready":
         return f"**failed** ({c['seconds']}s): {c['error'][:160]}"
     parts = [f"ok {c['seconds']}s"]
+    if c.get("fp32_by_default"):
+        parts.append("FP32 by default (FP16 itself loses the model; both builds' seconds)")
     if c.get("cosine") is not None:
         parts.append(f"cos {c['cosine']:.5f}, {c['snr_db']:.1f} dB")
     if c.get("cost_cosine") is not None:
@@ -110,11 +115,18 @@ def table(models: list[Any], cells: list[dict[str, Any]], plats: list[str]) -> s
         row = [m.name, m.family, m.exporter, m.dims, f"{m.params / 1e6:.1f}M"]
         row += [_cell(by[(m.name, p)]) if (m.name, p) in by else "—" for p in plats]
         lines.append("| " + " | ".join(row) + " |")
-    ok = {p: sum(1 for c in cells if c["platform"] == p and c["state"] == "ready")
+    # A re-run cell replaces the earlier one (by model and platform).
+    kept = [by[(m.name, p)] for m in models for p in plats if (m.name, p) in by]
+    ok = {p: sum(1 for c in kept if c["platform"] == p and c["state"] == "ready")
           for p in plats}
-    n = {p: sum(1 for c in cells if c["platform"] == p) for p in plats}
+    n = {p: sum(1 for c in kept if c["platform"] == p) for p in plats}
     lines.append("")
-    lines.append("Succeeded: " + ", ".join(f"{p} {ok[p]}/{n[p]}" for p in plats))
+    lines.append("Succeeded: " + ", ".join(
+        f"{p} {ok[p]}/{n[p]} ({100 * ok[p] / max(n[p], 1):.0f}%)" for p in plats))
+    failed = [c for c in kept if c["state"] != "ready"]
+    if failed:
+        lines += ["", "Failing cells, with the node and the fix from each build's error:", ""]
+        lines += [f"- {c['model']} ({c['platform']}): {c['error']}" for c in failed]
     return "\n".join(lines)
 
 
@@ -177,6 +189,18 @@ def auto_table(cells: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _saved(paths: list[Path]) -> int:
+    """The table of saved cells (in corpus order), e.g. of one `--json` run per model."""
+    from tests.corpus.models import corpus, names
+
+    cells = [c for p in paths for c in json.loads(p.read_text())]
+    seen = {c["model"] for c in cells}
+    models = corpus([n for n in names() if n in seen])
+    plats = [p for p in PLATFORMS if any(c["platform"] == p for c in cells)]
+    print(table(models, cells, plats))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from tests.corpus.models import corpus
@@ -190,7 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="auto: the precision search for coreml and qnn")
     ap.add_argument("--mixed", action="store_true", help="with auto: mixed precision")
     ap.add_argument("--coreml-target", default="iOS18", help="with auto: Core ML target")
+    ap.add_argument("--cells", nargs="+", type=Path,
+                    help="print the table of cells saved by earlier --json runs (one model "
+                         "per run, say) instead of compiling")
     args = ap.parse_args(argv)
+    if args.cells:
+        return _saved(args.cells)
     plats = [p for p in args.platforms.split(",") if p]
     extra: dict[str, Any] = {}
     if args.precision == "auto":
@@ -211,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                           file=sys.stderr, flush=True)
     print(f"Corpus compile{' --precision auto' if extra else ''}"
           f"{' --mixed' if args.mixed else ''}, {datetime.date.today().isoformat()}, "
-          f"{host.machine()} {os.cpu_count()} cores, Python {host.python_version()}\n")
+          f"{host.machine()} {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f}, Python {host.python_version()}\n")
     print(auto_table(cells) if extra else table(models, cells, plats))
     if args.json:
         args.json.write_text(json.dumps(cells, indent=1))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from server.compile import precision_search, target_precision
+from server.compile import fp32_default, precision_search, target_precision
 from server.compile.cohorts import WatermarkSpec, build_cohorts
 from server.compile.compilers.base import Compiler, settings_for
 from server.compile.compilers.registry import default_compilers
@@ -225,6 +225,22 @@ class Pipeline:
                                 gates)]
         if settings_for(request, platform).get("precision") == "auto":
             return self._search(platform, request, pdir, gates, ref, budget, watermark)
+        outcomes = self._compile_and_check(platform, request, pdir, gates, ref, watermark)
+        retry = fp32_default.retry_request(platform, request, outcomes)
+        if retry is None:
+            return outcomes
+        log(f"[{variant}/{platform}] {fp32_default.why(outcomes[0])}; building at FP32")
+        again = self._compile_and_check(platform, retry, pdir / "fp32", gates, ref, watermark)
+        return [fp32_default.chosen(outcomes[0], o) for o in again]
+
+    def _compile_and_check(self, platform: str, request: CompileRequest, pdir: Path,
+                           gates: dict[str, Any], ref: _Reference,
+                           watermark: WatermarkSpec | None) -> list[BuildOutcome]:
+        """Compile (one per precision the targets need), then gate and pack each artifact."""
+        log = self._log
+        variant = request.shape_variant
+        pdir.mkdir(parents=True, exist_ok=True)
+        gates = dict(gates)
         started = time.monotonic()
         try:
             compiler = self._factories[platform]()

@@ -394,7 +394,10 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path, *,
     A static graph with `If` nodes is folded too: a condition computed from input shapes
     (`x.shape[1] == 512`, `x.dim() == 2`) is constant once the shapes are, and the branch it
     takes replaces the `If` (an `If` on tensor values stays; `value_dependent_ifs` names it).
-    So is one with a batch-first LSTM / GRU (layout 0 between Transposes, `seq_first`).
+    So is one with a batch-first LSTM / GRU (layout 0 between Transposes, `seq_first`), and
+    one whose static inputs still leave intermediate dims unknown to shape inference: sizes
+    computed by constant subgraphs (spox inlines Silero's STFT with its `Pad` amounts built by
+    ConstantOfShape → Concat → Reshape → Slice → Cast) are only known once those are folded.
     `allow_ifs`: the version's operator gate allows `If` (`allow_ops`), so an `If` on tensor
     values is kept for the runtimes that execute control flow."""
     import onnx
@@ -404,11 +407,21 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path, *,
     except Exception as e:
         raise InvalidSourceError(f"cannot read {path.name} as ONNX: {e}") from e
     check_inputs(model, specs)
-    if is_static(model) and not if_nodes(model) and not batch_first_rnns(model) and all(
-            s.value is None for s in specs):
+    plain = is_static(model) and not if_nodes(model) and not batch_first_rnns(model) and all(
+        s.value is None for s in specs)
+    if plain and not unfixed_dims(model):
         _fix_inputs(model, specs)  # only checks: static dims that differ are refused
         onnx.save(model, str(out))
         return None
-    static, report = specialize(model, specs, allow_ifs=allow_ifs)
+    try:
+        static, report = specialize(model, specs, allow_ifs=allow_ifs)
+    except ShapeSpecializationError:
+        if not plain:
+            raise
+        # Folding leaves sizes that depend on values (NonMaxSuppression, NonZero): the static
+        # upload passes through, and the operator gate names those operators and tensors.
+        _fix_inputs(model, specs)
+        onnx.save(model, str(out))
+        return None
     onnx.save(static, str(out))
     return report

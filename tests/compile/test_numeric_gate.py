@@ -293,3 +293,25 @@ def test_a_yardstick_that_fp16_breaks_is_reported_as_the_precisions_loss(tmp_pat
     msg = failure_message(report, art, "qnn")
     assert "itself loses this model" in msg and "not the compile's" in msg
     assert "so the loss comes from the compile" not in msg
+    # SNR -inf fails every threshold, so lowering min_snr_db is not offered.
+    assert "lowering min_cosine" not in msg and "no threshold accepts it" in msg
+    assert "the artifact itself scores cosine" in msg  # against FP32: its own figure
+    assert "exclude the qnn platform" in msg
+
+
+def test_a_finite_loss_keeps_the_advice_to_accept_it_by_lowering_the_thresholds(
+        tmp_path: Path) -> None:
+    from server.compile.gates.verdict import failure_message
+    from server.compile.types import Target
+
+    ref = [[np.linspace(-1, 1, 64, dtype=np.float32)]]
+    noisy = [[ref[0][0] + np.random.default_rng(0).standard_normal(64).astype(np.float32)
+              * 0.1]]
+    report = numeric.judge(ref, ref, noisy, Precision.FP16, {}, classifier=False,
+                           runner="test", basis="the source at FP16")
+    assert report.status == "failed"
+    art = CompiledArtifact(tmp_path / "m.bin", Target("qnn", "x", "qnn_context"),
+                           Precision.FP16, {})
+    msg = failure_message(report, art, "qnn")
+    assert "lowering min_cosine / min_snr_db in the version's qnn settings" in msg
+    assert "no threshold accepts it" not in msg

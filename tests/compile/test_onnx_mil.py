@@ -351,3 +351,17 @@ def test_tied_embedding_is_stored_once_and_matches_onnxruntime(tmp_path: Path,
     # One 64x64 FP32 table (16 kB) and a blob header; a transposed copy would double it. (An
     # identity perm is no transpose: that MatMul reads E itself, and numerics must match.)
     assert 64 * 64 * 4 <= weights < 2 * 64 * 64 * 4
+
+
+@pytest.mark.parametrize("policy", ["not_smaller", "not_larger"])
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("shape,sizes", [((1, 1, 2, 4), [1, 3]), ((1, 2, 5, 3), [7, 8]),
+                                         ((1, 1, 6, 9), [4, 5])])
+def test_resize_keep_aspect_ratio_rounds_the_size_half_up_and_samples_at_the_ratio(
+        policy: str, mode: str, shape: tuple[int, ...], sizes: list[int]) -> None:
+    """Before: the map was asked at the common ratio alone, whose size floors — 1 row short of
+    ONNX's round-half-up size (test_resize_downsample_sizes_nearest_not_smaller)."""
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode=mode, axes=[2, 3],
+                            keep_aspect_ratio_policy=policy)
+    model = graph([node], {"x": rand(*shape)}, {"sizes": np.array(sizes, np.int64)})
+    assert_matches_onnxruntime(model, {"x": rand(*shape)})

@@ -245,3 +245,54 @@ def test_a_version_that_allows_if_keeps_a_value_dependent_if(tmp_path: Path) -> 
     kept = onnx.load(str(out.artifact.path))
     assert [n.name for n in kept.graph.node if n.op_type == "If"] == ["sr_if"]
     assert out.gates["shapes"]["ifs_folded"] == 2
+
+
+def _torch_pad_onnx(path: Path) -> Path:
+    """A static graph whose Pad amounts are computed the way torch exports F.pad (and spox
+    inlines Silero's STFT padding): ConstantOfShape → Concat → Reshape → Slice → Transpose →
+    Reshape → Cast; shape inference alone leaves the Pad's output dims unknown."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.compile.compile_models import onnx_model
+
+    def const(name: str, values: list[int]) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.array(values, np.int64), name)
+
+    nodes = [
+        helper.make_node("ConstantOfShape", ["two"], ["zeros"],
+                         value=numpy_helper.from_array(np.array([0], np.int64))),
+        helper.make_node("Concat", ["amounts", "zeros"], ["flat"], axis=0),
+        helper.make_node("Reshape", ["flat", "pairs"], ["paired"]),
+        helper.make_node("Slice", ["paired", "m1", "big", "zero", "m1"], ["reversed"]),
+        helper.make_node("Transpose", ["reversed"], ["onnx_order"], perm=[1, 0]),
+        helper.make_node("Reshape", ["onnx_order", "m1"], ["pads64"]),
+        helper.make_node("Cast", ["pads64"], ["pads"], to=TensorProto.INT64),
+        helper.make_node("Pad", ["x", "pads"], ["padded"], name="stft_pad", mode="reflect"),
+        helper.make_node("Relu", ["padded"], ["y"]),
+    ]
+    inits = [const("two", [2]), const("amounts", [0, 3]), const("pairs", [-1, 2]),
+             const("m1", [-1]), const("big", [-2**63 + 1]), const("zero", [0])]
+    return onnx_model(path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                  [1, 8])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 11])], inits)
+
+
+def test_a_static_upload_with_computed_pad_amounts_is_folded_until_every_dim_is_static(
+        tmp_path: Path) -> None:
+    """Before: the static upload was copied unchanged and the operator gate refused it with
+    "dynamic_shape … at graph/stft_pad" (silero_vad_openvino_16k.onnx, spox opset 16)."""
+    from server.compile.gates.operators import check_onnx
+    from server.compile.shapes import unfixed_dims
+
+    src = _torch_pad_onnx(tmp_path / "pad.onnx")
+    assert [u.node for u in unfixed_dims(onnx.load(str(src)))][:1] == ["stft_pad"]
+    report = specialize_file(src, (InputSpec("x", (1, 8)),), tmp_path / "static.onnx")
+    static = onnx.load(str(tmp_path / "static.onnx"))
+    assert report is not None and report.fixed == {}
+    assert unfixed_dims(static) == []
+    assert check_onnx(static, "qnn", []).passed
+    assert [n.op_type for n in static.graph.node] == ["Pad", "Relu"]  # the uploaded ops kept
+    feeds = [{"x": np.arange(8, dtype=np.float32).reshape(1, 8) - 4}]
+    (want,), (got,) = run_onnx_cpu(src, feeds), run_onnx_cpu(tmp_path / "static.onnx", feeds)
+    assert got[0].shape == (1, 11)
+    np.testing.assert_array_equal(want[0], got[0])

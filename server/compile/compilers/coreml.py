@@ -1,7 +1,8 @@
 """`coreml` platform: coremltools → `.mlpackage` ML Program (for the Neural Engine).
 
-Settings (`settings["coreml"]`): `precision` fp16 (default) | fp32 (| auto: the precision
-search, server/compile/precision_search.py), `minimum_deployment_target` (e.g. "iOS17",
+Settings (`settings["coreml"]`): `precision` fp16 (default; the pipeline builds again at fp32
+when FP16 itself loses the model, server/compile/fp32_default.py) | fp32 (| auto: the
+precision search, server/compile/precision_search.py), `minimum_deployment_target` (e.g. "iOS17",
 default), `weight_compression` none (default) | int8 | int8-block<N> | int4-block<N> |
 palettize<B> (coreml_quant.py; block-wise and INT4 need iOS18), `weight_threshold` (weights
 with fewer elements stay uncompressed; default 2048), `palettize_mode` uniform (default) |

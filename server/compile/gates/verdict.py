@@ -168,13 +168,28 @@ def failure_message(report: numeric.NumericGateReport, art: CompiledArtifact,
                 + (f"; {where(report, 'precision')}" if where(report, "precision") else "")
                 + "), so this is the precision's loss, not the compile's. ")
     higher = HIGHER_PRECISION.get(platform)
+    # An SNR of -inf (an infinity or NaN on either side) fails every threshold: lowering
+    # min_snr_db is advice that cannot be followed there.
+    hopeless = any(m.get("snr_db") == "-inf" for m in report.outputs)  # NaN too (_num)
+    accept = (f", or accept the difference by lowering min_cosine / min_snr_db in the "
+              f"version's {platform} settings" if not hopeless else
+              " (no threshold accepts it: the outputs compared hold an infinity or NaN"
+              + _against_fp32(report) + ")")
     return (f"numeric gate failed: the {platform} artifact departs from "
             f"{report.basis or 'the source'} more than {p.upper()} allows ({report.reason})"
             + (f"; {loc}" if loc else "") + ". " + kept
             + (f"To keep more precision, {higher}; or " if higher else "Options: ")
             + "change the model where the loss starts, exclude the "
-            f"{platform} platform for this model, or accept the difference by lowering "
-            f"min_cosine / min_snr_db in the version's {platform} settings.")
+            f"{platform} platform for this model{accept}.")
+
+
+def _against_fp32(report: numeric.NumericGateReport) -> str:
+    """The artifact's worst output against the FP32 source, e.g. when the yardstick broke."""
+    rows = [(float(m["cosine"]), float(m["snr_db"])) for m in report.vs_fp32]
+    if not rows:
+        return ""
+    cos, snr = min(r[0] for r in rows), min(r[1] for r in rows)
+    return f"; the artifact itself scores cosine {cos:.6f}, SNR {snr:.1f} dB against FP32"
 
 
 def log_lines(report: numeric.NumericGateReport) -> list[str]:

@@ -27,16 +27,44 @@ _KEEP = ("mode", "coordinate_transformation_mode", "cubic_coeff_a", "exclude_out
          "nearest_mode", "antialias")
 
 
+# keep_aspect_ratio_policy: (input size, requested size) of the axis whose ratio won, and the
+# requested size of this axis.
+Aspect = tuple[int, int, int]
+
+
+def _aspect_map(ctx: NodeContext, n_in: int, aspect: Aspect, opset: int) -> np.ndarray:
+    """The map of one axis under keep_aspect_ratio_policy, from onnx.reference given the
+    same two requested sizes: its output size rounds half up (round(n_in * ratio)) while the
+    coordinates use the ratio itself, which no scales-only call reproduces. The probe is
+    [n_in, det_in, n_in] with x[b, :, b] = 1, resized over axes 1 and 2; along axis 1 every
+    output row of a Resize weighs its inputs to a sum of 1, so y[b, 0, :] is row b of M."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    det_in, det_want, want = aspect
+    attrs = {k: v for k, v in ctx.attrs.items() if k in (*_KEEP, "keep_aspect_ratio_policy")}
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], axes=[1, 2], **attrs)
+    x = np.zeros((n_in, det_in, n_in))
+    x[np.arange(n_in), :, np.arange(n_in)] = 1.0
+    (y,) = ReferenceEvaluator(node, opsets={"": opset}).run(
+        None, {"x": x, "sizes": np.array([det_want, want], np.int64)})
+    return np.asarray(y)[:, 0, :]
+
+
 def _axis_map(ctx: NodeContext, n_in: int, n_out: int, scale: float | None,
-              roi: tuple[float, float] | None = None, fill: float = 0.0) -> np.ndarray:
+              roi: tuple[float, float] | None = None, fill: float = 0.0,
+              aspect: Aspect | None = None) -> np.ndarray:
     """The [n_in, n_out] matrix M with resize(x) = x @ M along one axis, from onnx.reference
     (with `roi`, tf_crop_and_resize's crop of this axis; `fill` is the extrapolation value,
-    0 for the map itself, 1 on a zero input to find the extrapolated positions)."""
+    0 for the map itself, 1 on a zero input to find the extrapolated positions; `aspect`,
+    keep_aspect_ratio_policy's sizes)."""
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
 
     attrs = {k: v for k, v in ctx.attrs.items() if k in _KEEP}
     opset = max(ctx.opset, 11)
+    if aspect is not None:
+        return _aspect_map(ctx, n_in, aspect, opset)
     if opset < 18:
         attrs.pop("antialias", None)
     if roi is not None:
@@ -87,14 +115,16 @@ def _mil_bilinear(n_in: int, n_out: int, mode: str) -> np.ndarray:
     return m
 
 
-def _targets(ctx: NodeContext, shape: tuple[int, ...]) -> tuple[list[int], list[float | None]]:
-    """Output size and ONNX scale (None when sizes were given) per axis."""
+def _targets(ctx: NodeContext, shape: tuple[int, ...]
+             ) -> tuple[list[int], list[float | None], dict[int, Aspect]]:
+    """Output size and ONNX scale (None when sizes were given) per axis, and the axes sized
+    by keep_aspect_ratio_policy."""
     rank = len(shape)
     if ctx.node.op_type == "Upsample":
         scales = ctx.const(1) if ctx.opset >= 9 else np.array(ctx.attr("scales"))
         assert scales is not None
         s = [float(v) for v in np.asarray(scales).reshape(-1)]
-        return [math.floor(d * v) for d, v in zip(shape, s, strict=True)], list(s)
+        return [math.floor(d * v) for d, v in zip(shape, s, strict=True)], list(s), {}
     axes = [a % rank for a in ctx.attr("axes", list(range(rank)))]
     scales = ctx.const(2) if ctx.has(2) and ctx.opset >= 11 else (
         ctx.const(1) if ctx.opset < 11 else None)
@@ -107,20 +137,22 @@ def _targets(ctx: NodeContext, shape: tuple[int, ...]) -> tuple[list[int], list[
         if policy != "stretch":
             r = [want[k] / shape[a] for k, a in enumerate(axes)]
             common = min(r) if policy == "not_larger" else max(r)
+            det = r.index(common)
+            aspect = {a: (shape[axes[det]], want[det], want[k]) for k, a in enumerate(axes)}
             for a in axes:
                 # ONNX rounds half up (int(x + 0.5)); Python's round() rounds half to even.
                 out[a], per[a] = int(shape[a] * common + 0.5), common
-            return out, per
+            return out, per, aspect
         for k, a in enumerate(axes):
             out[a], per[a] = want[k], None
-        return out, per
+        return out, per, {}
     if scales is None or not np.asarray(scales).size:
         ctx.fail("Resize needs constant scales or sizes")
     assert scales is not None
     for k, a in enumerate(axes):
         v = float(np.asarray(scales).reshape(-1)[k])
         out[a], per[a] = math.floor(shape[a] * v), v
-    return out, per
+    return out, per, {}
 
 
 def _crop_and_resize(ctx: NodeContext, x: Any, shape: tuple[int, ...], out: list[int],
@@ -155,12 +187,13 @@ def _along(ctx: NodeContext, x: Any, axis: int, m: np.ndarray) -> Any:
 def resize(ctx: NodeContext) -> Outputs:
     x = ctx.var(0)
     shape = shape_of(x)
-    out, scales = _targets(ctx, shape)
+    out, scales, aspect = _targets(ctx, shape)
     if ctx.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
         return [_crop_and_resize(ctx, x, shape, out, scales)]
     changed = [a for a in range(len(shape)) if out[a] != shape[a] or (
         scales[a] is not None and scales[a] != 1.0)]
-    maps = {a: _axis_map(ctx, shape[a], out[a], scales[a]) for a in changed}
+    maps = {a: _axis_map(ctx, shape[a], out[a], scales[a], aspect=aspect.get(a))
+            for a in changed}
     mode = str(ctx.attr("mode", "nearest"))
     if mode == "nearest":
         src = {a: np.argmax(m, axis=0) for a, m in maps.items()}
