@@ -6,9 +6,9 @@ two modules on two workers, which would each pay it. The first caller writes the
 `<model cache>/onnx-node-cases/` under the cache's file lock (tests/corpus/fetch.py); later
 ones read them back. No pickle: each case's model as protobuf bytes and its first data set
 as arrays in one `.npz` read with `allow_pickle=False`, plus a JSON index. A value that
-cannot be stored so (a sequence, an optional, a string tensor) is out of the conformance
-scope anyway; it comes back as a placeholder of the same kind (a list, an object array), so
-the case is reported out of scope for the same reason.
+cannot be stored so (a sequence, an optional, a string or bfloat16 tensor) is out of the
+conformance scope anyway; it comes back as a placeholder of the same kind (a list, a
+one-element array of that dtype), so the case is reported out of scope for the same reason.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from tests.corpus.fetch import locked, root
 
-_LIST, _OBJECT = "list", "object"  # placeholders for what the .npz does not hold
+_LIST, _DTYPE = "list", "dtype:"  # placeholders for what the .npz does not hold
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ def _where() -> Path:
 def _entry(arrays: dict[str, np.ndarray], key: str, value: Any) -> str:
     if not isinstance(value, np.ndarray):
         return _LIST
-    if value.dtype.hasobject:
-        return _OBJECT
+    if value.dtype.hasobject or value.dtype.kind == "V":  # ml_dtypes' come back as void
+        return _DTYPE + str(value.dtype)
     arrays[key] = value
     return key
 
@@ -75,8 +75,11 @@ def write(out: Path, cases: list[Any]) -> None:
 def _value(arrays: Any, ref: str) -> Any:
     if ref == _LIST:
         return []
-    if ref == _OBJECT:
-        return np.empty(1, dtype=object)
+    if ref.startswith(_DTYPE):
+        try:  # bfloat16, float8: numpy knows them once onnx has imported ml_dtypes
+            return np.zeros(1, dtype=np.dtype(ref.removeprefix(_DTYPE)))
+        except TypeError:
+            return np.empty(1, dtype=object)
     return arrays[ref]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -53,7 +54,9 @@ def test_cached_node_cases_come_back_as_collected(tmp_path: Path) -> None:
              TestCase("test_seq", "test_seq", None, None, relu, [([[x, x]], [x])], "node", 1, 1),
              TestCase("test_str", "test_str", None, None, relu,
                       [([np.array(["a", "b"], dtype=object)], [x])], "node", 1, 1),
-             TestCase("test_none", "test_none", None, None, relu, [], "node", 1, 1)]
+             TestCase("test_none", "test_none", None, None, relu, [], "node", 1, 1),
+             TestCase("test_bf16", "test_bf16", None, None, relu,
+                      [([x.astype(ml_dtypes.bfloat16)], [x])], "node", 1, 1)]
     node_cases.write(tmp_path, cases)
     back = node_cases.read(tmp_path)
     assert [c.name for c in back] == [c.name for c in cases]
@@ -68,6 +71,7 @@ def test_cached_node_cases_come_back_as_collected(tmp_path: Path) -> None:
     assert ins[0].dtype == np.int64 and outs[0].dtype == np.bool_ and outs[0].shape == ()
     assert _scope(back[0]) == "" and "sequence" in _scope(back[2])
     assert _scope(back[3]) == "dtype object" and _scope(back[4]) == "no data sets"
+    assert _scope(back[5]) == "dtype bfloat16"
     assert isinstance(back[0].model, onnx.ModelProto)
 
 
