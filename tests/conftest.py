@@ -11,7 +11,9 @@ own bucket.
 Parallel runs (pytest-xdist, as scripts/test runs them): session fixtures exist once per
 worker, each with its own databases, moto server and ports. `--dist loadfile` keeps each test
 module whole on one worker, in file order: several modules share one served server per module
-and build on what earlier tests in it did (tests/cli/test_release_cli.py).
+and build on what earlier tests in it did (tests/cli/test_release_cli.py). Modules holding a
+`slow` test are handed out first (`pytest_collection_modifyitems`): a worker that draws a
+minutes-long module near the end would otherwise run it alone while the other one idles.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ from tests.support.served import free_port
 PG_ADMIN_DSN = os.environ.get(
     "MODELFLEET_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test"
 )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with a `slow` test first, each module's tests still together and in file
+    order (a stable sort; every xdist worker collects the same order, as it must)."""
+    heavy = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in heavy)
 
 
 def _pg_reachable() -> bool:

@@ -7,11 +7,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import onnx
 import pytest
 
-from server.compile import SourceFormat
+from server.compile import SourceFormat, qnn_runtime
+from server.compile.compilers import qnn
 from server.compile.compilers.coreml import CoreMLCompiler
-from server.compile.gates import layerdiff
+from server.compile.gates import layerdiff, layers
 from server.compile.pipeline import BuildOutcome, BuildSpec, Pipeline
 from server.compile.settings_map import pipeline_settings
 from server.compile.types import CompiledArtifact, CompileRequest
@@ -90,3 +92,45 @@ def test_layer_diff_off_skips_it_and_a_bad_value_says_so(convnet: ModelFiles,
     assert _build(convnet, "onnx", tmp_path / "a", False, {"layer_diff": "off"}).layer_diff == {}
     bad = _build(convnet, "onnx", tmp_path / "b", False, {"layer_diff": "maybe"})
     assert bad.state == "ready" and "layer_diff must be on or off" in bad.layer_diff["unavailable"]
+
+
+def test_runs_are_bounded_by_tensor_count_and_by_bytes() -> None:
+    order = [(f"t{i}", f"n{i}", "Relu") for i in range(7)]
+    sizes = {"t0": 40, "t1": 40, "t2": 95, "t3": 10, "t4": 10, "t5": 10}  # t6 unknown
+
+    def names(parts: list[list[tuple[str, str, str]]]) -> list[list[str]]:
+        return [[t for t, _, _ in p] for p in parts]
+
+    assert names(list(layers.batches(order, 3))) == [["t0", "t1", "t2"], ["t3", "t4", "t5"],
+                                                     ["t6"]]
+    # 100 bytes a run: t2 alone (t1 or t3 beside it is over), an unknown size counts 4 MiB.
+    assert names(list(layers.batches(order, 10, sizes, 100))) == [
+        ["t0", "t1"], ["t2"], ["t3", "t4", "t5"], ["t6"]]
+    assert names(list(layers.batches(order, 2, sizes, 100))) == [
+        ["t0", "t1"], ["t2"], ["t3", "t4"], ["t5"], ["t6"]]
+
+
+def test_qnn_layer_diff_compiles_the_graph_once_per_htp_byte_budget(
+        convnet: ModelFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each diagnostic HTP compile costs about the same whatever its outputs: the diff asks
+    for all the tensors HTP_BYTES allows at once (one compile for a small model) and, over the
+    budget, for consecutive runs that still cover every tensor."""
+    compiles: list[int] = []
+    real = qnn_runtime.open_session
+
+    def counting(path: Path, **kw: object) -> object:
+        if Path(path).name == "layers.htp.onnx":
+            compiles.append(len(onnx.load(str(path)).graph.output))
+        return real(path, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(qnn, "open_session", counting)
+    whole = _build(convnet, "qnn", tmp_path / "a", damaged=False).layer_diff
+    assert len(compiles) == 1 and whole["total"] == len(whole["layers"]) >= 5, whole
+    sizes = layers.tensor_bytes(onnx.load(str(convnet.onnx)))
+    rows = {r[0] for r in whole["layers"]}
+    budget = max(sizes[t] for t in rows) + 1  # forces several runs
+    monkeypatch.setattr(layerdiff, "HTP_BYTES", budget)
+    compiles.clear()
+    split = _build(convnet, "qnn", tmp_path / "b", damaged=False).layer_diff
+    assert len(compiles) >= 2 and [r[0] for r in split["layers"]] == [
+        r[0] for r in whole["layers"]], (compiles, split)

@@ -49,8 +49,8 @@ def test_ppocr_det_and_rec_with_dynamic_p2o_dims_build_on_onnx_coreml_and_qnn(
         assert r.status_code == 201, r.text
         buf = io.BytesIO()
         np.savez(buf, x=text_image(SHAPES[kind])[None])
-        # The QNN per-layer diff recompiles these graphs on the emulated HTP once per 160
-        # tensors (minutes here); it has its own tests (tests/compile/test_layer_diff.py).
+        # The QNN per-layer diff recompiles these graphs on the emulated HTP (minutes at
+        # 640x640); it has its own tests (tests/compile/test_layer_diff.py).
         meta = {"version": "4.0.0",
                 "platforms": {"onnx": {}, "coreml": {},
                               "qnn": {"numeric_samples": 1, "layer_diff": "off"}},

@@ -5,7 +5,7 @@ order, stored with the build and drawn as a heatmap on the version page.
 Where the artifact's intermediates come from (`candidate_for`):
 - an ONNX artifact: the artifact itself on onnxruntime's CPU provider;
 - a compiler offering `intermediates(artifact)` (QNN): the graph it compiled, compiled again on
-  the same (emulated) HTP with the tensors as outputs;
+  the same (emulated) HTP with the tensors as outputs, as few times as `HTP_BYTES` allows;
 - a Core ML package: our MIL executor (server/compile/milexec), one run keeping every var;
   the converter names a MIL var after the ONNX tensor it computes (`mil_name`), and
   coremltools' FP16 pass appends `_cast_fp16`.
@@ -33,8 +33,10 @@ from server.compile.types import CompiledArtifact, Precision
 MAX_LAYERS = 1000  # tensors stored per artifact
 ROW_FIELDS = ("tensor", "node", "op", "cosine", "snr_db")
 FP16_SUFFIX = "_cast_fp16"  # coremltools' FP16 pass renames each op's output var so
-# Tensors per HTP diagnostic compile (each chunk compiles the graph once more).
-HTP_CHUNK = 160
+# Float32 bytes of intermediate tensors per HTP diagnostic compile (each run compiles the
+# graph once more, a fixed cost whatever the outputs: all-MiniLM-L6-v2's 187 tensors, 59 MiB,
+# take one compile; PP-OCRv4 det's 330 at 640x640, 659 MiB, two).
+HTP_BYTES = 512 * 1024**2
 
 
 def mil_candidate(package: Path, feeds: dict[str, NDArray[Any]]) -> layers.Candidate:
@@ -74,8 +76,8 @@ def candidate_for(compiler: Compiler, art: CompiledArtifact, feeds: dict[str, ND
     found = diag(art) if callable(diag) else None
     if found is not None:
         graph, opener = found
-        return (layers.Candidate.onnx(graph, feeds, opener),
-                f"the artifact's graph on {art.target.runtime}", HTP_CHUNK)
+        return (layers.Candidate.onnx(graph, feeds, opener, max_bytes=HTP_BYTES),
+                f"the artifact's graph on {art.target.runtime}", MAX_LAYERS)
     if art.path.suffix == ".mlpackage" and art.path.is_dir():
         return mil_candidate(art.path, feeds), "the artifact on the MIL executor", MAX_LAYERS
     return None
@@ -98,6 +100,7 @@ def layer_diff(source: Path, candidate: layers.Candidate, where: str, chunk: int
     order = layers.graph_order(src, {n for n in layers.available_tensors(src)
                                      if n in candidate.names})
     t = thresholds(precision)
+    sizes = layers.tensor_bytes(src) if candidate.max_bytes is not None else None
     rows: list[list[Any]] = []
     first: dict[str, Any] | None = None
     for m in layers.compare_layers(order[:MAX_LAYERS],
@@ -105,7 +108,8 @@ def layer_diff(source: Path, candidate: layers.Candidate, where: str, chunk: int
                                                              layers.cpu_session),
                                    candidate.fetch,
                                    clip=emulate.FP16_MAX if precision is Precision.FP16
-                                   else None, chunk=chunk):
+                                   else None, chunk=chunk, sizes=sizes,
+                                   max_bytes=candidate.max_bytes):
         rows.append([m.tensor, m.node, m.op, _num(m.cosine), _num(m.snr_db)])
         if first is None and m.below(t.min_cosine, t.min_snr_db):
             first = {**m.to_dict(), "index": len(rows) - 1}

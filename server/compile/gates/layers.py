@@ -10,14 +10,17 @@ thresholds is named with its figures (node name, op type, cosine, SNR, max abs d
 The candidate runs on the CPU provider, or on the runtime that built the artifact when it can
 expose intermediates (the QNN compiler opens an HTP session on the graph it compiled). Memory
 stays bounded: the tensors are fetched in chunks of `CHUNK` per run, and the walk stops at the
-first chunk holding a failing tensor. One sample is enough to localize; the caller
-passes the first reference sample.
+first chunk holding a failing tensor. A candidate whose every run costs a compile (the HTP's)
+is fetched in runs bounded by bytes instead (`Candidate.max_bytes`, the float32 size of each
+tensor from shape inference): a model with small activations needs one compile, not one per
+`CHUNK` tensors. One sample is enough to localize; the caller passes the first reference
+sample.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,8 @@ from numpy.typing import NDArray
 from server.compile.gates.metrics import cosine, snr_db
 
 CHUNK = 48  # intermediate tensors fetched per run
+# A tensor whose shape inference leaves unknown counts as this many bytes against a budget.
+UNKNOWN_BYTES = 4 * 1024**2
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
@@ -96,6 +101,19 @@ def _graph_tensors(model: Any) -> list[tuple[str, str, str]]:
     return out
 
 
+def tensor_bytes(model: Any) -> dict[str, int]:
+    """The float32 size in bytes of each tensor whose inferred shape is static."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    out = {}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.type.HasField("tensor_type") and all(d.HasField("dim_value") for d in dims):
+            out[vi.name] = 4 * math.prod(d.dim_value for d in dims)
+    return out
+
+
 def available_tensors(model: Any) -> set[str]:
     names = {o for n in model.graph.node for o in n.output if o}
     return names | {i.name for i in model.graph.input}
@@ -136,18 +154,22 @@ Fetch = Callable[[list[str]], dict[str, NDArray[Any]]]  # tensor names -> values
 @dataclass(frozen=True)
 class Candidate:
     """Something whose intermediate tensors can be read by ONNX tensor name: an ONNX graph on
-    a session `opener`, or another runtime (the MIL executor) behind `fetch`."""
+    a session `opener`, or another runtime (the MIL executor) behind `fetch`. `max_bytes`:
+    each fetch asks for at most this many float32 bytes (and at most the caller's chunk of
+    tensors), for a runtime where every run costs a compile; None: the chunk alone."""
 
     names: Container[str]
     fetch: Fetch
+    max_bytes: int | None = None
 
     @classmethod
     def onnx(cls, model: Path | Any, feeds: dict[str, NDArray[Any]],
-             opener: Opener = cpu_session) -> Candidate:
+             opener: Opener = cpu_session, max_bytes: int | None = None) -> Candidate:
         import onnx
 
         m = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
-        return cls(available_tensors(m), lambda names: run_tensors(m, names, feeds, opener))
+        return cls(available_tensors(m), lambda names: run_tensors(m, names, feeds, opener),
+                   max_bytes)
 
 
 def graph_order(names_from: Path | Any, common: Container[str]
@@ -160,12 +182,31 @@ def graph_order(names_from: Path | Any, common: Container[str]
     return [t for t in _graph_tensors(named) if t[0] in common]
 
 
+def batches(order: list[tuple[str, str, str]], chunk: int, sizes: Mapping[str, int] | None = None,
+            max_bytes: int | None = None) -> Iterator[list[tuple[str, str, str]]]:
+    """`order` in consecutive runs of at most `chunk` tensors and, with `max_bytes`, at most
+    that many bytes by `sizes` (an unknown size counts `UNKNOWN_BYTES`; a single tensor over
+    the budget is a run of its own)."""
+    part: list[tuple[str, str, str]] = []
+    used = 0
+    for item in order:
+        size = (sizes or {}).get(item[0], UNKNOWN_BYTES) if max_bytes is not None else 0
+        if part and (len(part) >= chunk or (max_bytes is not None and used + size > max_bytes)):
+            yield part
+            part, used = [], 0
+        part.append(item)
+        used += size
+    if part:
+        yield part
+
+
 def compare_layers(order: list[tuple[str, str, str]], reference: Fetch, candidate: Fetch,
-                   clip: float | None = None, chunk: int = CHUNK) -> Iterator[LayerMetrics]:
+                   clip: float | None = None, chunk: int = CHUNK,
+                   sizes: Mapping[str, int] | None = None, max_bytes: int | None = None
+                   ) -> Iterator[LayerMetrics]:
     """The metrics of each tensor of `order` both sides computed with the same size, fetched
-    `chunk` tensors at a time (a caller that stops early stops the runs too)."""
-    for start in range(0, len(order), chunk):
-        part = order[start:start + chunk]
+    in `batches` (a caller that stops early stops the runs too)."""
+    for part in batches(order, chunk, sizes, max_bytes):
         names = [t for t, _, _ in part]
         got_ref, got_cand = reference(names), candidate(names)
         for tensor, node, op in part:
@@ -207,9 +248,10 @@ def first_divergence(reference: Path | Any, candidate: Path | Any | Candidate,
         Candidate.onnx(candidate, feeds, opener)
     order = graph_order(ref if names_from is None else names_from,
                         {n for n in available_tensors(ref) if n in cand.names})
+    sizes = tensor_bytes(ref) if cand.max_bytes is not None else None
     compared, last_ok = 0, None
     for m in compare_layers(order, lambda names: run_tensors(ref, names, feeds, cpu_session),
-                            cand.fetch, clip, chunk):
+                            cand.fetch, clip, chunk, sizes, cand.max_bytes):
         compared += 1
         if m.below(min_cosine, min_snr_db):
             return Localization(first=m, compared=compared, basis=basis, before=last_ok)

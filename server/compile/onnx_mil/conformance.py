@@ -223,20 +223,23 @@ def _execute(prog: Any, feeds: dict[str, np.ndarray], outs: list[np.ndarray], pr
 
 
 def run_suite(pattern: str = "", fp16: bool = False, ops: set[str] | None = None,
-              shard: tuple[int, int] = (0, 1)) -> tuple[dict[str, OpRow], list[CaseResult]]:
+              shard: tuple[int, int] = (0, 1), cases: Iterable[Any] | None = None
+              ) -> tuple[dict[str, OpRow], list[CaseResult]]:
     """Every node case (or those whose name contains `pattern`, or whose op is in `ops`);
-    `shard=(k, n)` runs every n-th case from the k-th (merge shards with `merge`)."""
-    from onnx.backend.test.case.node import collect_testcases
-
+    `shard=(k, n)` runs every n-th case from the k-th (merge shards with `merge`). `cases`:
+    the node cases already collected (the tests keep them in a cache: collecting runs
+    every case's reference implementation); default `collect_testcases()`."""
     from server.compile.onnx_mil import claimed_ops
     from server.compile.quiet import quiet
 
-    with quiet():
-        cases = collect_testcases()
+    if cases is None:
+        from onnx.backend.test.case.node import collect_testcases
+
+        with quiet():
+            cases = collect_testcases()
     claimed = claimed_ops() | {"Constant"}
     cases = [c for c in cases if c.model is not None]
-    # mypy does not narrow c.model through the filter above: every case here has a model.
-    all_ops = {n.op_type for c in cases for n in c.model.graph.node}  # type: ignore[union-attr]
+    all_ops = {n.op_type for c in cases for n in c.model.graph.node}
     rows: dict[str, OpRow] = {}
     results: list[CaseResult] = []
     for i, case in enumerate(cases):
