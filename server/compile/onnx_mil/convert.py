@@ -114,11 +114,12 @@ class _Converter:
                 why or sum(v.size for v in inputs if v is not None) <= _FOLD_LIMIT):
             outs = self._fold(node, inputs)
             if outs is not None:
-                src = inputs[0]
-                perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
-                if node.op_type == "Transpose" and isinstance(src, np.ndarray) and \
-                        src.ndim == 2 and (perm or [[1, 0]])[0] == [1, 0]:
-                    outs = [transposed_const(outs[0], src)]
+                if node.op_type == "Transpose":  # a Constant node has no input to read
+                    src = inputs[0]
+                    perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
+                    if isinstance(src, np.ndarray) and src.ndim == 2 and \
+                            (perm or [[1, 0]])[0] == [1, 0]:
+                        outs = [transposed_const(outs[0], src)]
                 self._store(node, outs)
                 return
         if why:
