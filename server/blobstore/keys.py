@@ -34,8 +34,11 @@ READ_API_PREFIX = "v1/"
 ROOTS_PREFIX = "v1/root/"
 
 
+SOURCES_PREFIX = "sources/"
+
+
 def source_key(model: str, version: str, field: str, token: str | None = None) -> str:
-    return f"sources/{model}/{version}/{token or uuid.uuid4().hex}/{field}"
+    return f"{SOURCES_PREFIX}{model}/{version}/{token or uuid.uuid4().hex}/{field}"
 
 
 def unmarked_key(sha256: str) -> str:

@@ -25,12 +25,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.blobstore import BlobNotFoundError, BlobStore, BlobStoreError
+from server.blobstore.keys import SOURCES_PREFIX
 from server.db import audit
 from server.db.models import SourceUpload
 
 log = logging.getLogger(__name__)
-
-SOURCES_PREFIX = "sources/"
 
 
 @dataclass
