@@ -112,7 +112,7 @@ def _sealed(bundle: Bundle, member: Member) -> Backend:
             return OrtBackend("onnxruntime-cpu", session)
         from client_sdk import qnn
 
-        qopts = qnn.session_options()
+        qopts = qnn.session_options(cpu_nodes=_declares_cpu_nodes(member))
         _one_quiet_thread(qopts)
         return OrtBackend("onnxruntime-qnn", ort.InferenceSession(data, qopts))
     except Exception as e:
@@ -138,6 +138,15 @@ def _cpu(bundle: Bundle, member: Member, compile_missing: bool) -> Backend:
     return OrtBackend("onnxruntime-cpu", session)
 
 
+def _declares_cpu_nodes(member: Member) -> bool:
+    """Whether the artifact's build put nodes on the CPU EP on purpose (precision islands,
+    an accepted partial offload): its signed compile settings count them."""
+    try:
+        return int(member.compile_settings.get("cpu_nodes", 0)) > 0
+    except (TypeError, ValueError):
+        return False
+
+
 def _qnn(bundle: Bundle, member: Member, compile_missing: bool) -> Backend:
     import onnxruntime as ort
 
@@ -145,8 +154,8 @@ def _qnn(bundle: Bundle, member: Member, compile_missing: bool) -> Backend:
 
     path = compiled_qnn(bundle, member, compile_missing=compile_missing)
     try:
-        opts = qnn.session_options()
-        _one_quiet_thread(opts)  # the HTP does the work; CPU fallback is disabled
+        opts = qnn.session_options(cpu_nodes=_declares_cpu_nodes(member))
+        _one_quiet_thread(opts)  # the HTP does the work (CPU fallback only when declared)
         session = ort.InferenceSession(str(path), opts)
     except Exception as e:
         raise BackendUnavailableError(f"QNN EP cannot load {path.name}: {e}") from e

@@ -3,7 +3,8 @@
 onnxruntime-qnn 2.x is an execution-provider *plugin*: it must be registered with
 ``register_execution_provider_library`` and attached with ``add_provider_for_devices`` — the
 old ``providers=[...]`` form silently falls back to CPU. CPU fallback inside the session is
-disabled so an operator the HTP cannot run is an error here, not a silent slowdown.
+disabled so an operator the HTP cannot run is an error here, not a silent slowdown — except
+for an artifact whose signed compile settings declare its CPU nodes (``cpu_nodes``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ def qnn_version() -> str:
     return str(onnxruntime_qnn.__version__)
 
 
-def session_options(**config: str) -> Any:
+def session_options(*, cpu_nodes: bool = False, **config: str) -> Any:
     """``onnxruntime.SessionOptions`` targeting the QNN HTP backend, plus extra config
-    entries (e.g. ``ep.context_enable``)."""
+    entries (e.g. ``ep.context_enable``). ``cpu_nodes``: the artifact's build report says some
+    of its nodes run on the CPU EP (a partial offload, or precision islands kept at FP32 —
+    the manifest's ``cpu_nodes`` compile setting), so CPU fallback stays on for it alone."""
     try:
         import onnxruntime as ort
         import onnxruntime_qnn
@@ -52,7 +55,8 @@ def session_options(**config: str) -> Any:
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.add_provider_for_devices(devices, {"backend_path": onnxruntime_qnn.get_qnn_htp_path()})
-    opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    if not cpu_nodes:
+        opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     for key, value in config.items():
         opts.add_session_config_entry(key, value)
     return opts

@@ -83,6 +83,8 @@ def run_cell(model: Any, plat: str, workdir: Path, extra: dict[str, Any] | None 
         "htp_share": htp.get("node_share"),
         "precision": out.precision,
         "fp32_by_default": bool((out.gates.get("precision_default") or {}).get("chosen")),
+        "islands": [str(n) for n in (out.gates.get("precision_islands") or {}).get("nodes", [])
+                    if n] if (out.gates.get("precision_islands") or {}).get("chosen") else [],
         "bytes": out.artifact.length if out.artifact else None,
         "error": out.error,
     }
@@ -94,10 +96,16 @@ def _cell(c: dict[str, Any]) -> str:
     parts = [f"ok {c['seconds']}s"]
     if c.get("fp32_by_default"):
         parts.append("FP32 by default (FP16 itself loses the model; both builds' seconds)")
+    if c.get("islands"):
+        parts.append(f"precision island: {len(c['islands'])} node(s) at FP32 on the CPU EP "
+                     f"({', '.join(c['islands'][:3])}{', …' if len(c['islands']) > 3 else ''}"
+                     "; both builds' seconds)")
     if c.get("cosine") is not None:
         parts.append(f"cos {c['cosine']:.5f}, {c['snr_db']:.1f} dB")
     if c.get("cost_cosine") is not None:
         parts.append(f"precision cost cos {c['cost_cosine']:.5f}, {c['cost_snr_db']:.1f} dB")
+    if c.get("islands") and c.get("fp32_cosine") is not None:
+        parts.append(f"vs FP32 cos {c['fp32_cosine']:.5f}, {c['fp32_snr_db']:.1f} dB")
     elif c.get("numeric"):
         parts.append(f"numeric {c['numeric'].split(' ')[0].replace('_', ' ')}")
     if c.get("htp_share") is not None:

@@ -23,7 +23,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from server.compile import fp32_default, precision_search, target_precision
+from server.compile import (
+    fp32_default,
+    precision_islands,
+    precision_search,
+    target_precision,
+)
 from server.compile.cohorts import WatermarkSpec, build_cohorts
 from server.compile.compilers.base import Compiler, settings_for
 from server.compile.compilers.registry import default_compilers
@@ -228,10 +233,35 @@ class Pipeline:
         outcomes = self._compile_and_check(platform, request, pdir, gates, ref, watermark)
         retry = fp32_default.retry_request(platform, request, outcomes)
         if retry is None:
-            return outcomes
+            return self._islands(platform, request, pdir, gates, ref, watermark, outcomes)
         log(f"[{variant}/{platform}] {fp32_default.why(outcomes[0])}; building at FP32")
         again = self._compile_and_check(platform, retry, pdir / "fp32", gates, ref, watermark)
         return [fp32_default.chosen(outcomes[0], o) for o in again]
+
+    def _islands(self, platform: str, request: CompileRequest, pdir: Path,
+                 gates: dict[str, Any], ref: _Reference, watermark: WatermarkSpec | None,
+                 outcomes: list[BuildOutcome]) -> list[BuildOutcome]:
+        """QNN FP16 builds the HTP's FP16 loses at a node: that region again at FP32 on the
+        CPU EP (precision_islands.py), one extra compile per region, at most MAX_ROUNDS."""
+        if "fp32_nodes" in settings_for(request, platform) or not ref.feeds:
+            return outcomes  # the version chose its islands itself
+        names = {i.name for i in request.inputs}
+        feeds = {k: v for k, v in ref.feeds[0].items() if k in names}
+        islands: tuple[str, ...] = ()
+        for k in range(precision_islands.MAX_ROUNDS):
+            found = precision_islands.diagnose(platform, request, outcomes, islands, feeds)
+            if found is None:
+                return outcomes
+            self._log(f"[{request.shape_variant}/{platform}] "
+                      f"{precision_islands.why_island(found)}; building with that island")
+            again = self._compile_and_check(platform, found.request, pdir / f"island{k}",
+                                            gates, ref, watermark)
+            outcomes = [precision_islands.chosen(outcomes[0], o, found) for o in again]
+            islands, request = tuple(settings_for(found.request, platform)["fp32_nodes"]), \
+                found.request
+            if all(o.state == "ready" for o in outcomes):
+                break
+        return outcomes
 
     def _compile_and_check(self, platform: str, request: CompileRequest, pdir: Path,
                            gates: dict[str, Any], ref: _Reference,

@@ -20,6 +20,11 @@ Settings (`settings["qnn"]`):
 - `min_htp_share`: unset (default) fails the build when any node would run on the CPU;
   a number in (0, 1] accepts a partial offload when at least that share of the graph's
   nodes runs on the HTP (the rest runs on the device's CPU EP, named in the report).
+- `fp32_nodes`: ONNX node names kept at FP32 on the device's CPU EP inside the same artifact
+  (precision islands, FP16 builds only: server/compile/qnn_islands.py). Set by the pipeline
+  when the HTP's FP16 loses the model at a node (server/compile/precision_islands.py), or by
+  the version. The islands' nodes are not judged by `min_htp_share` (they are not nodes the
+  HTP lacks); the build keeps at least `ISLAND_MIN_HTP_SHARE` of the nodes on the HTP.
 
 Before compiling, the HTP probe (`server/compile/htp_support.py`) asks onnxruntime-qnn which
 nodes the HTP takes; nodes it rejects that have an equivalent form the HTP runs are rewritten
@@ -86,6 +91,9 @@ INT4_MIN_ARCH = 73
 # FP16 arithmetic on the HTP starts with v69 (SM8450); v68 (SM8350, SA8295) runs only
 # fixed point, so the precision search gives such a target a quantized artifact.
 FP16_MIN_ARCH = 69
+# A precision island may take at most this share of the graph's nodes off the HTP (why:
+# docs/compile.md, "Precision islands"); a version's min_htp_share replaces it.
+ISLAND_MIN_HTP_SHARE = 0.9
 
 
 def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
@@ -157,6 +165,7 @@ class QnnCompiler:
             raise CalibrationError(NEEDS_CALIBRATION.split(":")[0] + ": this version has none")
         min_share = min_htp_share(opts.get("min_htp_share"))
         keep_float = _names(opts.get("keep_float_nodes"))
+        fp32_nodes = _names(opts.get("fp32_nodes"), "fp32_nodes")
         backend = str(opts.get("quantizer", "ort"))
         quantizer = self._quantizer(  # checked before anything slow runs
             backend, needed=request.calibration_path is not None and wanted != "fp16")
@@ -190,6 +199,9 @@ class QnnCompiler:
             model, precision = src, Precision.FP16
             if wanted != "fp16":
                 notes.append(NEEDS_CALIBRATION)
+        if fp32_nodes and precision is not Precision.FP16:
+            raise InvalidSourceError("qnn fp32_nodes (precision islands) applies to FP16 "
+                                     "builds; this one is INT8 (use keep_float_nodes there)")
         artifacts = []
         for t in targets_of(opts):
             soc, arch = str(t["soc_model"]), str(t["htp_arch"])
@@ -210,13 +222,20 @@ class QnnCompiler:
             provider = {"soc_model": soc, "htp_arch": arch, "offload_graph_io_quantization": "0"}
             if precision is Precision.FP16:
                 provider["enable_htp_fp16_precision"] = "1"
-            assignment, rewrites = plan_htp(model, provider, out, workdir, name)
+            where = f"{name} (soc_model {soc}, v{arch})"
+            if fp32_nodes:
+                assignment, rewrites = _with_islands(model, fp32_nodes, provider, out,
+                                                     workdir, name, min_share, where)
+                variant = f"{variant}-fp32x{len(fp32_nodes)}"
+            else:
+                assignment, rewrites = plan_htp(model, provider, out, workdir, name)
             compiled = htp_graph_path(workdir, name) if rewrites else model
             target_notes = [*notes, *rewrites]
-            if assignment.cpu_nodes:
-                _accept_partial(assignment, min_share, f"{name} (soc_model {soc}, v{arch})")
+            lacking = _lacking(assignment)
+            if lacking.cpu_nodes:
+                _accept_partial(lacking, min_share, where)
                 target_notes.append(f"partial offload accepted (min_htp_share {min_share}): "
-                                    + assignment.summary())
+                                    + lacking.summary())
             artifacts.append(CompiledArtifact(
                 path=out,
                 target=Target(platform="qnn", variant=variant, format="onnx-epcontext",
@@ -234,13 +253,21 @@ class QnnCompiler:
                                   **({"quantizer": backend}
                                      if precision is Precision.INT8 and backend != "ort"
                                      else {}),
+                                  **({"fp32_nodes": ",".join(fp32_nodes)} if fp32_nodes
+                                     else {}),
+                                  # The device allows the CPU EP for exactly these artifacts
+                                  # (client_sdk/backends.py).
+                                  **({"cpu_nodes": len(assignment.cpu_nodes)}
+                                     if assignment.cpu_nodes else {}),
                                   "context_embed_mode": 1},
                 notes=target_notes,
                 extra={"provider_options": provider,
                        # The numeric gate's INT8 yardstick: this graph on the CPU provider.
                        **({"qdq_model": str(model)} if precision is Precision.INT8 else {}),
-                       # The graph the context binary was compiled from (layer diagnostics).
-                       "htp_graph": str(compiled),
+                       # The graph the context binary was compiled from (layer diagnostics;
+                       # an island artifact is several context binaries: none).
+                       **({"htp_graph": str(compiled)} if not fp32_nodes else
+                          {"fp32_nodes": list(fp32_nodes)}),
                        "htp": {**assignment.to_dict(), "rewritten": rewrites},
                        "cpu_fallback": bool(assignment.cpu_nodes)},
             ))
@@ -287,11 +314,47 @@ class QnnCompiler:
         return Path(str(graph)), opener
 
 
-def _names(value: object) -> tuple[str, ...]:
+def _names(value: object, key: str = "keep_float_nodes") -> tuple[str, ...]:
     items = value.split(",") if isinstance(value, str) else (value or [])
     if not isinstance(items, list | tuple):
-        raise InvalidSourceError("qnn keep_float_nodes must be a list of ONNX node names")
+        raise InvalidSourceError(f"qnn {key} must be a list of ONNX node names")
     return tuple(str(v).strip() for v in items if str(v).strip())
+
+
+ISLAND_WHY = "precision island"  # the prefix of an island node's `why` (qnn_islands.py)
+
+
+def _lacking(assignment: HtpAssignment) -> HtpAssignment:
+    """The split with only the nodes the HTP lacks named (not the precision islands)."""
+    from dataclasses import replace
+
+    return replace(assignment, cpu_nodes=[n for n in assignment.cpu_nodes
+                                          if not n.why.startswith(ISLAND_WHY)])
+
+
+def _with_islands(model: Path, fp32_nodes: tuple[str, ...], provider: dict[str, str],
+                  out: Path, workdir: Path, name: str, min_share: float | None, where: str
+                  ) -> tuple[HtpAssignment, list[str]]:
+    from server.compile.qnn_islands import compile_with_islands
+
+    try:
+        assignment, notes = compile_with_islands(model, list(fp32_nodes), provider, out,
+                                                 workdir, name)
+    except (InvalidSourceError, ConversionError):
+        raise
+    except Exception as e:
+        raise ConversionError(f"QNN HTP compile with precision islands for {where} failed: "
+                              f"{str(e)[:600]}") from e
+    floor = ISLAND_MIN_HTP_SHARE if min_share is None else min_share
+    if assignment.node_share < floor:
+        raise ConversionError(
+            f"QNN HTP for {where}: the precision island ({', '.join(fp32_nodes[:6])}) leaves "
+            f"only {100 * assignment.node_share:.1f}% of nodes on the HTP, below "
+            f"{floor} ({'min_htp_share' if min_share is not None else 'the island default'}"
+            f"): {assignment.summary()}. Set min_htp_share lower to accept it, or change the "
+            "model where FP16 loses it.", list(dict.fromkeys(n.op for n in assignment.cpu_nodes)),
+            [n.to_dict() for n in assignment.cpu_nodes])
+    return assignment, notes
 
 
 def _refuse_int4_before_v73(opts: dict[str, object]) -> None:

@@ -11,6 +11,9 @@ tells a compiler's loss from the precision's own.
   variance of 1e7 in PP-OCR's detector) stay FP32: every NPU compiler folds such a node
   into its neighbour's weights first (Core ML's and QNN's conv+batchnorm fusion), so rounding
   the constant to FP16 would emulate a loss no device has.
+- FP16 with precision islands (a QNN artifact whose `extra["fp32_nodes"]` run at FP32 on the
+  device's CPU EP, server/compile/qnn_islands.py): the same, except that those nodes' outputs
+  are not rounded and the constants only they read keep their FP32 values.
 - INT8: the QDQ-quantized graph the compiler made with the version's calibration inputs
   (`CompiledArtifact.extra["qdq_model"]`); without one there is no INT8 yardstick.
 
@@ -49,15 +52,20 @@ def _wide(values: Any) -> bool:
     return bool(finite.size) and float(np.max(np.abs(finite))) > FP16_MAX
 
 
-def to_fp16(src: Path, out: Path) -> Path:
+def to_fp16(src: Path, out: Path, fp32_nodes: tuple[str, ...] = ()) -> Path:
     """Writes the FP16 yardstick of the FP32 ONNX `src` to `out`: float weights rounded to FP16
-    values, and a Cast to FP16 and back after every float graph input and node output."""
+    values, and a Cast to FP16 and back after every float graph input and node output, except
+    the outputs and the constants read only by `fp32_nodes` (precision islands)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     model = onnx.load(str(src))
-    keep = set(_out_of_fp16_range(model))
-    wide = {i for n in model.graph.node if n.name in keep for i in n.input}
+    wide_nodes = set(_out_of_fp16_range(model))
+    wide = {i for n in model.graph.node if n.name in wide_nodes for i in n.input}
+    keep = wide_nodes | set(fp32_nodes)
+    # an island's constant that an FP16 node reads too is rounded: that node reads it at FP16
+    wide |= {i for n in model.graph.node if n.name in fp32_nodes for i in n.input} - {
+        i for n in model.graph.node if n.name not in keep for i in n.input}
     for t in model.graph.initializer:
         if t.data_type == TensorProto.FLOAT and t.name not in wide:
             t.CopyFrom(numpy_helper.from_array(_round(numpy_helper.to_array(t)), t.name))
@@ -74,7 +82,11 @@ def to_fp16(src: Path, out: Path) -> Path:
         nodes.append(helper.make_node("Cast", [half], [name], to=TensorProto.FLOAT,
                                       name=f"{name}__cast32"))
 
-    inputs = {i.name: f"{i.name}__rounded" for i in model.graph.input if i.name in floats}
+    # a graph input read only by islands reaches the CPU EP at FP32, unrounded
+    island_only = {i for n in model.graph.node if n.name in fp32_nodes for i in n.input} - {
+        i for n in model.graph.node if n.name not in fp32_nodes for i in n.input}
+    inputs = {i.name: f"{i.name}__rounded" for i in model.graph.input
+              if i.name in floats and i.name not in island_only}
     for name, rounded in inputs.items():
         round_trip(rounded, name)
     for node in model.graph.node:
@@ -109,10 +121,12 @@ def source_at_precision(onnx_path: Path, art: CompiledArtifact, workdir: Path
     if art.precision is Precision.FP32:
         return onnx_path, ""
     if art.precision is Precision.FP16:
-        out = workdir / f"{onnx_path.stem}.fp16.onnx"
+        islands = tuple(str(n) for n in art.extra.get("fp32_nodes") or ())
+        tag = f"-fp32x{len(islands)}-{_digest(islands)}" if islands else ""
+        out = workdir / f"{onnx_path.stem}.fp16{tag}.onnx"
         if not out.is_file():
             try:
-                to_fp16(onnx_path, out)
+                to_fp16(onnx_path, out, islands)
             except Exception as e:  # the yardstick is a diagnostic, never a crash
                 return None, f"the FP16 converter failed on the source: {type(e).__name__}: {e}"
         return out, ""
@@ -121,6 +135,12 @@ def source_at_precision(onnx_path: Path, art: CompiledArtifact, workdir: Path
         return Path(str(qdq)), ""
     return None, ("no INT8 emulation of the source for this artifact (the compiler quantized "
                   "inside its own toolchain)")
+
+
+def _digest(names: tuple[str, ...]) -> str:
+    import hashlib
+
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
 
 
 def run(path: Path, feeds: list[dict[str, Any]]) -> list[list[Any]]:
@@ -137,8 +157,11 @@ def run(path: Path, feeds: list[dict[str, Any]]) -> list[list[Any]]:
 
 def describe(art: CompiledArtifact) -> str:
     """What the yardstick is, for the report."""
+    islands = [str(n) for n in art.extra.get("fp32_nodes") or ()]
     return {Precision.FP32: "the FP32 source",
-            Precision.FP16: "the source at FP16 (every weight and tensor rounded to FP16, "
-                            "run on the onnxruntime CPU provider)",
+            Precision.FP16: "the source at FP16 (every weight and tensor rounded to FP16"
+                            + (f" except the FP32 precision island {', '.join(islands[:4])}"
+                               + (", …" if len(islands) > 4 else "") if islands else "")
+                            + ", run on the onnxruntime CPU provider)",
             Precision.INT8: "the QDQ-quantized source (the compiler's calibration, run on the "
                             "onnxruntime CPU provider)"}[art.precision]
