@@ -111,7 +111,7 @@ def compiled_qnn(bundle: Bundle, member: Member, *, compile_missing: bool = True
     def build(tmp: Path) -> None:
         import onnxruntime as ort
 
-        opts = qnn.session_options(**{
+        opts = qnn.session_options(config={
             "ep.context_enable": "1", "ep.context_embed_mode": "1",
             "ep.context_file_path": str(tmp)})
         try:

@@ -28,7 +28,8 @@ def qnn_version() -> str:
     return str(onnxruntime_qnn.__version__)
 
 
-def session_options(*, cpu_nodes: bool = False, **config: str) -> Any:
+def session_options(cpu_nodes: bool = False, config: dict[str, str] | None = None
+                    ) -> Any:
     """``onnxruntime.SessionOptions`` targeting the QNN HTP backend, plus extra config
     entries (e.g. ``ep.context_enable``). ``cpu_nodes``: the artifact's build report says some
     of its nodes run on the CPU EP (a partial offload, or precision islands kept at FP32 —
@@ -57,6 +58,6 @@ def session_options(*, cpu_nodes: bool = False, **config: str) -> Any:
     opts.add_provider_for_devices(devices, {"backend_path": onnxruntime_qnn.get_qnn_htp_path()})
     if not cpu_nodes:
         opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    for key, value in config.items():
+    for key, value in (config or {}).items():
         opts.add_session_config_entry(key, value)
     return opts

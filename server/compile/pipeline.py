@@ -257,8 +257,8 @@ class Pipeline:
             again = self._compile_and_check(platform, found.request, pdir / f"island{k}",
                                             gates, ref, watermark)
             outcomes = [precision_islands.chosen(outcomes[0], o, found) for o in again]
-            islands, request = tuple(settings_for(found.request, platform)["fp32_nodes"]), \
-                found.request
+            islands = tuple(dict.fromkeys([*islands, *found.region]))
+            request = found.request
             if all(o.state == "ready" for o in outcomes):
                 break
         return outcomes

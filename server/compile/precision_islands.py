@@ -22,8 +22,9 @@ Bounded: one extra compile per failing region, at most `MAX_ROUNDS` regions. It 
 second region would have to come from the island build's own layer walk, and an island
 artifact (several context binaries) exposes no intermediate tensors to it, so a second guess
 would be blind — the island build's failure is reported instead, naming the island. The
-island's share of the graph is capped by the compiler (`ISLAND_MIN_HTP_SHARE`). A version turns it off with the qnn setting `precision_islands: off`,
-or names its own islands with `fp32_nodes` (then no automatic retry).
+island's share of the graph is capped by the compiler (`ISLAND_MIN_HTP_SHARE`). A version
+turns it off with the qnn setting `precision_islands: off`, or names its own islands with
+`fp32_nodes` (then no automatic retry).
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ Recognised keys, per platform block:
   `keep_ops`; with auto: `mixed`, `mixed_max_layers`, `search_candidates`.
 - qnn: `precision` (int8 | w8a8 | w8a16 | w4a16 | w8a8-pt | w8a16-pt | fp16 | auto),
   `activation_bits`, `keep_float_nodes`, `quantizer` (ort | aimet | aimet-seqmse |
-  aimet-adaround); with auto: `mixed`, `mixed_max_layers`, `search_candidates`; and the
-  target(s): `soc` alone for a known SoC
+  aimet-adaround), `min_htp_share`, `precision_islands` (auto | off), `fp32_nodes`; with
+  auto: `mixed`, `mixed_max_layers`, `search_candidates`; and the target(s): `soc` alone for
+  a known SoC
   ("SM8650"), or `soc_model` + `htp_arch` (+ optional `soc` name), or `targets` =
   "SM8550,SM8650" / "SM8550:43:73,SM8650:57:75"; `target_precision` = "SM8350=int8,
   SM8650=fp16" builds each named target at its own precision (target_precision.py).
