@@ -29,11 +29,42 @@ EPCONTEXT_DOMAIN = "com.microsoft"
 
 @dataclass(frozen=True)
 class Cut:
-    """The source graph split around the island: part A, island, part B (node lists)."""
+    """The source graph split around the island: part A, island, part B (node lists), each
+    with copies of the constant-computing nodes it reads (a tensor computed from constants
+    alone crosses no boundary: the QNN EP takes an EPContext input only as a runtime tensor)."""
 
     before: list[Any]
     island: list[Any]
     after: list[Any]
+
+
+# Nodes whose output is not a function of their inputs alone are never treated as constants.
+_RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+           "Multinomial", "Bernoulli"}
+
+
+def _constant_nodes(model: Any, island: set[str]) -> set[str]:
+    const = {t.name for t in model.graph.initializer}
+    found: set[str] = set()
+    for n in model.graph.node:
+        if n.name not in island and n.op_type not in _RANDOM \
+                and all(i in const for i in n.input if i):
+            found.add(n.name)
+            const.update(o for o in n.output if o)
+    return found
+
+
+def _with_constants(group: list[Any], consts: dict[str, Any], order: list[str]) -> list[Any]:
+    """`group` preceded by the constant nodes it reads, transitively, in graph order."""
+    producer = {o: n for n in consts.values() for o in n.output if o}
+    need: set[str] = set()
+    stack = [i for n in group for i in n.input]
+    while stack:
+        p = producer.get(stack.pop())
+        if p is not None and p.name not in need:
+            need.add(p.name)
+            stack.extend(p.input)
+    return [consts[n] for n in order if n in need] + group
 
 
 def convex(model: Any, names: Iterable[str]) -> list[str]:
@@ -63,10 +94,13 @@ def convex(model: Any, names: Iterable[str]) -> list[str]:
 
 def cut(model: Any, island: list[str]) -> Cut:
     wanted = set(island)
+    constant = _constant_nodes(model, wanted)
     producer = {o: n.name for n in model.graph.node for o in n.output if o}
     depends: set[str] = set()
     before, mid, after = [], [], []
     for n in model.graph.node:
+        if n.name in constant:
+            continue
         if n.name in wanted:
             mid.append(n)
             depends.add(n.name)
@@ -75,7 +109,9 @@ def cut(model: Any, island: list[str]) -> Cut:
             depends.add(n.name)
         else:
             before.append(n)
-    return Cut(before, mid, after)
+    consts = {n.name: n for n in model.graph.node if n.name in constant}
+    order = [n.name for n in model.graph.node]
+    return Cut(*(_with_constants(g, consts, order) if g else g for g in (before, mid, after)))
 
 
 def _typed(model: Any) -> dict[str, Any]:
@@ -125,6 +161,7 @@ def compile_with_islands(model_path: Path, island: list[str], provider: dict[str
     parts = cut(model, island)
     typed = _typed(model)
     outputs = {o.name for o in model.graph.output}
+    constant = _constant_nodes(model, set(island))
     reads: dict[str, set[int]] = {}
     for k, group in enumerate((parts.before, parts.island, parts.after)):
         for n in group:
@@ -132,18 +169,20 @@ def compile_with_islands(model_path: Path, island: list[str], provider: dict[str
                 reads.setdefault(i, set()).add(k)
     nodes: list[Any] = []
     notes: list[str] = []
+    folded: list[Any] = []
     cpu: list[CpuNode] = []
     htp = total = 0
     for k, group in ((0, parts.before), (1, parts.island), (2, parts.after)):
         if not group:
             continue
-        if k == 1:
+        if k == 1:  # its constants are folded by onnxruntime when the session loads
             nodes += group
-            total += len(group)
+            runs = [n for n in group if n.name not in constant]
+            total += len(runs)
             cpu += [CpuNode(n.op_type, n.name, "precision island: kept at FP32 on the CPU EP "
-                            "(the HTP's FP16 loses the model here)") for n in group]
+                            "(the HTP's FP16 loses the model here)") for n in runs]
             continue
-        later = {o for n in group for o in n.output
+        later = {o for n in group if n.name not in constant for o in n.output
                  if o in outputs or reads.get(o, set()) - {k}}
         part = _part(model, group, later, typed, f"{model.graph.name}_part{k}")
         src = workdir / f"model.{name.lower()}.part{k}.onnx"
@@ -154,32 +193,38 @@ def compile_with_islands(model_path: Path, island: list[str], provider: dict[str
         htp += split.nodes_htp
         total += split.nodes_total
         cpu += split.cpu_nodes
-        nodes += list(onnx.load(str(ctx)).graph.node)
+        compiled = onnx.load(str(ctx))
+        nodes += list(compiled.graph.node)
+        # onnxruntime folds constant subgraphs (an LSTM's zero initial state, Expand of a
+        # constant) into initializers of the EPContext model: they travel with it
+        folded += list(compiled.graph.initializer)
     names = [n.name for n in nodes]
     if len(set(names)) != len(names):
         raise InvalidSourceError("precision island: two parts produced EPContext nodes of the "
                                  "same name")
-    _stitch(model, nodes, parts, typed, out)
+    _stitch(model, nodes, folded, parts, typed, out)
     macs = node_macs(model)
     macs_total = sum(macs.values())
     split = HtpAssignment(nodes_total=total, nodes_htp=htp, macs_total=macs_total,
                           macs_htp=macs_total - sum(macs.get(n.name, 0) for n in cpu),
                           cpu_nodes=cpu)
-    return split, [*notes, f"precision island: {len(parts.island)} node(s) kept at FP32 on the "
+    return split, [*notes, f"precision island: {len(island)} node(s) kept at FP32 on the "
                    f"device's CPU EP ({', '.join(island[:6])}"
                    + (", …" if len(island) > 6 else "") + f"); {split.summary()}"]
 
 
-def _stitch(model: Any, nodes: list[Any], parts: Cut, typed: dict[str, Any], out: Path) -> None:
+def _stitch(model: Any, nodes: list[Any], folded: list[Any], parts: Cut, typed: dict[str, Any],
+            out: Path) -> None:
     from onnx import helper
 
-    inits = {t.name: t for t in model.graph.initializer}
-    read = {i for n in parts.island for i in n.input}
+    inits = {t.name: t for t in [*folded, *model.graph.initializer]}
+    read = {i for n in nodes for i in n.input} | {o.name for o in model.graph.output}
     boundary = {o for n in nodes for o in n.output} | read
+    io = {v.name for v in [*model.graph.input, *model.graph.output]} | set(inits)
     graph = helper.make_graph(
         nodes, model.graph.name, list(model.graph.input), list(model.graph.output),
-        [inits[t] for t in read if t in inits],
-        value_info=[typed[t] for t in sorted(boundary) if t in typed])
+        [inits[t] for t in sorted(read) if t in inits],
+        value_info=[typed[t] for t in sorted(boundary - io) if t in typed])
     opsets = list(model.opset_import)
     if not any(o.domain == EPCONTEXT_DOMAIN for o in opsets):
         opsets.append(helper.make_opsetid(EPCONTEXT_DOMAIN, 1))

@@ -19,7 +19,7 @@ from server.compile import BuildSpec, InputSpec, Pipeline, SourceFormat
 from server.compile.errors import ConversionError
 from server.compile.pipeline import BuildOutcome
 from server.compile.precision_islands import lost, underflow_region
-from server.compile.qnn_islands import convex
+from server.compile.qnn_islands import convex, cut
 from tests.compile.compile_models import onnx_model
 
 F = TensorProto.FLOAT
@@ -94,7 +94,6 @@ def test_island_is_made_convex_and_unknown_nodes_are_refused(tmp_path: Path) -> 
         convex(model, ["nope"])
 
 
-@pytest.mark.slow
 def test_fp16_underflow_the_htp_loses_is_kept_at_fp32_on_the_cpu_and_passes(
         tmp_path: Path) -> None:
     out = _build(tmp_path, _log_power(tmp_path / "m.onnx", 1e-10))
@@ -120,7 +119,6 @@ def test_fp16_underflow_the_htp_loses_is_kept_at_fp32_on_the_cpu_and_passes(
     assert any("precision island chosen by default" in n for n in out.notes)
 
 
-@pytest.mark.slow
 def test_a_model_fp16_serves_gets_no_island_and_one_build(tmp_path: Path) -> None:
     out = _build(tmp_path, _log_power(tmp_path / "m.onnx", 1e-2), low=0.1)
     assert out.state == "ready", out.error
@@ -128,7 +126,6 @@ def test_a_model_fp16_serves_gets_no_island_and_one_build(tmp_path: Path) -> Non
     assert not (tmp_path / "build" / "default" / "qnn" / "island0").exists()
 
 
-@pytest.mark.slow
 def test_an_island_that_does_not_recover_the_model_fails_naming_it(tmp_path: Path) -> None:
     out = _build(tmp_path, _log_power(tmp_path / "m.onnx", 1e-10, chain=15, branches=2))
     assert out.state == "failed"
@@ -142,7 +139,6 @@ def test_an_island_that_does_not_recover_the_model_fails_naming_it(tmp_path: Pat
     assert not (tmp_path / "build" / "default" / "qnn" / "island1").exists()
 
 
-@pytest.mark.slow
 def test_islands_off_keeps_the_htp_only_failure(tmp_path: Path) -> None:
     out = _build(tmp_path, _log_power(tmp_path / "m.onnx", 1e-10), precision_islands="off")
     assert out.state == "failed" and "precision_islands" not in out.gates
@@ -164,7 +160,6 @@ def test_an_island_taking_more_than_the_default_share_off_the_htp_fails_by_name(
     assert "40.0% of nodes on the HTP, below 0.9" in msg and "min_htp_share" in msg
 
 
-@pytest.mark.slow
 def test_device_sdk_runs_an_island_artifact_end_to_end(tmp_path: Path) -> None:
     from client_sdk import ModelRuntime
     from client_sdk.errors import BackendUnavailableError
@@ -194,3 +189,42 @@ def test_device_sdk_runs_an_island_artifact_end_to_end(tmp_path: Path) -> None:
     undeclared = {k: v for k, v in out.compile_settings.items() if k != "cpu_nodes"}
     with pytest.raises(BackendUnavailableError):
         ModelRuntime(tmp_path / "device").prepare(stage("1.1", undeclared)).run({"x": x})
+
+
+def _shared_constant(path: Path) -> Path:
+    """A constant subgraph (Constant → Expand) read on both sides of an island and by it."""
+    shape = numpy_helper.from_array(np.array([1, 64], np.int64), "shape")
+    nodes = [helper.make_node("Constant", [], ["c"], name="const",
+                              value=numpy_helper.from_array(np.array([0.25], np.float32))),
+             helper.make_node("Expand", ["c", "shape"], ["floor"], name="expand"),
+             helper.make_node("Add", ["x", "floor"], ["a"], name="before"),
+             helper.make_node("Add", ["a", "floor"], ["b"], name="island"),
+             helper.make_node("Mul", ["b", "floor"], ["y"], name="after")]
+    return onnx_model(path, nodes, [helper.make_tensor_value_info("x", F, [1, 64])],
+                      [helper.make_tensor_value_info("y", F, [1, 64])], [shape])
+
+
+def test_constants_are_copied_to_each_side_of_the_cut(tmp_path: Path) -> None:
+    parts = cut(onnx.load(str(_shared_constant(tmp_path / "m.onnx"))), ["island"])
+    assert [[n.name for n in g] for g in (parts.before, parts.island, parts.after)] == [
+        ["const", "expand", "before"], ["const", "expand", "island"],
+        ["const", "expand", "after"]]
+
+
+def test_island_artifact_with_constants_on_both_sides_runs_and_matches(tmp_path: Path) -> None:
+    # Measured: an EPContext input fed by a constant fails at run time ("The count of graph
+    # inputs should be at least the count of tensor_wrapper"), so constants never cross.
+    from server.compile import CompileRequest
+    from server.compile.compilers.qnn import QnnCompiler
+    from server.compile.source import run_onnx_cpu
+
+    src = _shared_constant(tmp_path / "m.onnx")
+    request = CompileRequest(src, SourceFormat.ONNX, (InputSpec("x", (1, 64)),), onnx_path=src,
+                             settings={"qnn": {"fp32_nodes": "island", "min_htp_share": "0.5"}})
+    compiler = QnnCompiler()
+    [art] = compiler.compile(request, tmp_path)
+    assert art.compile_settings["cpu_nodes"] == 1
+    assert [n["node"] for n in art.extra["htp"]["cpu_nodes"]] == ["island"]
+    feeds = [{"x": np.linspace(-1, 1, 64, dtype=np.float32)[None]}]
+    np.testing.assert_allclose(compiler.run(art, feeds)[0][0], run_onnx_cpu(src, feeds)[0][0],
+                               atol=1e-2)
