@@ -13,10 +13,14 @@ cause there:
   (`MAX_REGION` nodes at most): the region FP16 cannot represent.
 - **arithmetic**: FP16 storage alone keeps the model (the source at FP16 passes the faithful
   thresholds against FP32) yet the HTP loses it at the named node, whose output still agrees
-  at cosine >= `ARITHMETIC_MIN_COSINE`: a precision loss accumulated in the HTP's FP16
-  arithmetic (an LSTM's 160 steps), not a wrong result. The island is that node.
-A compile bug — a node whose HTP output is far from the FP16 source's (cosine below the bound)
-while FP16 storage is fine — matches neither, so it fails as before, never masked.
+  at cosine >= `ARITHMETIC_MIN_COSINE`, with an error shaped like rounding noise
+  (`noise_like`: its cosine and SNR agree as uncorrelated noise's do): a precision loss
+  accumulated in the HTP's FP16 arithmetic (an LSTM's 160 steps), not a wrong result. The
+  island is that node.
+A compile bug — a node whose HTP output is far from the FP16 source's (cosine below the bound),
+or off systematically (a scaled weight: cosine 1.0 at 10 dB) while FP16 storage is fine —
+matches neither, so it fails as before, never masked. An island build that does not pass
+leaves the HTP-only build's failure (its layer walk) as the outcome, with the island's.
 
 Bounded: one extra compile per failing region, at most `MAX_ROUNDS` regions. It is 1: a
 second region would have to come from the island build's own layer walk, and an island
@@ -101,8 +105,9 @@ def diagnose(platform: str, request: CompileRequest, outcomes: list[Any], island
                f"{node!r}, fed by tensors outside FP16's range")
     else:
         required = _num((num.get("thresholds") or {}).get("min_snr_db"))
-        if not (_num(first.get("cosine")) >= ARITHMETIC_MIN_COSINE and math.isfinite(required)
-                and min(snrs) > required):
+        cos, snr = _num(first.get("cosine")), _num(first.get("snr_db"))
+        if not (cos >= ARITHMETIC_MIN_COSINE and math.isfinite(required)
+                and min(snrs) > required and noise_like(cos, snr)):
             return None
         region, kind = (node,), "arithmetic"
         why = (f"FP16 storage keeps this model (source at FP16: SNR {min(snrs):.1f} dB against "
@@ -114,6 +119,17 @@ def diagnose(platform: str, request: CompileRequest, outcomes: list[Any], island
     again = replace(request, settings={**request.settings,
                                        platform: {**opts, "fp32_nodes": list(nodes)}})
     return Finding(kind, node, region, why, again)
+
+
+def noise_like(cos: float, snr: float) -> bool:
+    """Whether a node's error (cosine, SNR against the FP16 source) looks like rounding noise,
+    uncorrelated with the signal: then cosine = 1 / sqrt(1 + 10^(-SNR/10)). A systematic
+    fault — a scaled weight, a wrong bias — moves the SNR without the matching loss of
+    cosine (a 1.3× conv has cosine 1.0 at 10 dB), so it is not taken for FP16 arithmetic."""
+    if not (math.isfinite(cos) and math.isfinite(snr)):
+        return False
+    expected = 1.0 - 1.0 / math.sqrt(1.0 + 10.0 ** (-snr / 10.0))
+    return expected > 0 and 0.5 <= (1.0 - cos) / expected <= 2.0
 
 
 def lost(values: Any) -> bool:
@@ -166,25 +182,27 @@ def why_island(finding: Finding) -> str:
 
 
 def chosen(failed: Any, island: Any, finding: Finding) -> Any:
-    """The island build's outcome, carrying what the failed attempt measured."""
+    """The island build's outcome when it is ready, carrying what the failed attempt measured;
+    else the HTP-only build's failure (its gate and layer walk say where the HTP loses the
+    model), with what the island build measured."""
     htp = island.gates.get("htp") or {}
     record = {"kind": finding.kind, "node": finding.node, "region": list(finding.region),
-              "nodes": list(island.compile_settings.get("fp32_nodes", "").split(",")),
+              "nodes": list(settings_for(finding.request, "qnn")["fp32_nodes"]),
               "why": finding.why, "chosen": island.state == "ready",
               "node_share": htp.get("node_share"), "mac_share": htp.get("mac_share"),
               "failed_error": failed.error[:2000],
               "failed_compile_seconds": round(failed.compile_seconds, 3)}
-    before = failed.gates.get("precision_islands") or {}
-    earlier = before.get("rounds") or ([before] if before else [])
-    island.gates["precision_islands"] = {**record, **({"rounds": [*earlier, record]}
-                                                       if earlier else {})}
-    island.compile_seconds += failed.compile_seconds  # both attempts
+    record["island_error"] = island.error[:2000] if island.state != "ready" else ""
+    failed.compile_seconds += island.compile_seconds
+    island.compile_seconds = failed.compile_seconds  # what the build cost, both attempts
     if island.state == "ready":
+        island.gates["precision_islands"] = record
         island.notes.insert(0, f"precision island chosen by default: {why_island(finding)}; "
                                f"HTP share {htp.get('node_share')} of nodes, "
                                f"{htp.get('mac_share')} of MACs. Set precision_islands=off to "
                                "insist on the HTP alone")
-    else:
-        island.error = (f"{why_island(finding)}, and the build with that island failed too: "
-                        f"{island.error}. Before the island: {failed.error[:1500]}")
-    return island
+        return island
+    failed.gates["precision_islands"] = record
+    failed.error = (f"{failed.error} A precision island was tried — {why_island(finding)} — "
+                    f"and the build with that island failed too: {island.error[:1500]}")
+    return failed

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from server.compile import BuildSpec, InputSpec, Pipeline, SourceFormat
 from server.compile.errors import ConversionError
 from server.compile.pipeline import BuildOutcome
-from server.compile.precision_islands import lost, underflow_region
+from server.compile.precision_islands import lost, noise_like, underflow_region
 from server.compile.qnn_islands import convex, cut
 from tests.compile.compile_models import onnx_model
 
@@ -75,6 +75,15 @@ def test_fp16_loss_tensor_test_flags_underflow_and_overflow_only() -> None:
     assert lost(np.array([1e-6, 1e-7, 0.5], np.float32))
     assert lost(np.array([1e5, 1.0], np.float32))
     assert not lost(np.array([1e-3, 0.5, 0.0, 3e4], np.float32))
+
+
+def test_rounding_noise_is_told_from_a_systematic_fault() -> None:
+    # speaker-lstm's third LSTM on the HTP (cosine, SNR against the FP16 source): noise-like
+    assert noise_like(0.999270, 28.3)
+    # a conv whose weights a broken compile scaled by 1.3: cosine 1.0 at 10 dB
+    assert not noise_like(1.0, 10.6)
+    # a wrong result: far less cosine than the SNR's noise would cost
+    assert not noise_like(0.9, 28.3)
 
 
 def test_underflow_region_walks_up_through_the_tensors_fp16_cannot_hold(tmp_path: Path) -> None:
@@ -135,6 +144,8 @@ def test_an_island_that_does_not_recover_the_model_fails_naming_it(tmp_path: Pat
         in out.error
     assert "the build with that island failed too" in out.error
     assert "output 1" in out.error  # the second log-power, which the island does not cover
+    # the outcome stays the HTP-only build's, whose layer walk says where the HTP loses it
+    assert out.gates["numeric"]["layers"]["faithful"]["first_below"]["node"] == "log_power"
     # bounded: one extra compile, no second guess
     assert not (tmp_path / "build" / "default" / "qnn" / "island1").exists()
 
