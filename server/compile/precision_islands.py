@@ -187,7 +187,7 @@ def chosen(failed: Any, island: Any, finding: Finding) -> Any:
     model), with what the island build measured."""
     htp = island.gates.get("htp") or {}
     record = {"kind": finding.kind, "node": finding.node, "region": list(finding.region),
-              "nodes": list(settings_for(finding.request, "qnn")["fp32_nodes"]),
+              "nodes": [str(n) for n in finding.request.settings["qnn"]["fp32_nodes"]],
               "why": finding.why, "chosen": island.state == "ready",
               "node_share": htp.get("node_share"), "mac_share": htp.get("mac_share"),
               "failed_error": failed.error[:2000],
