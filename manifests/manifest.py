@@ -181,10 +181,10 @@ class Artifact:
             target=f.mapping("target", string_item, required=False),
             patches=f.array("patches", Patch.from_dict, required=False),
             requires=f.array("requires", _capability, required=False, max_items=16),
-            extra=f.extra(),
+            compressed=optional_compressed(f, path),
+            extra=f.extra(),  # last: the keys no accessor above asked for
             sealed=sealed,
             cohorts=cohorts,
-            compressed=optional_compressed(f, path),
         )
 
     def to_dict(self) -> JSONObject:
