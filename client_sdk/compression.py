@@ -28,6 +28,7 @@ LEVEL = 19
 WINDOW_LOG = 23
 MAX_WINDOW = 1 << WINDOW_LOG
 PIECE = 1 << 20  # bytes of output per read: the most held at once
+MAGIC = zstandard.FRAME_HEADER
 FRAME_HEADER_MAX = 18  # ZSTD_FRAMEHEADERSIZE_MAX: magic, descriptor, window, dict id, size
 # Not worth a second blob and a manifest field for less than this saving.
 MIN_SAVING = 0.05
@@ -51,15 +52,30 @@ def compress(src: BinaryIO, dst: BinaryIO, size: int) -> None:
     zstandard.ZstdCompressor(compression_params=params).copy_stream(src, dst, size=size)
 
 
-def decompress_chunks(src: Readable, expected_length: int) -> Iterator[bytes]:
-    """The decompressed content of ``src`` in pieces of at most ``PIECE`` bytes, refusing
-    (DecompressionError) anything but exactly ``expected_length`` bytes of output."""
-    head = src.read(FRAME_HEADER_MAX)
+def is_compressed(head: bytes) -> bool:
+    """Whether bytes start like a copy made by :func:`compress` (a zstd frame)."""
+    return head.startswith(MAGIC)
+
+
+def declared_length(head: bytes) -> int:
+    """The content length a frame's header (its first ``FRAME_HEADER_MAX`` bytes) declares;
+    DecompressionError when it is no zstd frame or declares none (never ours: a bomb)."""
     try:
         declared = zstandard.get_frame_parameters(head).content_size
     except zstandard.ZstdError as e:
         raise DecompressionError(f"not a zstd frame ({e}); the compressed copy is damaged "
                                  "or in another codec") from None
+    if declared == zstandard.CONTENTSIZE_UNKNOWN:
+        raise DecompressionError("the zstd frame declares no content length (our copies "
+                                 "always do): refused before inflating")
+    return int(declared)
+
+
+def decompress_chunks(src: Readable, expected_length: int) -> Iterator[bytes]:
+    """The decompressed content of ``src`` in pieces of at most ``PIECE`` bytes, refusing
+    (DecompressionError) anything but exactly ``expected_length`` bytes of output."""
+    head = src.read(FRAME_HEADER_MAX)
+    declared = declared_length(head)
     if declared != expected_length:
         raise DecompressionError(
             f"the zstd frame declares {declared} bytes of content, not the signed "
