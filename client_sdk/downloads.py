@@ -16,14 +16,16 @@ import io
 import os
 import shutil
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import manifests
+from client_sdk import compression
 from client_sdk.config import UpdaterConfig
 from client_sdk.errors import (
     ClientSDKError,
+    ContentKeyError,
     DeadlineExceededError,
     FetchError,
     IntegrityError,
@@ -34,10 +36,18 @@ from client_sdk.events import Event, EventKind, emit
 from client_sdk.fetcher import Deadline, download_file
 from client_sdk.fsutil import sha256_file
 from client_sdk.install import Member
-from client_sdk.protection import KeyClient, keystore_for, open_with, read_plain, seal_plain, wrap
+from client_sdk.protection import (
+    KeyClient,
+    keystore_for,
+    open_with,
+    read_plain,
+    seal_chunks,
+    seal_plain,
+    wrap,
+)
 from client_sdk.selection import Plan
 from client_sdk.transport import Transport
-from manifests import Artifact
+from manifests import Artifact, SealedError, sealed
 
 # signed sha256 -> (member, file) of what the device holds (BundleStore.held_members)
 Held = dict[str, tuple[Member, Path]]
@@ -159,6 +169,18 @@ class Downloader:
             self._event(Event(EventKind.DOWNLOADING, plan.model, version,
                               "no patch from a base this device holds; downloading the full "
                               "artifact"))
+        if artifact.compressed is not None and artifact.compressed.codec == compression.CODEC:
+            try:
+                local = self._fetch_compressed(plan, artifact, artifact.compressed, target,
+                                               deadline, key)
+                self._how.append((Via.FULL, artifact.compressed.length))
+                if local is None:
+                    return member
+                return replace(member, local_sha256=local[0], local_length=local[1])
+            except (IntegrityError, OversizeError) as e:  # a bad copy: the content still works
+                self._event(Event(EventKind.FAILED, plan.model, version,
+                                  f"compressed copy unusable ({e}); downloading the "
+                                  "uncompressed artifact"))
         part = self.dir / f"{artifact.sha256}.part"
         download_file(
             self.transport, self._url(artifact.url), part, length=artifact.length,
@@ -172,6 +194,65 @@ class Downloader:
         os.replace(part, target)
         self._how.append((Via.FULL, artifact.length))
         return member
+
+    def _fetch_compressed(self, plan: Plan, artifact: Artifact, copy: manifests.Compressed,
+                          target: Path, deadline: Deadline,
+                          key: bytes | None) -> tuple[str, int] | None:
+        """The compressed copy downloaded (checked against its signed length and sha256),
+        inflated into ``target`` with the output capped at the signed content length and
+        checked against the content's sha256; a protected one is opened, inflated and sealed
+        again under the content key piece by piece ((sha256, length) of that local file)."""
+        cap = self.config.limits.max_artifact_bytes
+        if copy.length > cap:
+            raise OversizeError(f"compressed copy declares {copy.length} bytes, over this "
+                                f"device's cap of {cap} (Limits.max_artifact_bytes)")
+        part = self.dir / f"{copy.sha256}.part"
+        download_file(
+            self.transport, self._url(copy.url), part, length=copy.length, sha256=copy.sha256,
+            deadline=deadline, request_timeout=self.config.request_timeout_seconds,
+            progress=lambda done, total: self._progress(plan.model, plan.release.version,
+                                                        "compressed artifact", done, total),
+        )
+        out = self.dir / f"{artifact.sha256}.inflating"
+        try:
+            if key is not None and artifact.sealed is not None:
+                return self._inflate_sealed(artifact.sealed, part, out, target, key)
+            with part.open("rb") as src, out.open("wb") as dst:
+                digest = compression.decompress(src, dst, artifact.length)
+            if digest != artifact.sha256:
+                raise IntegrityError("the compressed copy inflated to bytes whose sha256 is "
+                                     "not the signed one; discarded")
+            os.replace(out, target)
+            return None
+        except compression.DecompressionError as e:
+            raise IntegrityError(str(e)) from None
+        finally:
+            part.unlink(missing_ok=True)
+            out.unlink(missing_ok=True)
+
+    def _inflate_sealed(self, expect: manifests.Sealed, part: Path, out: Path, target: Path,
+                        key: bytes) -> tuple[str, int]:
+        """compress-then-seal, undone as a stream: open, inflate (capped at the signed
+        plaintext length), hash, seal again; nothing is held whole."""
+        digest = hashlib.sha256()
+
+        def plain() -> Iterator[bytes]:
+            with part.open("rb") as f:
+                try:
+                    reader = compression.ChunkReader(sealed.unseal(key, f))
+                    for piece in compression.decompress_chunks(reader, expect.plain_length):
+                        digest.update(piece)
+                        yield piece
+                except SealedError as e:
+                    raise ContentKeyError(f"compressed copy does not open with its content "
+                                          f"key: {e}") from None
+
+        local = seal_chunks(key, plain(), out)
+        if digest.hexdigest() != expect.plain_sha256:
+            raise IntegrityError("the compressed copy inflated to a model whose sha256 is "
+                                 "not the signed plaintext's; discarded")
+        os.replace(out, target)
+        return local
 
     def _fetch_via_patch(self, plan: Plan, artifact: Artifact, patch: manifests.Patch,
                          base: tuple[Member, Path], target: Path, deadline: Deadline,
@@ -242,6 +323,7 @@ class Downloader:
         expected sha256 is unchanged, and the file name *is* that sha256."""
         wanted = {a.sha256 for p in plans for _, a in p.artifacts}
         wanted |= {pt.sha256 for p in plans for _, a in p.artifacts for pt in a.patches}
+        wanted |= {a.compressed.sha256 for p in plans for _, a in p.artifacts if a.compressed}
         if not self.dir.exists():
             return
         for f in self.dir.iterdir():

@@ -23,6 +23,7 @@ import io
 import json
 import threading
 import urllib.parse
+from collections.abc import Iterable
 from pathlib import Path
 
 from nacl.exceptions import CryptoError
@@ -110,10 +111,16 @@ def read_plain(path: Path, member: Member, store: KeyStore) -> bytes:
 def seal_plain(content_key: bytes, plain: bytes, dest: Path) -> tuple[str, int]:
     """A plaintext the device rebuilt (a patch's result, checked against the signed
     plaintext sha256) sealed under its content key into ``dest``; (sha256, length)."""
+    return seal_chunks(content_key, [plain], dest)
+
+
+def seal_chunks(content_key: bytes, plain: Iterable[bytes], dest: Path) -> tuple[str, int]:
+    """``seal_plain`` of a plaintext that arrives in pieces (never held whole); a failure
+    while the pieces are produced deletes ``dest``."""
     h, n = hashlib.sha256(), 0
     try:
         with dest.open("wb") as out:
-            for piece in sealed.seal(content_key, [plain]):
+            for piece in sealed.seal(content_key, plain):
                 h.update(piece)
                 n += len(piece)
                 out.write(piece)

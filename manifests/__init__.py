@@ -7,6 +7,7 @@ languages are in manifests/vectors/, JSON Schemas in manifests/schema/.
 
 from .capabilities import device_capabilities, htp_generation, preference, runs_on
 from .cohorts import cohort_of
+from .compressed import Compressed
 from .envelope import (
     MANIFEST_PAYLOAD_TYPE,
     MAX_SIGNATURES,
@@ -82,6 +83,7 @@ __all__ = [
     "Artifact",
     "CohortArtifact",
     "Cohorts",
+    "Compressed",
     "DeviceProfile",
     "Envelope",
     "EquivocationError",

@@ -10,7 +10,8 @@ JSON (payloadType ``application/vnd.modelfleet.manifest+json``)::
     artifact = {"platform", "variant", "format", "url", "length", "sha256",
                 "compile_settings": {str: str|int|bool}, "target": {str: str},
                 "patches": [{"from_sha256", "url", "length", "sha256", "algorithm"}],
-                "requires": [str, ...]}        (optional; absent = nothing beyond the target)
+                "requires": [str, ...],        (optional; absent = nothing beyond the target)
+                "compressed": {"codec", "url", "length", "sha256"}}  (optional; compressed.py)
     rollout  = {"share_ppm", "salt", "mode": "active"|"shadow", "filters": <filters>,
                 "shadow": {"max_kl_micro", "max_latency_p99_us", "min_samples"} | null}
     filters  = {"platforms", "socs", "archs", "os_versions", "app_versions",
@@ -28,6 +29,7 @@ from typing import ClassVar, Literal, cast
 from . import strictjson
 from ._fields import Fields, is_name, merge_extra, nonempty_string_item, string_item
 from .cohorts import MAX_COHORTS, cohort_of
+from .compressed import Compressed, optional_compressed
 from .errors import MalformedError, WrongTypeError
 from .sealed import Sealed
 from .strictjson import JSONObject, JSONValue
@@ -83,13 +85,15 @@ class CohortArtifact:
     patches: list[Patch] = field(default_factory=list)
     sealed: Sealed | None = None
     extra: JSONObject = field(default_factory=dict)
+    compressed: Compressed | None = None  # this cohort's compressed copy (written when set)
 
     @classmethod
     def from_dict(cls, value: JSONValue, path: str = "cohort") -> CohortArtifact:
         f = Fields(value, path)
         return cls(url=f.url("url"), length=f.integer("length"), sha256=f.sha256("sha256"),
                    patches=f.array("patches", Patch.from_dict, required=False),
-                   sealed=_sealed(f, path), extra=f.extra())
+                   sealed=_sealed(f, path), compressed=optional_compressed(f, path),
+                   extra=f.extra())
 
     def to_dict(self) -> JSONObject:
         patches: list[JSONValue] = [p.to_dict() for p in self.patches]
@@ -97,6 +101,8 @@ class CohortArtifact:
                              "patches": patches}
         if self.sealed is not None:
             known["sealed"] = self.sealed.to_dict()
+        if self.compressed is not None:
+            known["compressed"] = self.compressed.to_dict()
         return merge_extra(known, self.extra)
 
 
@@ -153,6 +159,9 @@ class Artifact:
     requires: list[str] = field(default_factory=list)
     # A watermarked release's per-cohort copies (written only when set).
     cohorts: Cohorts | None = None
+    # A compressed copy a newer SDK may download instead (manifests/compressed.py); url,
+    # length and sha256 above stay the content's. Written only when set.
+    compressed: Compressed | None = None
 
     @classmethod
     def from_dict(cls, value: JSONValue, path: str = "artifact") -> Artifact:
@@ -172,7 +181,8 @@ class Artifact:
             target=f.mapping("target", string_item, required=False),
             patches=f.array("patches", Patch.from_dict, required=False),
             requires=f.array("requires", _capability, required=False, max_items=16),
-            extra=f.extra(),
+            compressed=optional_compressed(f, path),
+            extra=f.extra(),  # last: the keys no accessor above asked for
             sealed=sealed,
             cohorts=cohorts,
         )
@@ -192,6 +202,8 @@ class Artifact:
             known["requires"] = list(self.requires)
         if self.cohorts is not None:
             known["cohorts"] = self.cohorts.to_dict()
+        if self.compressed is not None:
+            known["compressed"] = self.compressed.to_dict()
         return merge_extra(known, self.extra)
 
     def for_device(self, device_id: str) -> Artifact:
@@ -201,7 +213,8 @@ class Artifact:
         c = self.cohorts.artifacts[cohort_of(self.cohorts.salt, device_id,
                                              len(self.cohorts.artifacts))]
         return replace(self, url=c.url, length=c.length, sha256=c.sha256,
-                       patches=list(c.patches), sealed=c.sealed, cohorts=None)
+                       patches=list(c.patches), sealed=c.sealed, cohorts=None,
+                       compressed=c.compressed)
 
     def patch_from(self, base_sha256: str) -> Patch | None:
         """The first patch that applies to a local file with hash ``base_sha256``, if any."""

@@ -13,8 +13,11 @@ under the table). Models are built or fetched into ~/.cache/modelfleet/corpus
 (tests/corpus). Core ML numerics run on Linux through the MIL reference executor.
 
 `--precision auto` runs the precision search (server/compile/precision_search.py) for coreml
-and qnn instead and prints, per model and platform, the chosen candidate, the artifact's
-bytes against the FP32 ONNX, its figures against FP32 and the candidates tried; the summary
+and qnn instead and prints, per model and platform, the chosen candidate, the shipped
+artifact's bytes against the FP32 ONNX (its compressed copy when the build makes one, with
+the content's bytes beside it; `inflate_mb_s` in `--json` is the device-side decompression
+speed; MF_BENCH_KEEP=<dir> keeps both files), its figures against FP32 and the
+candidates tried; the summary
 counts the cells that ship at most 0.3× the FP32 size passing the INT8 thresholds (or the
 FP16 gate for an FP16 winner). The corpus's reference inputs are also its calibration inputs
 (the only real data the corpus has), and Core ML targets iOS18 (`--coreml-target`) so the
@@ -149,15 +152,17 @@ def search_cell(model: str, plat: str, out: Any, seconds: float) -> dict[str, An
     row = next((r for r in frontier.get("tried", []) if r["candidate"] ==
                 winner.get("candidate")), {})
     fp32 = frontier.get("fp32_bytes")
-    size = out.artifact.length if out.artifact else None
-    # What the artifact would weigh compressed (the HTP context binary pads its tensors):
-    # a measurement for the packing decision, not what ships today.
-    packed = _zstd19(out.artifact.path) if out.artifact else None
+    content = out.artifact.length if out.artifact else None
+    # What ships: the compressed copy a device downloads when the build makes one
+    # (server/publish/copies.compress_copy, the same call the build runner makes).
+    shipped = _shipped(out.artifact.path, f"{model}-{plat}") if out.artifact else {}
+    size = shipped.get("bytes", content)
     return {"model": model, "platform": plat, "state": out.state, "auto": True,
             "chosen": winner.get("candidate", ""), "precision": out.precision,
-            "bytes": size, "fp32_bytes": fp32,
+            "bytes": size, "content_bytes": content, "fp32_bytes": fp32,
             "ratio": round(size / fp32, 3) if size and fp32 else None,
-            "zstd19_ratio": round(packed / fp32, 3) if packed and fp32 else None,
+            "content_ratio": round(content / fp32, 3) if content and fp32 else None,
+            "inflate_mb_s": shipped.get("inflate_mb_s"),
             "vs_fp32": row.get("vs_fp32", {}), "tried": [
                 f"{r['candidate']}:{'ok' if r['outcome'] == 'passed' else 'x'}"
                 for r in frontier.get("tried", [])],
@@ -167,10 +172,38 @@ def search_cell(model: str, plat: str, out: Any, seconds: float) -> dict[str, An
             "why": winner.get("why", ""), "error": out.error}
 
 
-def _zstd19(path: Path) -> int:
-    import zstandard
+def _shipped(path: Path, cell: str) -> dict[str, Any]:
+    """The compressed copy's bytes and the device-side inflate speed (MB of content per
+    second, best of 3), or {} when the build would ship the content as it is."""
+    from client_sdk import compression
+    from server.publish.copies import compress_copy
 
-    return len(zstandard.ZstdCompressor(level=19).compress(path.read_bytes()))
+    copy = path.with_name(path.name + ".zst")
+    made = compress_copy(path, copy)
+    if made is None:
+        return {}
+    best = float("inf")
+    for _ in range(3):
+        with copy.open("rb") as src, open(os.devnull, "wb") as sink:
+            t = time.perf_counter()
+            compression.decompress(src, sink, path.stat().st_size)
+            best = min(best, time.perf_counter() - t)
+    keep = os.environ.get("MF_BENCH_KEEP")  # a directory: keep content and copy for bench/
+    if keep:
+        import shutil
+
+        for p in (path, copy):
+            shutil.copyfile(p, Path(keep) / f"{cell}-{p.name}")
+    return {"bytes": made[1], "inflate_mb_s": round(path.stat().st_size / best / 1e6, 1)}
+
+
+def _size(c: dict[str, Any]) -> str:
+    """Shipped bytes against FP32; with the uncompressed content's when a copy ships."""
+    text = f"{c['bytes']:,} / {c['fp32_bytes']:,} = {c['ratio']}×"
+    content = c.get("content_bytes")
+    if content and content != c["bytes"]:
+        text += f" (content {content:,} = {c.get('content_ratio')}×)"
+    return text
 
 
 def auto_table(cells: list[dict[str, Any]]) -> str:
@@ -187,7 +220,7 @@ def auto_table(cells: list[dict[str, Any]]) -> str:
         goal += bool(c["ratio"] is not None and c["ratio"] <= GOAL_RATIO)
         lines.append(
             f"| {c['model']} | {c['platform']} | {c['chosen']} ({c['precision']}) | "
-            f"{c['bytes']:,} / {c['fp32_bytes']:,} = {c['ratio']}× | {f.get('cosine')} | "
+            f"{_size(c)} | {f.get('cosine')} | "
             f"{f.get('snr_db')} | {f.get('max_abs_diff')} | {' '.join(c['tried'])} | "
             f"{c['search_seconds']} |")
     ready = sum(c["state"] == "ready" for c in cells)

@@ -226,6 +226,13 @@ class Artifact(Base):
     # unmarked artifact that `modelfleet watermark identify` compares a leak with (sealed
     # like the artifact when the version is protected). NULL: not watermarked.
     unmarked_blob_key: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    # The compressed copy the manifest offers beside it (manifests/compressed.py; sealed like
+    # the artifact when protected), served at v1/artifacts/<compressed_sha256>. NULL: none
+    # (compression would not save enough, or built before copies existed).
+    compressed_codec: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    compressed_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    compressed_length: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    compressed_blob_key: Mapped[str | None] = mapped_column(String(512), nullable=True)
     cohorts: Mapped[list[CohortArtifact]] = relationship(
         order_by="CohortArtifact.cohort", cascade="all, delete-orphan")
 
@@ -245,6 +252,11 @@ class CohortArtifact(Base):
     blob_key: Mapped[str] = mapped_column(String(512))
     plain_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     plain_length: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # This cohort's compressed copy (as on Artifact).
+    compressed_codec: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    compressed_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    compressed_length: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    compressed_blob_key: Mapped[str | None] = mapped_column(String(512), nullable=True)
 
 
 class CohortPatch(Base):

@@ -35,6 +35,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from client_sdk import compression
 from manifests import sealed
 from server import crashpoints
 from server.blobstore.interface import BlobBackendError, BlobStore
@@ -64,6 +65,7 @@ from server.jobs.lease import Lease, RetryPolicy, public_worker_name
 from server.jobs.patch_runner import patch_before_ready
 from server.observability.metrics import BUILD_JOBS
 from server.publish.bucket import store_artifact
+from server.publish.copies import compress_copy
 from server.publish.protection import ContentKeys, SealedFile, WatermarkSecret, seal_file
 
 __all__ = ["BuildRunner", "RetryPolicy", "wait_for"]
@@ -265,9 +267,22 @@ class BuildRunner:
                 self._store.put(key, f, max_bytes=length, expected_sha256=sha)
         return key, sha, length, done
 
+    def _store_copy(self, path: Path, seal_key: bytes | None) -> Stored | None:
+        """The compressed copy of one built file, stored like it (compressed, then sealed when
+        protected: ciphertext does not compress); None when compression saves too little."""
+        copy = path.with_name(path.name + ".zst")
+        if compress_copy(path, copy) is None:
+            return None
+        try:
+            return self._store_file(copy, seal_key)
+        finally:
+            copy.unlink(missing_ok=True)
+            copy.with_name(copy.name + ".sealed").unlink(missing_ok=True)
+
     def _finish(self, build_id: int, seal_key: bytes | None, outcomes: list[BuildOutcome],
                 job_log: _JobLog) -> None:
-        stored: list[tuple[BuildOutcome, Stored, list[Stored], str | None]] = []
+        stored: list[tuple[BuildOutcome, Stored, list[Stored], str | None,
+                           list[Stored | None]]] = []
         for o in outcomes:
             if o.artifact is None:
                 continue
@@ -277,9 +292,14 @@ class BuildRunner:
             unmarked = self._store_file(o.artifact.path, seal_key, unmarked_key)[0] \
                 if cohorts else None
             main = cohorts[0] if cohorts else self._store_file(o.artifact.path, seal_key)
-            stored.append((o, main, cohorts, unmarked))
+            # Compressed copies of what is served (each cohort's, or the artifact's).
+            copies = [self._store_copy(p, seal_key)
+                      for p in ([c.path for c in o.cohorts] or [o.artifact.path])]
+            stored.append((o, main, cohorts, unmarked, copies))
             job_log(f"stored {o.platform}/{o.variant} as {main[0]}"
                     + (" (sealed)" if main[3] else "")
+                    + (f", compressed copy {copies[0][2]} of {main[2]} bytes" if copies[0]
+                       else "")
                     + (f", {len(cohorts)} watermarked cohort copies, the unmarked one at "
                        f"{unmarked}" if cohorts else ""))
         crashpoints.reached("build.artifacts_stored")
@@ -289,7 +309,7 @@ class BuildRunner:
             if build is None:
                 job_log("lost the claim to another worker; results discarded")
                 return
-            for o, main, cohorts, unmarked in stored:
+            for o, main, cohorts, unmarked, copies in stored:
                 row = s.scalar(select(Artifact).where(
                     Artifact.version_id == build.version_id, Artifact.platform == o.platform,
                     Artifact.variant == o.variant))
@@ -304,10 +324,13 @@ class BuildRunner:
                 row.plain_sha256, row.plain_length = _plain(done)
                 row.target, row.compile_settings = o.target, o.compile_settings
                 row.unmarked_blob_key = unmarked
+                _set_copy(row, copies[0])
                 row.cohorts = [CohortArtifact(cohort=c, blob_key=k, sha256=h, length=n,
                                               plain_sha256=_plain(d)[0],
                                               plain_length=_plain(d)[1])
                                for c, (k, h, n, d) in enumerate(cohorts)]
+                for cohort_row, copy in zip(row.cohorts, copies, strict=False):
+                    _set_copy(cohort_row, copy)
             build.gates_report = {"outcomes": [o.to_dict() for o in outcomes]}
             error = "" if ok else "; ".join(
                 f"{o.variant}: {o.error}" for o in outcomes if o.state != "ready")[:4000]
@@ -350,6 +373,12 @@ class BuildRunner:
 
 # A stored file: (blob key, sha256, length, its sealing when protected)
 Stored = tuple[str, str, int, SealedFile | None]
+
+
+def _set_copy(row: Artifact | CohortArtifact, copy: Stored | None) -> None:
+    row.compressed_codec = None if copy is None else compression.CODEC
+    row.compressed_blob_key, row.compressed_sha256, row.compressed_length = (
+        (None, None, None) if copy is None else copy[:3])
 
 
 def _plain(done: SealedFile | None) -> tuple[str | None, int | None]:

@@ -170,6 +170,7 @@ def load_artifact_records(session: Session, version_id: int, base_url: str
             target={k: str(v) for k, v in (a.target or {}).items()},
             patches=patches, sealed=_sealed(a.plain_sha256, a.plain_length),
             requires=requires_of(a), cohorts=_cohorts(session, a, base_url),
+            compressed=_compressed(a, base_url),
         ))
     return tuple(out)
 
@@ -191,6 +192,17 @@ def _sealed(plain_sha256: str | None, plain_length: int | None) -> manifests.Sea
         plain_sha256=plain_sha256, plain_length=int(plain_length or 0))
 
 
+def _compressed(row: db.Artifact | db.CohortArtifact, base_url: str
+                ) -> manifests.Compressed | None:
+    """The row's compressed copy, served content-addressed like artifacts."""
+    if row.compressed_sha256 is None or row.compressed_codec is None:
+        return None
+    return manifests.Compressed(codec=row.compressed_codec,
+                                url=join_url(base_url, artifact_path(row.compressed_sha256)),
+                                length=int(row.compressed_length or 0),
+                                sha256=row.compressed_sha256)
+
+
 def _cohorts(session: Session, a: db.Artifact, base_url: str) -> manifests.Cohorts | None:
     """A watermarked artifact's per-cohort copies; the salt is the model's name, so a device
     stays in one cohort across the model's versions."""
@@ -201,7 +213,8 @@ def _cohorts(session: Session, a: db.Artifact, base_url: str) -> manifests.Cohor
         .where(db.ModelVersion.id == a.version_id))
     return manifests.Cohorts(salt=str(model), artifacts=[manifests.CohortArtifact(
         url=join_url(base_url, artifact_path(c.sha256)), length=c.length, sha256=c.sha256,
-        sealed=_sealed(c.plain_sha256, c.plain_length), patches=[
+        sealed=_sealed(c.plain_sha256, c.plain_length), compressed=_compressed(c, base_url),
+        patches=[
             manifests.Patch(from_sha256=p.from_sha256, url=join_url(base_url,
                             patch_path(p.sha256)), length=p.length, sha256=p.sha256,
                             algorithm=p.algorithm)

@@ -74,6 +74,13 @@ def blob_ref(session: Session, kind: Literal["artifact", "patch"], sha256: str) 
         cohort = db.CohortArtifact if kind == "artifact" else db.CohortPatch
         row = session.execute(select(cohort.blob_key, cohort.length)
                               .where(cohort.sha256 == sha256).limit(1)).first()
+    if row is None and kind == "artifact":  # a compressed copy (manifests/compressed.py)
+        for copy in (db.Artifact, db.CohortArtifact):
+            found = session.execute(
+                select(copy.compressed_blob_key, copy.compressed_length)
+                .where(copy.compressed_sha256 == sha256).limit(1)).first()
+            if found is not None:
+                return BlobRef(str(found[0]), int(found[1] or 0))
     if row is None:
         raise NotFoundError(f"no {kind} with sha256 {sha256}")
     return BlobRef(str(row.blob_key), int(row.length))

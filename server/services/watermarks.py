@@ -23,6 +23,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from client_sdk import compression
 from server import watermark as wm
 from server.blobstore import BlobStore
 from server.compile import qnn_marks, weights
@@ -56,6 +57,42 @@ def identify(session: Session, store: BlobStore, secret: WatermarkSecret,
              content_keys: ContentKeys | None, leaked: Path) -> Finding:
     """The cohort whose watermark `leaked` carries, over every watermarked artifact; raises
     weights.WeightsError when the file's weights cannot be read."""
+    tmp = Path(tempfile.mkdtemp(prefix="mf-identify-"))
+    try:
+        return _identify(session, store, secret, content_keys, _inflated(leaked, tmp), tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _inflated(leaked: Path, tmp: Path) -> Path:
+    """A leaked compressed copy (what v1/artifacts serves newer SDKs) inflated into `tmp`,
+    capped like any unpacked leak at weights.MAX_WEIGHT_FILE_BYTES (a bomb is refused from
+    its header or mid-stream); any other file as it is."""
+    if not leaked.is_file():
+        return leaked
+    with leaked.open("rb") as f:
+        head = f.read(compression.FRAME_HEADER_MAX)
+    if not compression.is_compressed(head):
+        return leaked
+    out = tmp / (leaked.name.removesuffix(".zst") if leaked.name.endswith(".zst")
+                 else "inflated-" + leaked.name)
+    try:
+        size = compression.declared_length(head)
+        if size > weights.MAX_WEIGHT_FILE_BYTES:
+            raise compression.DecompressionError(
+                f"declares {size} bytes, over the {weights.MAX_WEIGHT_FILE_BYTES}-byte cap "
+                "for a leaked file")
+        with leaked.open("rb") as src, out.open("wb") as dst:
+            compression.decompress(src, dst, size)
+    except compression.DecompressionError as e:
+        out.unlink(missing_ok=True)
+        raise weights.WeightsError(f"{leaked.name} is a compressed copy that does not "
+                                   f"inflate: {e}") from None
+    return out
+
+
+def _identify(session: Session, store: BlobStore, secret: WatermarkSecret,
+              content_keys: ContentKeys | None, leaked: Path, tmp: Path) -> Finding:
     binary = qnn_marks.context_binary(leaked) if _is_qnn(leaked) else None
     copy = weights.by_name(weights.read(leaked)) if binary is None else {}
     best = NONE
@@ -65,31 +102,27 @@ def identify(session: Session, store: BlobStore, secret: WatermarkSecret,
         .join(db.Model, db.Model.id == db.ModelVersion.model_id)
         .where(db.Artifact.unmarked_blob_key.is_not(None))
         .order_by(db.Artifact.id)).all()
-    tmp = Path(tempfile.mkdtemp(prefix="mf-identify-"))
     compared = 0
-    try:
-        for art, version, model in rows:
-            if (binary is not None) != (art.format == qnn_marks.EPCONTEXT_FORMAT):
-                continue  # a QNN leak is compared with QNN artifacts only, and vice versa
-            if binary is not None:
-                got = _identify_qnn(session, store, content_keys, art, binary, tmp)
-            else:
-                path = _unmarked(session, store, content_keys, art, tmp)
-                original = weights.read(path)
-                path.unlink()
-                tensors = [(t.name, t.values) for t in original if t.markable]
-                if not any(name in copy for name, _ in tensors):
-                    continue  # another model: nothing in common
-                got = wm.identify_tensors(copy, tensors, secret.release_key(model, version),
-                                          len(art.cohorts))
-            if got is None:
-                continue
-            compared += 1
-            if got.z > best.z:
-                best = Finding(got.cohort, got.false_positive, got.z, got.weights, model,
-                               version, art.platform, art.variant)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    for art, version, model in rows:
+        if (binary is not None) != (art.format == qnn_marks.EPCONTEXT_FORMAT):
+            continue  # a QNN leak is compared with QNN artifacts only, and vice versa
+        if binary is not None:
+            got = _identify_qnn(session, store, content_keys, art, binary, tmp)
+        else:
+            path = _unmarked(session, store, content_keys, art, tmp)
+            original = weights.read(path)
+            path.unlink()
+            tensors = [(t.name, t.values) for t in original if t.markable]
+            if not any(name in copy for name, _ in tensors):
+                continue  # another model: nothing in common
+            got = wm.identify_tensors(copy, tensors, secret.release_key(model, version),
+                                      len(art.cohorts))
+        if got is None:
+            continue
+        compared += 1
+        if got.z > best.z:
+            best = Finding(got.cohort, got.false_positive, got.z, got.weights, model,
+                           version, art.platform, art.variant)
     # The union bound over every artifact compared, too: each was a chance to match.
     bound = min(1.0, best.false_positive * max(compared, 1))
     cohort = best.cohort if bound <= wm.MAX_FALSE_POSITIVE else None

@@ -170,6 +170,7 @@ def updated(served: dict[str, Any]) -> dict[str, Any]:
     assert code == 0, err
     assert first["models"][0]["via"] == "full" and first["active"][0]["version"] == "1.0.0"
     env["first"] = first
+    env["manifest1"] = httpx.get(f"{env['base']}/v1/channels/prod/manifest").json()
     env["pred1"] = _predict(env, "edge-1")
     _upload(client, "clf", "2.0.0", weighted_model(2.0, weights(23, tweak=8)), protected=True)
     _rollout(client, "clf", "2.0.0")
@@ -260,3 +261,17 @@ def test_revoked_device_gets_no_key_and_keeps_serving_its_model(updated):
     assert out["active"][0]["version"] == "2.0.0"
     pred = _predict(updated, "edge-1")
     assert pred["version"] == "2.0.0" and pred["outputs"]["y"]["data"] == [[2.0] * 4]
+
+
+def test_first_install_came_through_the_sealed_compressed_copy(updated):
+    # compress, then seal: the copy the manifest offers is sealed too (no plaintext weights
+    # in the bucket, checked above), and the first install downloaded it, not the content.
+    doc = json.loads(__import__("base64").b64decode(updated["manifest1"]["payload"]))
+    (release,) = doc["models"]["clf"]["releases"]
+    art = release["artifacts"][0]
+    copy = art["compressed"]
+    assert copy["codec"] == "zstd" and copy["length"] < art["length"]
+    sealed_copy = httpx.get(httpx.URL(updated["base"]).join(copy["url"])).content
+    assert sealed_copy.startswith(b"MFSEAL1\n") and len(sealed_copy) == copy["length"]
+    m = updated["first"]["models"][0]
+    assert (m["via"], m["bytes"]) == ("full", copy["length"])

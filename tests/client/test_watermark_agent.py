@@ -20,6 +20,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from client_sdk import compression
 from client_sdk.install import BundleStore
 from manifests import cohort_of
 from tests.client.test_protected_agent import _mf, _predict, _rollout, _update, served
@@ -132,6 +133,18 @@ def test_identify_names_each_devices_cohort_from_its_downloaded_file(marked):
         assert found["false_positive"] <= 1e-9
 
 
+def test_identify_names_the_cohort_of_a_compressed_leak(marked, tmp_path):
+    # A leak as a compressed copy (what v1/artifacts serves newer SDKs, or a leaker's own
+    # zstd): identify inflates it (capped) and names the same cohort.
+    for device, got in marked["wm"].items():
+        leak = tmp_path / f"{device}.onnx.zst"
+        data = Path(got["file"]).read_bytes()
+        with leak.open("wb") as out:
+            compression.compress(io.BytesIO(data), out, len(data))
+        code, found = _identify(marked, leak)
+        assert code == 0 and found["cohort"] == cohort_of(MODEL, device, COHORTS), found
+
+
 def test_next_version_reaches_each_cohort_as_a_patch_to_its_own_copy(marked):
     _upload(marked["client"], "2.0.0", matmul_model(3, tweak=4))
     for device in marked["wm"]:
@@ -182,7 +195,13 @@ def test_a_qnn_release_ships_per_cohort_binaries_that_identify_names_as_download
         leak.write_bytes(httpx.get(httpx.URL(marked["base"]).join(entry["url"])).content)
         bare = tmp_path / f"c{c}.bin"
         bare.write_bytes(context_binary(leak))
-        for path in (leak, bare):
+        # Each cohort's compressed copy (the context binary's records and padding deflate)
+        # is what a newer SDK downloads: identify reads it as it was served.
+        zipped = tmp_path / f"c{c}.ctx.onnx.zst"
+        zipped.write_bytes(httpx.get(httpx.URL(marked["base"]).join(
+            entry["compressed"]["url"])).content)
+        assert entry["compressed"]["length"] < entry["length"]
+        for path in (leak, bare, zipped):
             code, found = _identify(marked, path)
             assert code == 0 and found["cohort"] == c, (path.name, found)
             assert (found["model"], found["platform"]) == ("wmq", "qnn")

@@ -63,3 +63,25 @@ def test_inode_bomb_tar_with_more_entries_than_the_cap_is_refused(tmp_path):
             tar.addfile(tarfile.TarInfo(f"leak.mlpackage/{i}"))
     with pytest.raises(weights.WeightsError, match="entries"):
         weights.read(bomb)
+
+
+def test_zstd_bomb_leak_is_refused_mid_stream_with_nothing_left(tmp_path, monkeypatch):
+    # A leaked "compressed copy" whose header claims 1 MiB but which inflates to 256 MiB,
+    # against a cap of 16 MiB: identify's inflation stops at the declared length and
+    # deletes what it wrote; one declaring more than the cap is refused from its header.
+    import zstandard
+
+    from server.services import watermarks
+    from tests.client.test_compressed_artifacts import _lying_bomb
+
+    monkeypatch.setattr(weights, "MAX_WEIGHT_FILE_BYTES", 16 * 1024**2)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    lying = tmp_path / "leak.onnx.zst"
+    lying.write_bytes(_lying_bomb(1 << 20, 256 << 20))
+    honest = tmp_path / "big.onnx.zst"
+    honest.write_bytes(zstandard.ZstdCompressor(level=1).compress(b"\0" * (32 << 20)))
+    for bomb, why in ((lying, "refused mid-stream"), (honest, "over the")):
+        with pytest.raises(weights.WeightsError, match=why):
+            watermarks._inflated(bomb, scratch)
+        assert list(scratch.iterdir()) == []

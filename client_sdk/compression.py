@@ -1,0 +1,148 @@
+"""Compressed artifact copies (manifests/compressed.py): the codec both sides use.
+
+The server compresses with :func:`compress`; a device inflates with :func:`decompress`.
+zstd (the ``zstandard`` wheel the SDK already needs for mfdelta1 patches): one frame, fixed
+settings, so the same content always gives the same compressed bytes (the sha256 a manifest
+signs and caches key on stays stable). docs/benchmarks.md "Compressed artifacts" has the
+measurements against zlib and xz behind the choice.
+
+Decompression is hostile-input handling, although the input's sha256 was checked first (a
+leaked signing key, or a bug in our own compressor, must not take the device down): the
+frame's window is capped (decoder memory), the frame header must declare exactly the signed
+content length, and the output is read in bounded pieces and refused the moment it would
+exceed that length — a decompression bomb is never inflated whole, in memory or on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from typing import IO, BinaryIO, Protocol, cast
+
+import zstandard
+
+CODEC = "zstd"
+LEVEL = 19
+# Level 19 picks an 8 MiB window for inputs this large; the decoder refuses more, so a device
+# never allocates more than that (plus buffers) for one artifact.
+WINDOW_LOG = 23
+MAX_WINDOW = 1 << WINDOW_LOG
+PIECE = 1 << 20  # bytes of output per read: the most held at once
+MAGIC = zstandard.FRAME_HEADER
+FRAME_HEADER_MAX = 18  # ZSTD_FRAMEHEADERSIZE_MAX: magic, descriptor, window, dict id, size
+# Not worth a second blob and a manifest field for less than this saving.
+MIN_SAVING = 0.05
+
+
+class Readable(Protocol):
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+class DecompressionError(ValueError):
+    """The compressed copy does not inflate to the signed content (bomb, damage, wrong codec)."""
+
+
+def compress(src: BinaryIO, dst: BinaryIO, size: int) -> None:
+    """``size`` bytes of ``src`` as one zstd frame into ``dst``, reproducibly: fixed level and
+    window, content size in the header, no checksum (the manifest signs sha256s), one thread
+    (the output does not depend on the machine)."""
+    params = zstandard.ZstdCompressionParameters.from_level(
+        LEVEL, source_size=size, window_log=WINDOW_LOG, write_content_size=True,
+        write_checksum=False, threads=0)
+    zstandard.ZstdCompressor(compression_params=params).copy_stream(src, dst, size=size)
+
+
+def is_compressed(head: bytes) -> bool:
+    """Whether bytes start like a copy made by :func:`compress` (a zstd frame)."""
+    return head.startswith(MAGIC)
+
+
+def declared_length(head: bytes) -> int:
+    """The content length a frame's header (its first ``FRAME_HEADER_MAX`` bytes) declares;
+    DecompressionError when it is no zstd frame or declares none (never ours: a bomb)."""
+    try:
+        declared = zstandard.get_frame_parameters(head).content_size
+    except zstandard.ZstdError as e:
+        raise DecompressionError(f"not a zstd frame ({e}); the compressed copy is damaged "
+                                 "or in another codec") from None
+    if declared == zstandard.CONTENTSIZE_UNKNOWN:
+        raise DecompressionError("the zstd frame declares no content length (our copies "
+                                 "always do): refused before inflating")
+    return int(declared)
+
+
+def decompress_chunks(src: Readable, expected_length: int) -> Iterator[bytes]:
+    """The decompressed content of ``src`` in pieces of at most ``PIECE`` bytes, refusing
+    (DecompressionError) anything but exactly ``expected_length`` bytes of output."""
+    head = src.read(FRAME_HEADER_MAX)
+    declared = declared_length(head)
+    if declared != expected_length:
+        raise DecompressionError(
+            f"the zstd frame declares {declared} bytes of content, not the signed "
+            f"{expected_length}: refused before inflating (a decompression bomb or the "
+            "copy of another artifact)")
+    reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW).stream_reader(
+        cast(IO[bytes], _Prefixed(head, src)), read_across_frames=False, closefd=False)
+    total = 0
+    try:
+        while True:
+            piece = reader.read(min(PIECE, expected_length - total + 1))
+            if not piece:
+                break
+            total += len(piece)
+            if total > expected_length:
+                raise DecompressionError(
+                    f"decompression passed the signed content length of {expected_length} "
+                    "bytes: refused mid-stream (a decompression bomb)")
+            yield piece
+    except zstandard.ZstdError as e:
+        raise DecompressionError(f"the zstd frame is damaged ({e})") from None
+    if total != expected_length:
+        raise DecompressionError(f"decompressed {total} bytes, not the signed "
+                                 f"{expected_length}: the compressed copy is truncated")
+
+
+def decompress(src: Readable, dst: BinaryIO, expected_length: int) -> str:
+    """Inflates ``src`` into ``dst`` (see :func:`decompress_chunks`); the output's sha256."""
+    digest = hashlib.sha256()
+    for piece in decompress_chunks(src, expected_length):
+        digest.update(piece)
+        dst.write(piece)
+    return digest.hexdigest()
+
+
+class _Prefixed:
+    """``head`` then the rest of ``src``, as a readable stream (the header was peeked)."""
+
+    def __init__(self, head: bytes, src: Readable) -> None:
+        self._head = head
+        self._src = src
+
+    def read(self, n: int = -1) -> bytes:
+        if self._head:
+            out, self._head = (self._head, b"") if n < 0 or n >= len(self._head) else (
+                self._head[:n], self._head[n:])
+            return out
+        return self._src.read(n)
+
+
+class ChunkReader:
+    """An iterator of byte chunks as a readable stream (e.g. a sealed copy's plaintext)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._it = iter(chunks)
+        self._buf = b""
+        self._pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        if self._pos >= len(self._buf):  # refill: one chunk at a time, never all of them
+            self._buf, self._pos = next(self._it, b""), 0
+            while not self._buf:
+                nxt = next(self._it, None)
+                if nxt is None:
+                    return b""
+                self._buf = nxt
+        end = len(self._buf) if n < 0 else min(len(self._buf), self._pos + n)
+        out = self._buf[self._pos:end]
+        self._pos = end
+        return out

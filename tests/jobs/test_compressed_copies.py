@@ -1,0 +1,85 @@
+"""A build's compressed copy end to end: the runner stores it beside the artifact, the
+manifest offers it, the server serves it, and a device installs the content from it."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+from sqlalchemy import select
+
+from client_sdk import DeviceProfile, Outcome, Updater, UpdaterConfig, Via, compression
+from manifests import Envelope
+from server.db import models as db
+from tests.client.test_against_server import AppTransport
+from tests.jobs.test_inprocess import CONV_INPUTS
+from tests.support.inprocess_app import inprocess_app, wait_settled
+
+
+def _release(client, convnet_files) -> dict:
+    r = client.post("/v1/models", json={"name": "conv"})
+    assert r.status_code in (200, 201), r.text
+    files = {"model": ("m.onnx", convnet_files.onnx.read_bytes()),
+             "reference": ("r.npz", convnet_files.reference.read_bytes())}
+    meta = {"version": "1.0.0", "platforms": ["onnx"], "inputs": CONV_INPUTS}
+    r = client.post("/v1/models/conv/versions", files=files,
+                    data={"metadata": json.dumps(meta)})
+    assert r.status_code == 201, r.text
+    body = wait_settled(client, "conv", "1.0.0", 300)
+    assert body["state"] == "ready", [(b["error"], b["log"][-600:]) for b in client.get(
+        "/v1/models/conv/versions/1.0.0/builds").json()]
+    assert client.post("/v1/channels", json={"name": "prod"}).status_code == 201
+    r = client.post("/v1/channels/prod/rollouts",
+                    json={"model": "conv", "version": "1.0.0", "percentage": 100})
+    assert r.status_code == 201, r.text
+    env = Envelope.from_bytes(client.get("/v1/channels/prod/manifest").content, 1 << 20)
+    (art,) = json.loads(env.payload)["models"]["conv"]["releases"][0]["artifacts"]
+    return dict(art)
+
+
+def _updater(client, tmp_path: Path) -> Updater:
+    return Updater(UpdaterConfig(
+        base_url="http://testserver", channel="prod",
+        pinned_root=client.get("/v1/root/1.json").content,
+        device=DeviceProfile("edge-1", "onnx", arch="x86_64"), data_dir=tmp_path / "device",
+        transport=AppTransport(client), formats=["onnx"]))
+
+
+def test_build_stores_and_serves_a_compressed_copy_the_device_installs_from(
+        convnet_files, tmp_path, monkeypatch):
+    # The test convnet's random weights barely compress; any saving makes a copy here.
+    monkeypatch.setattr(compression, "MIN_SAVING", 0.0)
+    with inprocess_app(tmp_path, scopes=("publish", "rollout")) as client:
+        art = _release(client, convnet_files)
+        copy = art["compressed"]
+        assert copy["codec"] == "zstd" and copy["length"] < art["length"]
+        with client.app.state.session_factory() as s:
+            row = s.scalars(select(db.Artifact)).one()
+            assert (row.compressed_sha256, row.compressed_length) == (copy["sha256"],
+                                                                      copy["length"])
+        served = client.get(copy["url"]).content
+        assert hashlib.sha256(served).hexdigest() == copy["sha256"]
+        content = io.BytesIO()
+        assert compression.decompress(io.BytesIO(served), content, art["length"]) == \
+            art["sha256"]
+        assert client.get(art["url"]).content == content.getvalue()  # old SDKs: unchanged
+
+        up = _updater(client, tmp_path)
+        result = up.check_once()
+        assert result.outcome is Outcome.UPDATED, result
+        (m,) = result.models
+        assert (m.via, m.nbytes, m.sha256) == (Via.FULL, copy["length"], art["sha256"])
+        paths = up.config.transport.paths  # type: ignore[attr-defined]
+        assert f"/v1/artifacts/{copy['sha256']}" in paths
+        assert f"/v1/artifacts/{art['sha256']}" not in paths
+
+
+def test_build_whose_copy_saves_too_little_offers_none(convnet_files, tmp_path, monkeypatch):
+    monkeypatch.setattr(compression, "MIN_SAVING", 1.0)  # no copy can save 100%
+    with inprocess_app(tmp_path, scopes=("publish", "rollout")) as client:
+        art = _release(client, convnet_files)
+        assert "compressed" not in art
+        with client.app.state.session_factory() as s:
+            assert s.scalars(select(db.Artifact.compressed_sha256)).one() is None
