@@ -144,3 +144,37 @@ def embedding_lookup(tmp: Path, name: str, vocab: int = 64, dim: int = 16, seq: 
     np.savez(ref, ids=ids[:2])
     np.savez(cal, ids=ids)
     return ModelFiles(name, (InputSpec("ids", (1, seq), "int64"),), path, path, ref, cal)
+
+
+def positional_embedding(tmp: Path, name: str, vocab: int = 64, dim: int = 32, seq: int = 16
+                         ) -> ModelFiles:
+    """ids → Gather(table) + Gather(positions table, constant positions) → MatMul(w), no bias:
+    a BERT-style embedding sum. The positions are a constant, so the converter folds the
+    second Gather into a `[1, seq, dim]` const that an `add` reads — an activation, not a
+    weight. Position 0's row is 30× the others (as a trained model's first position often
+    is), so one scale for the whole folded table leaves the other rows a few levels."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    positions = (rng.standard_normal((seq, dim)) / 4).astype(np.float32)
+    positions[0] *= 30.0
+    inits = [numpy_helper.from_array(rng.standard_normal((vocab, dim)).astype(np.float32),
+                                     "table"),
+             numpy_helper.from_array(positions, "positions"),
+             numpy_helper.from_array(np.arange(seq, dtype=np.int64)[None], "position_ids"),
+             numpy_helper.from_array((rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(
+                 np.float32), "w")]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["tok"], name="embed"),
+             helper.make_node("Gather", ["positions", "position_ids"], ["pos"],
+                              name="embed_positions"),
+             helper.make_node("Add", ["tok", "pos"], ["emb"], name="embed_sum"),
+             helper.make_node("MatMul", ["emb", "w"], ["y"], name="proj")]
+    path = onnx_model(tmp / f"{name}.onnx", nodes,
+                      [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, seq])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])],
+                      inits)
+    ids = rng.integers(0, vocab, size=(8, 1, seq)).astype(np.int64)
+    ref, cal = tmp / f"{name}.ref.npz", tmp / f"{name}.cal.npz"
+    np.savez(ref, ids=ids[:2])
+    np.savez(cal, ids=ids)
+    return ModelFiles(name, (InputSpec("ids", (1, seq), "int64"),), path, path, ref, cal)
