@@ -27,6 +27,8 @@
   it reaches are left out of the quantization (they run in FP16 on the HTP; Softmax turns
   -inf into 0).
 - metadata_props are dropped (onnxruntime's QNN preprocessing fails on them).
+- BatchNormalization is folded into the Conv before it (server/compile/bn_fold.py): left
+  standalone, the HTP computes it otherwise than the CPU (PP-OCR's direction classifier).
 - Graphs below opset 13 are lifted to 13 for per-channel weights: DequantizeLinear has no
   `axis` before 13, so a per-channel QDQ graph of an opset-11 export is invalid (16-bit
   schemes are lifted to 21 by onnxruntime's quantizer itself). A graph the ONNX version
@@ -44,6 +46,8 @@ def prepare(src: Path, out: Path, per_channel: bool) -> Path:
     """`src`, or the prepared graph written to `out` when a step changed it."""
     import onnx
 
+    from server.compile.bn_fold import fold_batchnorms
+
     graph = onnx.load(str(src))
     lifted = lift_for_per_channel(graph) if per_channel else None
     model = lifted or graph
@@ -52,7 +56,8 @@ def prepare(src: Path, out: Path, per_channel: bool) -> Path:
     # paddle2onnx and nudenet's exports carry some. The QDQ graph does not need them.
     had_metadata = len(model.metadata_props) > 0
     del model.metadata_props[:]
-    if unshare_identity_constants(model) or lifted is not None or had_metadata:
+    changed = unshare_identity_constants(model) + fold_batchnorms(model)
+    if changed or lifted is not None or had_metadata:
         onnx.save(model, str(out))
         return out
     return src

@@ -144,3 +144,74 @@ def embedding_lookup(tmp: Path, name: str, vocab: int = 64, dim: int = 16, seq: 
     np.savez(ref, ids=ids[:2])
     np.savez(cal, ids=ids)
     return ModelFiles(name, (InputSpec("ids", (1, seq), "int64"),), path, path, ref, cal)
+
+
+def positional_embedding(tmp: Path, name: str, vocab: int = 64, dim: int = 32, seq: int = 16
+                         ) -> ModelFiles:
+    """ids → Gather(table) + Gather(positions table, constant positions) → MatMul(w), no bias:
+    a BERT-style embedding sum. The positions are a constant, so the converter folds the
+    second Gather into a `[1, seq, dim]` const that an `add` reads — an activation, not a
+    weight. Position 0's row is 30× the others (as a trained model's first position often
+    is), so one scale for the whole folded table leaves the other rows a few levels."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    positions = (rng.standard_normal((seq, dim)) / 4).astype(np.float32)
+    positions[0] *= 30.0
+    inits = [numpy_helper.from_array(rng.standard_normal((vocab, dim)).astype(np.float32),
+                                     "table"),
+             numpy_helper.from_array(positions, "positions"),
+             numpy_helper.from_array(np.arange(seq, dtype=np.int64)[None], "position_ids"),
+             numpy_helper.from_array((rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(
+                 np.float32), "w")]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["tok"], name="embed"),
+             helper.make_node("Gather", ["positions", "position_ids"], ["pos"],
+                              name="embed_positions"),
+             helper.make_node("Add", ["tok", "pos"], ["emb"], name="embed_sum"),
+             helper.make_node("MatMul", ["emb", "w"], ["y"], name="proj")]
+    path = onnx_model(tmp / f"{name}.onnx", nodes,
+                      [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, seq])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])],
+                      inits)
+    ids = rng.integers(0, vocab, size=(8, 1, seq)).astype(np.int64)
+    ref, cal = tmp / f"{name}.ref.npz", tmp / f"{name}.cal.npz"
+    np.savez(ref, ids=ids[:2])
+    np.savez(cal, ids=ids)
+    return ModelFiles(name, (InputSpec("ids", (1, seq), "int64"),), path, path, ref, cal)
+
+
+def conv_batchnorm(tmp: Path, name: str) -> ModelFiles:
+    """Relu → depthwise Conv without bias → standalone BatchNormalization → Relu, the block
+    paddle2onnx writes (PP-OCR's direction classifier, its first depthwise conv: the
+    BatchNormalization scale and offset are that layer's, rounded; the conv's output is
+    small and its running statistics with it). Unfolded, the HTP runs the QDQ
+    BatchNormalization differently from onnxruntime's CPU: channel 2 (small variance, large
+    offset) comes out near 0, as in the classifier."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    c, shape = 8, (1, 8, 24, 48)
+    bn = {"scale": [0.52, 1.02, 0.58, 0.74, 0.60, 0.55, 0.54, 0.96],
+          "offset": [-0.01, 0.59, 1.27, 0.64, 1.21, 1.09, 0.98, -0.25],
+          "mean": [m / 50 for m in (0.034, 0.148, -0.003, 0.442, 0.362, 0.617, 0.271,
+                                    -0.579)],
+          "var": [v / 2500 for v in (0.074, 0.048, 0.022, 0.650, 0.250, 0.218, 0.119,
+                                     1.226)]}
+    dw = (rng.standard_normal((c, 1, 3, 3)) / 150).astype(np.float32)
+    inits = [numpy_helper.from_array(dw, "dw")]
+    inits += [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in bn.items()]
+    nodes = [helper.make_node("Relu", ["x"], ["r0"], name="relu0"),
+             helper.make_node("Conv", ["r0", "dw"], ["dwc"], name="depthwise", group=c,
+                              kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["dwc", "scale", "offset", "mean", "var"],
+                              ["bn"], name="bn", epsilon=1e-5),
+             helper.make_node("Relu", ["bn"], ["y"], name="relu1")]
+    path = onnx_model(tmp / f"{name}.onnx", nodes,
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+                      inits)
+    x = rng.standard_normal((8, *shape)).astype(np.float32)
+    ref, cal = tmp / f"{name}.ref.npz", tmp / f"{name}.cal.npz"
+    np.savez(ref, x=x[:2])
+    np.savez(cal, x=x)
+    return ModelFiles(name, (InputSpec("x", shape),), path, path, ref, cal)

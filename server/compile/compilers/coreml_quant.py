@@ -14,6 +14,12 @@ Schemes (`weight_compression`):
 `keep_ops` names MIL ops whose weights stay uncompressed (mixed precision: the precision
 search keeps the layers that lose the most at FP16 this way, via `op_name_configs`); a
 weight a kept op shares with other ops stays uncompressed for all of them.
+
+Only weights are compressed: a const that no op with a weight layout reads (`WEIGHT_READERS`)
+stays FP16 (`folded_activations`). Such consts are activations the converter folded for a
+static shape — position embeddings gathered at fixed positions, `[1, seq, hidden]` tables an
+`add` reads — and coremltools gives them its default "output channel", axis 0, which is the
+batch axis of size 1 there: one scale for the whole table (15 dB on all-MiniLM-L6-v2's).
 """
 
 from __future__ import annotations
@@ -26,6 +32,11 @@ from server.compile.errors import InvalidSourceError
 
 _SCHEME = re.compile(r"(none|int8|(int8|int4)-block(\d+)|palettize([123468]))")
 BLOCKWISE_TARGET = "iOS18"
+# MIL ops whose const inputs have a weight layout coremltools knows the output channel of
+# (conv / conv_transpose / linear / matmul: select_input_output_channel_axis; gather and the
+# recurrent ops: a table's rows / a gate's outputs on axis 0).
+WEIGHT_READERS = frozenset({"conv", "conv_transpose", "linear", "matmul", "gather",
+                            "gather_nd", "gather_along_axis", "lstm", "gru", "rnn"})
 
 
 @dataclass(frozen=True)
@@ -92,8 +103,9 @@ def compress(mlmodel: Any, c: Compression, threshold: int, palette_mode: str,
     else:
         op_config = cto.OpPalettizerConfig(mode=palette_mode, nbits=c.nbits,
                                            weight_threshold=threshold)
-    keep_ops = with_shared_weights(mlmodel, keep_ops)
-    # None in op_name_configs: that op's weights stay as they are (coremltools' own opt-out).
+    keep_ops = with_shared_weights(mlmodel, keep_ops) + folded_activations(mlmodel)
+    # None in op_name_configs: that op's (or const's) weights stay as they are (coremltools'
+    # own opt-out).
     cfg = cto.OptimizationConfig(global_config=op_config,
                                  op_name_configs=dict.fromkeys(keep_ops))
     if c.kind == "linear":
@@ -138,6 +150,20 @@ def with_shared_weights(mlmodel: Any, keep_ops: tuple[str, ...]) -> tuple[str, .
                     if child.name not in wanted:
                         wanted.add(child.name)
                         out.append(child.name)
+    return tuple(out)
+
+
+def folded_activations(mlmodel: Any) -> tuple[str, ...]:
+    """Names of the const ops only non-weight ops read (an `add`'s `[1, seq, hidden]` table):
+    per channel they would get one scale for the whole tensor (see the module docstring)."""
+    out = []
+    for fn in mlmodel._mil_program.functions.values():
+        for op in fn.operations:
+            if op.op_type != "const" or op.outputs[0].val is None:
+                continue
+            readers = op.outputs[0].child_ops
+            if readers and not any(r.op_type in WEIGHT_READERS for r in readers):
+                out.append(op.name)
     return tuple(out)
 
 
