@@ -170,7 +170,7 @@ def trials(n_trials: int, cohorts: int, n: int = 65_536) -> dict[str, Any]:
     for done in range(0, n_trials, 1000):
         batch = min(1000, n_trials - done)
         foreign = (rng.standard_normal((batch, n)) * 0.05).astype(np.float32)
-        z = wm.scores((foreign - original)[:, mask], rows)
+        z = wm.scores(wm.filtered((foreign - original)[:, mask], original[mask]), rows)
         worst = max(worst, float(z.max()))
         named += int(sum(wm.false_positive(float(v), cohorts) <= wm.MAX_FALSE_POSITIVE
                          for v in z.max(axis=1)))
@@ -178,7 +178,7 @@ def trials(n_trials: int, cohorts: int, n: int = 65_536) -> dict[str, Any]:
     for t in range(n_trials // 10):  # marked copies: 1/10 as many (each is a real embed)
         c = t % cohorts
         copy = wm.embed(original, KEY, c, name="w").astype(np.float16).astype(np.float32)
-        z = wm.scores((copy - original)[mask][None, :], rows)[0]
+        z = wm.scores(wm.filtered((copy - original)[mask][None, :], original[mask]), rows)[0]
         best = int(np.argmax(z))
         if wm.false_positive(float(z[best]), cohorts) > wm.MAX_FALSE_POSITIVE:
             missed += 1

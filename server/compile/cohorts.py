@@ -13,6 +13,13 @@ passes two checks before it is packed, else the outcome fails naming the cohort:
   unmarked artifact has passed) is the watermark's 60 dB for its copies: their FP32 weights
   move by FP16 steps on purpose, so that an FP16 conversion cannot wash the mark out.
 
+The strength (how many FP16 steps a marked float weight moves): `wm.strength_for` the marked
+weights — what scores z ≈ 12 after 1% weight noise — capped by the outputs: cohort 0 is the
+probe; when its PSNR is under `MIN_PSNR_DB` + `PSNR_MARGIN_DB` the strength drops by the
+excess (PSNR falls by 20·log10 of the strength) and cohort 0 is made again, down to 1 (the
+scheme before strengths). Every cohort has the same strength; the gate record says which.
+Without reference outputs to measure (a target not runnable here) the strength stays 1.
+
 A QNN artifact's weights are compiled into its context binary, so its copies are not
 re-marked files but the HTP's source graph marked in the HTP's precision and compiled again
 (server/compile/qnn_marks.py): one HTP compile per cohort, each gated like the others.
@@ -41,6 +48,7 @@ from server.compile.packing import PackedArtifact, pack
 from server.compile.types import CompiledArtifact, CompileRequest, Precision
 
 MIN_PSNR_DB = 60.0
+PSNR_MARGIN_DB = 4.0  # kept over MIN_PSNR_DB by cohort 0, so the other cohorts pass too
 MARKED_FORMATS = ("onnx", "mlpackage", "onnx-epcontext")
 Log = Callable[[str], None]
 
@@ -77,7 +85,7 @@ def output_psnr_db(unmarked: list[Any], marked: list[Any]) -> float:
     return worst
 
 
-def mark_copy(src: Path, dest: Path, key: bytes, cohort: int) -> Path:
+def mark_copy(src: Path, dest: Path, key: bytes, cohort: int, strength: int = 1) -> Path:
     """A copy of the artifact `src` (file or .mlpackage directory) at `dest`, marked."""
     if dest.exists():
         shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
@@ -86,7 +94,8 @@ def mark_copy(src: Path, dest: Path, key: bytes, cohort: int) -> Path:
         shutil.copytree(src, dest)
     else:
         shutil.copyfile(src, dest)
-    weights.rewrite(dest, lambda name, values: wm.embed(values, key, cohort, name=name))
+    weights.rewrite(dest, lambda name, values: wm.embed(values, key, cohort, strength,
+                                                        name=name))
     return dest
 
 
@@ -142,40 +151,61 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
     unmarked = compiler.run(art, ref.feeds) if ref.outputs is not None and \
         art.runnable_here else None
     worst_psnr, packed = math.inf, []
-    for c in range(spec.cohorts):
+    strength = wm.strength_for(moved) if unmarked is not None else 1
+    c = 0
+    while c < spec.cohorts:
         try:
-            marked = _cohort_artifact(art, graph, pdir / "cohorts" / str(c), spec, c)
+            marked = _cohort_artifact(art, graph, pdir / "cohorts" / str(c), spec, c, strength)
         except Exception as e:  # the cohort's failure, named, not the worker's crash
-            return CohortResult([], _gate(spec, worst_psnr, "failed"),
+            return CohortResult([], _gate(spec, worst_psnr, "failed", strength),
                                 f"cohort {c}'s copy could not be made: {str(e)[:300]}")
         copy = marked.path
         if unmarked is not None:
             psnr = output_psnr_db(unmarked, compiler.run(marked, ref.feeds))
+            weaker = _weaker(strength, psnr) if c == 0 else strength
+            if weaker < strength:  # the probe: too strong for the outputs' budget
+                log(f"[{art.target.variant}/{art.target.platform}] watermark strength "
+                    f"{strength} costs the outputs {psnr:.1f} dB PSNR; using {weaker}")
+                strength = weaker
+                shutil.rmtree(copy.parent)
+                continue
             worst_psnr = min(worst_psnr, psnr)
             if psnr < MIN_PSNR_DB:
-                return CohortResult([], _gate(spec, worst_psnr, "failed"),
+                return CohortResult([], _gate(spec, worst_psnr, "failed", strength),
                                     f"cohort {c}'s watermark moves the outputs too much "
                                     f"(PSNR {psnr:.1f} dB < {MIN_PSNR_DB:.0f} dB)")
         num = numeric_gate(compiler, marked, _marked_request(request), ref, pdir.parent)
         if num.status == "failed":
-            return CohortResult([], _gate(spec, worst_psnr, "failed"),
+            return CohortResult([], _gate(spec, worst_psnr, "failed", strength),
                                 f"cohort {c}'s artifact failed the numeric gate: {num.reason}")
         packed.append(pack(copy, pdir / "packed-cohorts" / str(c)))
         shutil.rmtree(copy.parent)  # packed; the unpacked copy is no longer needed
+        c += 1
     status = "passed" if unmarked is not None else "not_run"
     log(f"[{art.target.variant}/{art.target.platform}] {spec.cohorts} watermarked cohort "
-        f"artifacts {status}" + (f", lowest output PSNR {worst_psnr:.1f} dB"
-                                 if unmarked is not None else ""))
-    return CohortResult(packed, {**_gate(spec, worst_psnr, status), "marked_weights": moved})
+        f"artifacts {status} at strength {strength}" +
+        (f", lowest output PSNR {worst_psnr:.1f} dB" if unmarked is not None else ""))
+    return CohortResult(packed, {**_gate(spec, worst_psnr, status, strength),
+                                 "marked_weights": moved})
+
+
+def _weaker(strength: int, psnr: float) -> int:
+    """The strength whose PSNR keeps `PSNR_MARGIN_DB` over the gate's, from the probe's
+    `psnr` at `strength` (the outputs' error grows in proportion to the strength)."""
+    excess = MIN_PSNR_DB + PSNR_MARGIN_DB - psnr
+    if not excess > 0 or strength <= 1:
+        return strength
+    return max(1, min(strength - 1, math.floor(strength * 10 ** (-excess / 20))))
 
 
 def _cohort_artifact(art: CompiledArtifact, graph: Path | None, where: Path,
-                     spec: WatermarkSpec, c: int) -> CompiledArtifact:
+                     spec: WatermarkSpec, c: int, strength: int) -> CompiledArtifact:
     """Cohort c's copy of `art`: the artifact re-marked, or — for a QNN artifact — the HTP's
     source `graph` marked and compiled again (qnn_marks.py)."""
     if graph is None:
-        return replace(art, path=mark_copy(art.path, where / art.path.name, spec.key, c))
-    qnn_marks.mark_graph(graph, where / "graph.onnx", spec.key, c, art.precision)
+        return replace(art, path=mark_copy(art.path, where / art.path.name, spec.key, c,
+                                           strength))
+    qnn_marks.mark_graph(graph, where / "graph.onnx", spec.key, c, art.precision, strength)
     return qnn_marks.compile_cohort(art, where / "graph.onnx", where / art.path.name)
 
 
@@ -188,6 +218,8 @@ def _marked_request(request: CompileRequest) -> CompileRequest:
     return replace(request, settings={**request.settings, "numeric": numeric})
 
 
-def _gate(spec: WatermarkSpec, worst_psnr: float, status: str) -> dict[str, Any]:
+def _gate(spec: WatermarkSpec, worst_psnr: float, status: str, strength: int = 1
+          ) -> dict[str, Any]:
     return {"status": status, "cohorts": spec.cohorts, "min_psnr_db": MIN_PSNR_DB,
+            "strength": strength,
             "lowest_output_psnr_db": None if math.isinf(worst_psnr) else round(worst_psnr, 2)}
