@@ -10,14 +10,14 @@ artifacts passed (every one must, when the baseline does), the lowest output PSN
 against the unmarked artifact, compile seconds of both runs, the bytes stored (one artifact
 vs every copy), the patch bytes from the unmarked artifact to cohort 0 and from cohort 0 to
 cohort 1 (server/delta, as the patch worker makes them), and identification of cohort 1's
-copy as shipped (z, false-positive bound).
+copy as shipped and after an FP16 round trip, INT8 re-quantization and 1% weight noise
+(cohort, z), and the strength the build chose (FP16 steps per marked weight).
 
 Then the false-positive trial: `--trials` foreign files (a same-layout model with other
 weights: 65,536 weights, fixed seed) against a marked original, scored as `identify` scores
 (every cohort, masked positions), counting any named cohort — a wrong cohort — and the
 highest z; and a tenth as many marked copies after an FP16 round trip, counting wrong and
-missed cohorts. (1% weight noise and INT8 re-quantization need ≳ 1M weights: see
-tests/publish/test_watermark.py.)
+missed cohorts. Both are scored with identify's filtered differences (server/watermark.py).
 """
 
 from __future__ import annotations
@@ -145,6 +145,7 @@ def cell(model: Any, plat: str, cohorts: int, workdir: Path) -> dict[str, Any]:
                passed=len(marked.cohorts), psnr=gate.get("lowest_output_psnr_db"),
                error=(marked.error or gate.get("reason", ""))[:160],
                artifact_bytes=base.artifact.length, marked_weights=gate.get("marked_weights"),
+               strength=gate.get("strength"),
                snr=min((float(o.get("snr_db", np.inf)) for o in num), default=None))
     if marked.state == "ready" and marked.cohorts:
         unmarked = marked.artifact.path
@@ -208,20 +209,20 @@ def _named(r: dict[str, Any]) -> str:
 
 def table(rows: list[dict[str, Any]], cohorts: int) -> str:
     lines = [f"| model | platform | gate without (SNR dB) | {cohorts} cohorts passed "
-             "| marked weights | lowest PSNR dB | compile s without / with | stored MB one / "
-             "all | patch kB unmarked→c0 / c0→c1 | identify c1: shipped / FP16 / INT8 / "
-             "1% noise |", "|" + "---|" * 10]
+             "| marked weights | strength | lowest PSNR dB | compile s without / with "
+             "| stored MB one / all | patch kB unmarked→c0 / c0→c1 "
+             "| identify c1: shipped / FP16 / INT8 / 1% noise |", "|" + "---|" * 11]
     for r in rows:
         if r["base"] != "ready":
             lines.append(f"| {r['model']} | {r['platform']} | {r['base']} | — (baseline "
-                         f"fails: {r.get('error', '')}) | | | {r['base_s']:.1f} | | | |")
+                         f"fails: {r.get('error', '')}) | | | | {r['base_s']:.1f} | | | |")
             continue
         snr = "" if r.get("snr") in (None, np.inf) else f" ({r['snr']:.0f})"
         passed = f"{r['passed']}/{cohorts}" + ("" if r["state"] == "ready" and r["passed"]
                                                else f" — {r['gate']}: {r['error']}")
         lines.append(
             f"| {r['model']} | {r['platform']} | ready{snr} | {passed} | "
-            f"{r.get('marked_weights')} | {r['psnr']} | "
+            f"{r.get('marked_weights')} | {r.get('strength')} | {r['psnr']} | "
             f"{r['base_s']:.1f} / {r['marked_s']:.1f} | {_mb(r['artifact_bytes'])} / "
             f"{_mb(r.get('stored_bytes'))} | {_kb(r.get('patch_unmarked_to_c0'))} / "
             f"{_kb(r.get('patch_c0_to_c1'))} | {_named(r)} |")
