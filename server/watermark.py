@@ -122,12 +122,14 @@ def mask(key: bytes, name: str, n: int, density: float = DENSITY
 
 
 def embed(weights: Array, secret: bytes, cohort: int,
-          strength: float = DEFAULT_STRENGTH, name: str = "") -> Array:
+          strength: float = DEFAULT_STRENGTH, name: str = "", share: float = 1.0) -> Array:
     """`weights` (float16/float32, or int8/uint8 quantized ones; any shape) carrying cohort
-    `cohort`'s fingerprint for tensor `name`, in the same dtype and shape."""
+    `cohort`'s fingerprint for tensor `name`, in the same dtype and shape: float weights
+    `strength` FP16 steps off, on a `share` of the mask's positions (a subset of them: a
+    lower density of the same draws, so the detector's mask still covers them)."""
     flat = weights.reshape(-1)
     signs = pattern(secret, cohort, flat.size, name) * \
-        mask(secret, name, flat.size, density_for(weights.dtype))
+        mask(secret, name, flat.size, density_for(weights.dtype) * share)
     if weights.dtype in INT_DTYPES:
         info = np.iinfo(weights.dtype)
         moved = flat.astype(np.int16) + signs
@@ -201,13 +203,15 @@ def identify_tensors(leaked: Mapping[str, Array], original: Iterable[tuple[str, 
 def carries_mark(values: Array) -> np.ndarray[Any, np.dtype[np.bool_]]:
     """Where `embed` may move a weight (by its value alone): not a zero, a non-finite value
     or a huge constant; for integers, not at the type's ends (a step there is clipped)."""
+    out: np.ndarray[Any, np.dtype[np.bool_]]
     if values.dtype in INT_DTYPES:
         info = np.iinfo(values.dtype)
-        out: np.ndarray[Any, np.dtype[np.bool_]] = (values > info.min) & (values < info.max)
+        out = (values > info.min) & (values < info.max)
         return out
     w = values.astype(np.float32)
     with np.errstate(invalid="ignore"):
-        return np.isfinite(w) & (w != 0) & (np.abs(w) < LARGEST_MARKED)
+        out = np.isfinite(w) & (w != 0) & (np.abs(w) < LARGEST_MARKED)
+    return out
 
 
 def filtered(diff: Floats, reference: Array) -> np.ndarray[Any, np.dtype[np.float64]]:
@@ -251,10 +255,17 @@ def _groups(bucket: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return out
 
 
+def noise_z(marked: int, strength: float, share: float = 1.0) -> float:
+    """The z that `marked` float weights at `strength` FP16 steps are expected to score after
+    1% Gaussian noise of each weight's magnitude (one copy's z varies around it by ≈ ±1);
+    with a `share` of them moved, the others still scored: z falls by the share."""
+    return STEP_PER_NOISE * strength * share * math.sqrt(max(marked, 0))
+
+
 def strength_for(marked: int) -> int:
     """The strength (FP16 steps) at which `marked` weights score an expected z of `NOISE_Z`
-    after 1% weight noise (z ≈ `STEP_PER_NOISE`·k·√n), from 1 to `MAX_STRENGTH`."""
-    need = NOISE_Z / (STEP_PER_NOISE * math.sqrt(max(marked, 1)))
+    after 1% weight noise (`noise_z`), from 1 to `MAX_STRENGTH`."""
+    need = NOISE_Z / max(noise_z(marked, 1), 1e-9)
     return int(min(MAX_STRENGTH, max(1, math.ceil(need))))
 
 

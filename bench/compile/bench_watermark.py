@@ -241,13 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     print(f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {host.node()}, "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
-    t = trials(args.trials, args.cohorts)
-    print(f"foreign files: {t['foreign']}, cohorts named (wrong): {t['named']}, highest z "
-          f"{t['worst_z']:.2f} (bound {t['worst_bound']:.3g}); marked copies after FP16: "
-          f"{t['marked']}, wrong cohort {t['wrong']}, missed {t['missed']} "
-          f"({t['seconds']:.0f} s)")
+    if args.trials:  # --trials 0: the corpus cells only
+        t = trials(args.trials, args.cohorts)
+        print(f"foreign files: {t['foreign']}, cohorts named (wrong): {t['named']}, highest "
+              f"z {t['worst_z']:.2f} (bound {t['worst_bound']:.3g}); marked copies after "
+              f"FP16: {t['marked']}, wrong cohort {t['wrong']}, missed {t['missed']} "
+              f"({t['seconds']:.0f} s)")
     rows = []
-    models = corpus(args.models.split(",") if args.models else None)
+    wanted = args.models.split(",") if args.models else None
+    models = corpus(wanted)
+    if wanted:  # in the order asked for (small models first: a slow one last)
+        models.sort(key=lambda m: wanted.index(m.name))
     for m in models:
         for plat in args.platforms.split(","):
             with tempfile.TemporaryDirectory(prefix="mf-bench-wm-") as tmp:

@@ -17,8 +17,16 @@ The strength (how many FP16 steps a marked float weight moves): `wm.strength_for
 weights — what scores z ≈ 12 after 1% weight noise — capped by the outputs: cohort 0 is the
 probe; when its PSNR is under `MIN_PSNR_DB` + `PSNR_MARGIN_DB` the strength drops by the
 excess (PSNR falls by 20·log10 of the strength) and cohort 0 is made again, down to 1 (the
-scheme before strengths). Every cohort has the same strength; the gate record says which.
+scheme before strengths); the others start at cohort 0's strength. A cohort whose copy still
+falls under `MIN_PSNR_DB` (the cost varies by a few dB between cohorts: each marks other
+signs), or fails the numeric gate, is made again weaker, and at strength 1 an ONNX or Core
+ML copy marks a half, a quarter… of the marked positions (the detector scores all of them:
+its statistic and bound do not change) — some small models cannot afford even one FP16 step
+on 1/32 of their weights (ppocr-cls: 59 dB). The gate record holds the weakest strength and
+share any cohort got.
 Without reference outputs to measure (a target not runnable here) the strength stays 1.
+The gate record's `noise_z` is the z the copies are expected to score after 1% weight noise
+(`wm.noise_z`; ≥ 10 — 3 σ over the 7.05 that names one of 64 cohorts — is robust).
 
 A QNN artifact's weights are compiled into its context binary, so its copies are not
 re-marked files but the HTP's source graph marked in the HTP's precision and compiled again
@@ -85,7 +93,8 @@ def output_psnr_db(unmarked: list[Any], marked: list[Any]) -> float:
     return worst
 
 
-def mark_copy(src: Path, dest: Path, key: bytes, cohort: int, strength: int = 1) -> Path:
+def mark_copy(src: Path, dest: Path, key: bytes, cohort: int, strength: int = 1,
+              share: float = 1.0) -> Path:
     """A copy of the artifact `src` (file or .mlpackage directory) at `dest`, marked."""
     if dest.exists():
         shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
@@ -95,7 +104,7 @@ def mark_copy(src: Path, dest: Path, key: bytes, cohort: int, strength: int = 1)
     else:
         shutil.copyfile(src, dest)
     weights.rewrite(dest, lambda name, values: wm.embed(values, key, cohort, strength,
-                                                        name=name))
+                                                        name=name, share=share))
     return dest
 
 
@@ -152,59 +161,104 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         art.runnable_here else None
     worst_psnr, packed = math.inf, []
     strength = wm.strength_for(moved) if unmarked is not None else 1
-    c = 0
+    marks: list[tuple[int, float]] = []  # each packed cohort's (strength, share)
+    tag = f"[{art.target.variant}/{art.target.platform}]"
+    c, k, share = 0, strength, 1.0
     while c < spec.cohorts:
         try:
-            marked = _cohort_artifact(art, graph, pdir / "cohorts" / str(c), spec, c, strength)
+            marked = _cohort_artifact(art, graph, pdir / "cohorts" / str(c), spec, c, k, share)
         except Exception as e:  # the cohort's failure, named, not the worker's crash
-            return CohortResult([], _gate(spec, worst_psnr, "failed", strength),
+            return CohortResult([], _gate(spec, worst_psnr, "failed", marks),
                                 f"cohort {c}'s copy could not be made: {str(e)[:300]}")
         copy = marked.path
         if unmarked is not None:
             psnr = output_psnr_db(unmarked, compiler.run(marked, ref.feeds))
-            weaker = _weaker(strength, psnr) if c == 0 else strength
-            if weaker < strength:  # the probe: too strong for the outputs' budget
-                log(f"[{art.target.variant}/{art.target.platform}] watermark strength "
-                    f"{strength} costs the outputs {psnr:.1f} dB PSNR; using {weaker}")
-                strength = weaker
+            retry = _retry(k, share, psnr, c == 0, moved * share, graph is None, spec.cohorts)
+            if retry is not None:
+                log(f"{tag} cohort {c}'s watermark at strength {k}, share {share:g} costs "
+                    f"the outputs {psnr:.1f} dB PSNR; trying strength {retry[0]}, share "
+                    f"{retry[1]:g}")
+                if c == 0:  # the probe: where every other cohort starts
+                    strength = min(strength, retry[0])
+                k, share = retry
                 shutil.rmtree(copy.parent)
                 continue
             worst_psnr = min(worst_psnr, psnr)
             if psnr < MIN_PSNR_DB:
-                return CohortResult([], _gate(spec, worst_psnr, "failed", strength),
+                return CohortResult([], _gate(spec, worst_psnr, "failed", marks),
                                     f"cohort {c}'s watermark moves the outputs too much "
-                                    f"(PSNR {psnr:.1f} dB < {MIN_PSNR_DB:.0f} dB)")
+                                    f"(PSNR {psnr:.1f} dB < {MIN_PSNR_DB:.0f} dB, even at "
+                                    f"strength {k} on {share:g} of the marked weights)")
         num = numeric_gate(compiler, marked, _marked_request(request), ref, pdir.parent)
+        halved = _halved(k, share, moved * share, graph is None, spec.cohorts)
+        if num.status == "failed" and halved is not None:
+            log(f"{tag} cohort {c}'s artifact at strength {k}, share {share:g} failed the "
+                f"numeric gate ({num.reason[:120]}); trying strength {halved[0]}, share "
+                f"{halved[1]:g}")
+            if c == 0:
+                strength = min(strength, halved[0])
+            k, share = halved
+            shutil.rmtree(copy.parent)
+            continue
         if num.status == "failed":
-            return CohortResult([], _gate(spec, worst_psnr, "failed", strength),
+            return CohortResult([], _gate(spec, worst_psnr, "failed", marks),
                                 f"cohort {c}'s artifact failed the numeric gate: {num.reason}")
         packed.append(pack(copy, pdir / "packed-cohorts" / str(c)))
         shutil.rmtree(copy.parent)  # packed; the unpacked copy is no longer needed
-        c += 1
+        marks.append((k, share))
+        c, k, share = c + 1, strength, 1.0
     status = "passed" if unmarked is not None else "not_run"
-    log(f"[{art.target.variant}/{art.target.platform}] {spec.cohorts} watermarked cohort "
-        f"artifacts {status} at strength {strength}" +
-        (f", lowest output PSNR {worst_psnr:.1f} dB" if unmarked is not None else ""))
-    return CohortResult(packed, {**_gate(spec, worst_psnr, status, strength),
-                                 "marked_weights": moved})
+    gate = _gate(spec, worst_psnr, status, marks)
+    log(f"{tag} {spec.cohorts} watermarked cohort artifacts {status} at strength "
+        f"{gate['strength']}" + (f", lowest output PSNR {worst_psnr:.1f} dB"
+                                 if unmarked is not None else ""))
+    floats = art.precision is not Precision.INT8  # INT8 marks are integer steps, not k
+    noise = min(wm.noise_z(moved, k, share) for k, share in marks)
+    return CohortResult(packed, {**gate, "marked_weights": moved,
+                                 "noise_z": round(noise, 1) if floats else None})
+
+
+def _retry(strength: int, share: float, psnr: float, probe: bool, marked: float,
+           thinnable: bool, cohorts: int) -> tuple[int, float] | None:
+    """A weaker (strength, share) for a cohort whose copy costs the outputs `psnr`, or None
+    to keep it: under `MIN_PSNR_DB` (the probe, cohort 0: under it + `PSNR_MARGIN_DB`) the
+    strength drops by the excess; at strength 1 a tensor-marked copy (not QNN: its reader
+    needs every cohort on the same weights) marks half as many weights, while they still
+    name the cohort as shipped with room (4× `min_marked`)."""
+    if not psnr < MIN_PSNR_DB + (PSNR_MARGIN_DB if probe else 0):
+        return None
+    if strength > 1:
+        return _weaker(strength, psnr), share
+    return _halved(strength, share, marked, thinnable, cohorts) \
+        if psnr < MIN_PSNR_DB else None
+
+
+def _halved(strength: int, share: float, marked: float, thinnable: bool, cohorts: int
+            ) -> tuple[int, float] | None:
+    """Half the strength, or at strength 1 half the share (see `_retry`); None: no weaker
+    mark names the cohort."""
+    if strength > 1:
+        return strength // 2, share
+    if thinnable and marked / 2 >= 4 * min_marked(cohorts):
+        return 1, share / 2
+    return None
 
 
 def _weaker(strength: int, psnr: float) -> int:
-    """The strength whose PSNR keeps `PSNR_MARGIN_DB` over the gate's, from the probe's
-    `psnr` at `strength` (the outputs' error grows in proportion to the strength)."""
+    """The strength whose PSNR keeps `PSNR_MARGIN_DB` over the gate's, from `psnr` at
+    `strength` (the outputs' error grows in proportion to the strength); below `strength`."""
     excess = MIN_PSNR_DB + PSNR_MARGIN_DB - psnr
-    if not excess > 0 or strength <= 1:
-        return strength
     return max(1, min(strength - 1, math.floor(strength * 10 ** (-excess / 20))))
 
 
 def _cohort_artifact(art: CompiledArtifact, graph: Path | None, where: Path,
-                     spec: WatermarkSpec, c: int, strength: int) -> CompiledArtifact:
+                     spec: WatermarkSpec, c: int, strength: int, share: float
+                     ) -> CompiledArtifact:
     """Cohort c's copy of `art`: the artifact re-marked, or — for a QNN artifact — the HTP's
     source `graph` marked and compiled again (qnn_marks.py)."""
     if graph is None:
         return replace(art, path=mark_copy(art.path, where / art.path.name, spec.key, c,
-                                           strength))
+                                           strength, share))
     qnn_marks.mark_graph(graph, where / "graph.onnx", spec.key, c, art.precision, strength)
     return qnn_marks.compile_cohort(art, where / "graph.onnx", where / art.path.name)
 
@@ -218,8 +272,10 @@ def _marked_request(request: CompileRequest) -> CompileRequest:
     return replace(request, settings={**request.settings, "numeric": numeric})
 
 
-def _gate(spec: WatermarkSpec, worst_psnr: float, status: str, strength: int = 1
-          ) -> dict[str, Any]:
+def _gate(spec: WatermarkSpec, worst_psnr: float, status: str,
+          marks: list[tuple[int, float]]) -> dict[str, Any]:
+    """The watermark gate's record; `strength`/`share`: the weakest any cohort got."""
     return {"status": status, "cohorts": spec.cohorts, "min_psnr_db": MIN_PSNR_DB,
-            "strength": strength,
+            "strength": min((k for k, _ in marks), default=None),
+            "share": min((s for _, s in marks), default=None),
             "lowest_output_psnr_db": None if math.isinf(worst_psnr) else round(worst_psnr, 2)}
