@@ -14,19 +14,19 @@ passes two checks before it is packed, else the outcome fails naming the cohort:
   move by FP16 steps on purpose, so that an FP16 conversion cannot wash the mark out.
 
 The strength (how many FP16 steps a marked float weight moves): `wm.strength_for` the marked
-weights — what scores z ≈ 12 after 1% weight noise — capped by the outputs: cohort 0 is the
-probe; when its PSNR is under `MIN_PSNR_DB` + `PSNR_MARGIN_DB` the strength drops by the
+weights — what scores z ≈ 12 after 1% weight noise — capped by the outputs. Cohort 0 is the
+probe: when its PSNR is under `MIN_PSNR_DB` + `PSNR_MARGIN_DB` the strength drops by the
 excess (PSNR falls by 20·log10 of the strength) and cohort 0 is made again, down to 1 (the
-scheme before strengths); the others start at cohort 0's strength. A cohort whose copy still
-falls under `MIN_PSNR_DB` (the cost varies by a few dB between cohorts: each marks other
-signs), or fails the numeric gate, is made again weaker, and at strength 1 an ONNX or Core
-ML copy marks a half, a quarter… of the marked positions (the detector scores all of them:
-its statistic and bound do not change) — some small models cannot afford even one FP16 step
-on 1/32 of their weights (ppocr-cls: 59 dB). The gate record holds the weakest strength and
-share any cohort got.
-Without reference outputs to measure (a target not runnable here) the strength stays 1.
-The gate record's `noise_z` is the z the copies are expected to score after 1% weight noise
-(`wm.noise_z`; ≥ 10 — 3 σ over the 7.05 that names one of 64 cohorts — is robust).
+scheme before strengths). A copy still under `MIN_PSNR_DB` at strength 1, or failing the
+numeric gate, is made again weaker: at strength 1 an ONNX or Core ML copy marks only a share
+(1/2, 1/4, …: 3 dB each) of the marked positions — the detector scores all of them, so its
+statistic and bound do not change; some models cannot afford one FP16 step on 1/32 of their
+weights (ppocr-det: 53 dB). The other cohorts start where cohort 0 ended (the cost varies by
+a few dB between cohorts, so each may still step down). The gate record holds the weakest
+strength and share any cohort got, and `noise_z`: the z the copies are expected to score
+after 1% weight noise (`wm.noise_z`; ≥ 10 — 3 σ over the 7.05 that names one of 64 cohorts
+— is robust). Without reference outputs to measure (a target not runnable here) the
+strength stays 1.
 
 A QNN artifact's weights are compiled into its context binary, so its copies are not
 re-marked files but the HTP's source graph marked in the HTP's precision and compiled again
@@ -163,7 +163,8 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
     strength = wm.strength_for(moved) if unmarked is not None else 1
     marks: list[tuple[int, float]] = []  # each packed cohort's (strength, share)
     tag = f"[{art.target.variant}/{art.target.platform}]"
-    c, k, share = 0, strength, 1.0
+    start_share = 1.0
+    c, k, share = 0, strength, start_share
     while c < spec.cohorts:
         try:
             marked = _cohort_artifact(art, graph, pdir / "cohorts" / str(c), spec, c, k, share)
@@ -178,9 +179,9 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
                 log(f"{tag} cohort {c}'s watermark at strength {k}, share {share:g} costs "
                     f"the outputs {psnr:.1f} dB PSNR; trying strength {retry[0]}, share "
                     f"{retry[1]:g}")
-                if c == 0:  # the probe: where every other cohort starts
-                    strength = min(strength, retry[0])
                 k, share = retry
+                if c == 0:  # the probe: where every other cohort starts
+                    strength, start_share = k, share
                 shutil.rmtree(copy.parent)
                 continue
             worst_psnr = min(worst_psnr, psnr)
@@ -195,9 +196,9 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
             log(f"{tag} cohort {c}'s artifact at strength {k}, share {share:g} failed the "
                 f"numeric gate ({num.reason[:120]}); trying strength {halved[0]}, share "
                 f"{halved[1]:g}")
-            if c == 0:
-                strength = min(strength, halved[0])
             k, share = halved
+            if c == 0:
+                strength, start_share = k, share
             shutil.rmtree(copy.parent)
             continue
         if num.status == "failed":
@@ -206,7 +207,7 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         packed.append(pack(copy, pdir / "packed-cohorts" / str(c)))
         shutil.rmtree(copy.parent)  # packed; the unpacked copy is no longer needed
         marks.append((k, share))
-        c, k, share = c + 1, strength, 1.0
+        c, k, share = c + 1, strength, start_share
     status = "passed" if unmarked is not None else "not_run"
     gate = _gate(spec, worst_psnr, status, marks)
     log(f"{tag} {spec.cohorts} watermarked cohort artifacts {status} at strength "
@@ -223,25 +224,30 @@ def _retry(strength: int, share: float, psnr: float, probe: bool, marked: float,
     """A weaker (strength, share) for a cohort whose copy costs the outputs `psnr`, or None
     to keep it: under `MIN_PSNR_DB` (the probe, cohort 0: under it + `PSNR_MARGIN_DB`) the
     strength drops by the excess; at strength 1 a tensor-marked copy (not QNN: its reader
-    needs every cohort on the same weights) marks half as many weights, while they still
-    name the cohort as shipped with room (4× `min_marked`)."""
+    needs every cohort on the same weights) marks fewer weights — halved once per 3 dB of
+    the excess — while they still name the cohort as shipped with room (4× `min_marked`)."""
     if not psnr < MIN_PSNR_DB + (PSNR_MARGIN_DB if probe else 0):
         return None
     if strength > 1:
         return _weaker(strength, psnr), share
-    return _halved(strength, share, marked, thinnable, cohorts) \
-        if psnr < MIN_PSNR_DB else None
+    if psnr < MIN_PSNR_DB:  # the outputs' error power falls with the share: 3 dB a halving
+        excess = min(MIN_PSNR_DB + PSNR_MARGIN_DB - psnr, 100.0)  # -inf: as far as it goes
+        return _halved(strength, share, marked, thinnable, cohorts,
+                       math.ceil(excess / (10 * math.log10(2))))
+    return None
 
 
-def _halved(strength: int, share: float, marked: float, thinnable: bool, cohorts: int
-            ) -> tuple[int, float] | None:
-    """Half the strength, or at strength 1 half the share (see `_retry`); None: no weaker
-    mark names the cohort."""
+def _halved(strength: int, share: float, marked: float, thinnable: bool, cohorts: int,
+            times: int = 1) -> tuple[int, float] | None:
+    """Half the strength, or at strength 1 the share halved `times` times (or as often as
+    the marked weights still name the cohort with room: 4× `min_marked`; see `_retry`);
+    None: no weaker mark names the cohort."""
     if strength > 1:
         return strength // 2, share
-    if thinnable and marked / 2 >= 4 * min_marked(cohorts):
-        return 1, share / 2
-    return None
+    room = math.floor(math.log2(max(marked, 1) / (4 * min_marked(cohorts))))
+    if not thinnable or room < 1:
+        return None
+    return 1, share / 2 ** max(1, min(times, room))
 
 
 def _weaker(strength: int, psnr: float) -> int:
