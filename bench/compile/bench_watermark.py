@@ -11,7 +11,8 @@ against the unmarked artifact, compile seconds of both runs, the bytes stored (o
 vs every copy), the patch bytes from the unmarked artifact to cohort 0 and from cohort 0 to
 cohort 1 (server/delta, as the patch worker makes them), and identification of cohort 1's
 copy as shipped and after an FP16 round trip, INT8 re-quantization and 1% weight noise
-(cohort, z), and the strength the build chose (FP16 steps per marked weight).
+(cohort, z), and the weakest cohort's strength (FP16 steps per marked weight) × share of the
+marked positions, with the z it is expected to score after 1% noise (server/watermark.py).
 
 Then the false-positive trial: `--trials` foreign files (a same-layout model with other
 weights: 65,536 weights, fixed seed) against a marked original, scored as `identify` scores
@@ -145,7 +146,8 @@ def cell(model: Any, plat: str, cohorts: int, workdir: Path) -> dict[str, Any]:
                passed=len(marked.cohorts), psnr=gate.get("lowest_output_psnr_db"),
                error=(marked.error or gate.get("reason", ""))[:160],
                artifact_bytes=base.artifact.length, marked_weights=gate.get("marked_weights"),
-               strength=gate.get("strength"),
+               strength=gate.get("strength"), share=gate.get("share"),
+               noise_z=gate.get("noise_z"),
                snr=min((float(o.get("snr_db", np.inf)) for o in num), default=None))
     if marked.state == "ready" and marked.cohorts:
         unmarked = marked.artifact.path
@@ -207,9 +209,19 @@ def _named(r: dict[str, Any]) -> str:
                                                             for a in ATTACKS))
 
 
+def _strength(r: dict[str, Any]) -> str:
+    """The weakest cohort's strength and share, and the z expected after 1% noise."""
+    if r.get("strength") is None:
+        return "—"
+    share = r.get("share") or 1
+    return f"{r['strength']}" + ("" if share == 1 else f" × 1/{round(1 / share)}") + \
+        ("" if r.get("noise_z") is None else f" ({r['noise_z']:.0f})")
+
+
 def table(rows: list[dict[str, Any]], cohorts: int) -> str:
     lines = [f"| model | platform | gate without (SNR dB) | {cohorts} cohorts passed "
-             "| marked weights | strength | lowest PSNR dB | compile s without / with "
+             "| marked weights | strength × share (noise z) | lowest PSNR dB "
+             "| compile s without / with "
              "| stored MB one / all | patch kB unmarked→c0 / c0→c1 "
              "| identify c1: shipped / FP16 / INT8 / 1% noise |", "|" + "---|" * 11]
     for r in rows:
@@ -222,7 +234,7 @@ def table(rows: list[dict[str, Any]], cohorts: int) -> str:
                                                else f" — {r['gate']}: {r['error']}")
         lines.append(
             f"| {r['model']} | {r['platform']} | ready{snr} | {passed} | "
-            f"{r.get('marked_weights')} | {r.get('strength')} | {r['psnr']} | "
+            f"{r.get('marked_weights')} | {_strength(r)} | {r['psnr']} | "
             f"{r['base_s']:.1f} / {r['marked_s']:.1f} | {_mb(r['artifact_bytes'])} / "
             f"{_mb(r.get('stored_bytes'))} | {_kb(r.get('patch_unmarked_to_c0'))} / "
             f"{_kb(r.get('patch_c0_to_c1'))} | {_named(r)} |")
