@@ -7,10 +7,12 @@ weight tensor, a pattern of ±1 signs drawn from a generator seeded with
 HMAC-SHA256(key, "mf-watermark:<c>:<tensor name>") — keyed per tensor, so a copy whose
 tensors were reordered, dropped or renamed by a re-quantizer is still scored on the ones it
 kept. A keyed share `DENSITY` (1/32) of each tensor's weights — the same positions for every
-cohort — moves by one step of the artifact's own precision in the pattern's direction: a
-float weight by `strength` (default 1) of its float16 step (ulp), computed and rounded in
-the artifact's dtype (a float16 weight moves by a whole float16 step, which no float16 ↔
-float32 round trip undoes), an INT8/UINT8 weight by one integer step. Sparse, because a
+cohort — moves in the pattern's direction: a float weight by `strength` (an integer k, 1 to
+`MAX_STRENGTH`, chosen per artifact: `strength_for`) of its float16 steps (ulp), computed
+and rounded in the artifact's dtype (a float16 weight moves by whole float16 steps, which no
+float16 ↔ float32 round trip undoes), an INT8/UINT8 weight by one integer step; `share` < 1
+moves only that share of the positions (a subset: the same draws under a lower density), for
+models whose outputs cannot afford one step on all of them. Sparse, because a
 float16 or int8 weight cannot move by less than a step, and a step on every weight costs the
 outputs ≈ 15 dB more (√32); the detector knows the mask, so noise on the other weights does
 not dilute it. Quantized weights are marked far more sparsely (`INT_DENSITY`, 1/8192): one

@@ -57,6 +57,7 @@ from server.compile.types import CompiledArtifact, CompileRequest, Precision
 
 MIN_PSNR_DB = 60.0
 PSNR_MARGIN_DB = 4.0  # kept over MIN_PSNR_DB by cohort 0, so the other cohorts pass too
+THINNEST = 2  # a share keeps ≥ 2× min_marked weights: z ≥ 10 as shipped (7.05 names one)
 MARKED_FORMATS = ("onnx", "mlpackage", "onnx-epcontext")
 Log = Callable[[str], None]
 
@@ -225,7 +226,8 @@ def _retry(strength: int, share: float, psnr: float, probe: bool, marked: float,
     to keep it: under `MIN_PSNR_DB` (the probe, cohort 0: under it + `PSNR_MARGIN_DB`) the
     strength drops by the excess; at strength 1 a tensor-marked copy (not QNN: its reader
     needs every cohort on the same weights) marks fewer weights — halved once per 3 dB of
-    the excess — while they still name the cohort as shipped with room (4× `min_marked`)."""
+    the excess — while they still name the cohort as shipped with room (`THINNEST` ×
+    `min_marked`)."""
     if not psnr < MIN_PSNR_DB + (PSNR_MARGIN_DB if probe else 0):
         return None
     if strength > 1:
@@ -240,11 +242,11 @@ def _retry(strength: int, share: float, psnr: float, probe: bool, marked: float,
 def _halved(strength: int, share: float, marked: float, thinnable: bool, cohorts: int,
             times: int = 1) -> tuple[int, float] | None:
     """Half the strength, or at strength 1 the share halved `times` times (or as often as
-    the marked weights still name the cohort with room: 4× `min_marked`; see `_retry`);
+    the marked weights still name the cohort with room: `THINNEST` × `min_marked`; see `_retry`);
     None: no weaker mark names the cohort."""
     if strength > 1:
         return strength // 2, share
-    room = math.floor(math.log2(max(marked, 1) / (4 * min_marked(cohorts))))
+    room = math.floor(math.log2(max(marked, 1) / (THINNEST * min_marked(cohorts))))
     if not thinnable or room < 1:
         return None
     return 1, share / 2 ** max(1, min(times, room))
