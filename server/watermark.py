@@ -7,10 +7,12 @@ weight tensor, a pattern of ±1 signs drawn from a generator seeded with
 HMAC-SHA256(key, "mf-watermark:<c>:<tensor name>") — keyed per tensor, so a copy whose
 tensors were reordered, dropped or renamed by a re-quantizer is still scored on the ones it
 kept. A keyed share `DENSITY` (1/32) of each tensor's weights — the same positions for every
-cohort — moves by one step of the artifact's own precision in the pattern's direction: a
-float weight by `strength` (default 1) of its float16 step (ulp), computed and rounded in
-the artifact's dtype (a float16 weight moves by a whole float16 step, which no float16 ↔
-float32 round trip undoes), an INT8/UINT8 weight by one integer step. Sparse, because a
+cohort — moves in the pattern's direction: a float weight by `strength` (an integer k, 1 to
+`MAX_STRENGTH`, chosen per artifact: `strength_for`) of its float16 steps (ulp), computed
+and rounded in the artifact's dtype (a float16 weight moves by whole float16 steps, which no
+float16 ↔ float32 round trip undoes), an INT8/UINT8 weight by one integer step; `share` < 1
+moves only that share of the positions (a subset: the same draws under a lower density), for
+models whose outputs cannot afford one step on all of them. Sparse, because a
 float16 or int8 weight cannot move by less than a step, and a step on every weight costs the
 outputs ≈ 15 dB more (√32); the detector knows the mask, so noise on the other weights does
 not dilute it. Quantized weights are marked far more sparsely (`INT_DENSITY`, 1/8192): one
@@ -23,12 +25,29 @@ Zeros (pruned weights), non-finite values and huge constants (|w| ≥ 1e4: masks
 stay as they are.
 
 Identifying (informed: the server keeps each release's unmarked artifact): d = leaked −
-original over the masked positions of the tensors both hold, and for each cohort z_c = ⟨d,
-p_c⟩ / ‖d‖. The patterns are keyed random signs independent of d for every cohort but the
-embedded one, so by Hoeffding's inequality P(z_c ≥ t) ≤ exp(−t²/2) for each of them,
-whatever d is; the false-positive probability of naming the best cohort is bounded by
-N·exp(−z²/2) (a union over the N cohorts), and a cohort is named only when that bound is ≤
-`max_false_positive` (default 1e-9). A foreign or unmarked file gives "none".
+original over the masked positions that carry a mark (not the zeros, non-finite values and
+huge constants `embed` leaves alone) of the tensors both hold. Each difference is measured in
+its own weight's mark step (r = d / step: ±strength as shipped) and weighted by the inverse
+of the noise variance around it (`filtered`: a matched filter), that variance estimated from
+r itself over the weights of about the same magnitude in the same tensor — so 1% noise
+(which grows with |w|, ~15 steps), an INT8 re-quantization (the same absolute error on every
+weight of a tensor: many steps of a small weight, few of a large one) and an FP16 round trip
+are each scored with the weights that carry the mark best under them. (Unweighted, the large
+weights' noise drowned every mark under 1% noise.) For each cohort z_c = ⟨x, p_c⟩ / ‖x‖ over
+the filtered differences x. The weights depend only on the original and the leaked file, and
+the patterns are keyed random signs independent of both for every cohort but the embedded
+one, so by Hoeffding's inequality P(z_c ≥ t) ≤ exp(−t²/2) for each of them, whatever x is;
+the false-positive probability of naming the best cohort is bounded by N·exp(−z²/2) (a union
+over the N cohorts), and a cohort is named only when that bound is ≤ `max_false_positive`
+(default 1e-9). A foreign or unmarked file gives "none". The detector does not need the
+strength a copy was marked with: files marked before strengths existed (strength 1) are read
+the same way.
+
+Robustness, the arithmetic (docs/security.md): under 1% Gaussian noise of each weight's
+magnitude an FP16 step is on average `STEP_PER_NOISE` (0.072) of the noise's σ, so n marked
+weights at strength k score z ≈ 0.072·k·√n; naming one of 64 cohorts at 1e-9 needs 7.05.
+`strength_for` picks the k that puts the expected z at `NOISE_Z`; its cost to the outputs is
+20·log10(k) dB of PSNR, which server/compile/cohorts.py caps by what the gate allows.
 """
 
 from __future__ import annotations
@@ -51,6 +70,14 @@ DENSITY = 1 / 32  # share of a tensor's weights moved by one step (see the docst
 INT_DENSITY = 1 / 8192  # the same for quantized (int8/uint8) weights (see the docstring)
 LARGEST_MARKED = 1e4  # above: masks and sentinels (-1e9, 65504), never weights
 MAX_FALSE_POSITIVE = 1e-9
+# Strength (in FP16 steps): the expected z under 1% weight noise that `strength_for` aims at
+# (7.05 names one of 64 cohorts at 1e-9; the z of one copy varies with a σ of ≈ 1, so 12 is
+# 5 σ over it), the rms ratio of an FP16 step to 1% of |w| over a binade (100/1024 · √(3/8 /
+# ln 2)), and the largest strength used (a bit-pattern distance qnn_marks.py still reads).
+NOISE_Z = 12.0
+STEP_PER_NOISE = 0.072
+MAX_STRENGTH = 16
+MIN_BUCKET = 64  # weights a noise estimate is made from, at least (`filtered`)
 
 
 @dataclass(frozen=True)
@@ -97,12 +124,14 @@ def mask(key: bytes, name: str, n: int, density: float = DENSITY
 
 
 def embed(weights: Array, secret: bytes, cohort: int,
-          strength: float = DEFAULT_STRENGTH, name: str = "") -> Array:
+          strength: float = DEFAULT_STRENGTH, name: str = "", share: float = 1.0) -> Array:
     """`weights` (float16/float32, or int8/uint8 quantized ones; any shape) carrying cohort
-    `cohort`'s fingerprint for tensor `name`, in the same dtype and shape."""
+    `cohort`'s fingerprint for tensor `name`, in the same dtype and shape: float weights
+    `strength` FP16 steps off, on a `share` of the mask's positions (a subset of them: a
+    lower density of the same draws, so the detector's mask still covers them)."""
     flat = weights.reshape(-1)
     signs = pattern(secret, cohort, flat.size, name) * \
-        mask(secret, name, flat.size, density_for(weights.dtype))
+        mask(secret, name, flat.size, density_for(weights.dtype) * share)
     if weights.dtype in INT_DTYPES:
         info = np.iinfo(weights.dtype)
         moved = flat.astype(np.int16) + signs
@@ -121,8 +150,8 @@ def embed(weights: Array, secret: bytes, cohort: int,
 
 def scores(diff: Floats, rows: np.ndarray[Any, np.dtype[np.float32]]
            ) -> np.ndarray[Any, np.dtype[np.float64]]:
-    """z for every copy (rows of `diff`: leaked − original, flattened) and every cohort's
-    pattern (rows of `rows`): shape (copies, cohorts)."""
+    """z for every copy (rows of `diff`: its differences as `filtered` weighs them, over the
+    marked positions) and every cohort's pattern (rows of `rows`): shape (copies, cohorts)."""
     d = np.atleast_2d(np.asarray(diff, dtype=np.float32))
     norm = np.linalg.norm(d, axis=1, keepdims=True).astype(np.float64)
     z = (d @ rows.T).astype(np.float64)
@@ -157,20 +186,89 @@ def identify_tensors(leaked: Mapping[str, Array], original: Iterable[tuple[str, 
         copy = leaked.get(name)
         if copy is None or copy.size != values.size:
             continue
-        marked = mask(key, name, values.size, density_for(values.dtype))
-        d = (copy.astype(np.float32).reshape(-1) - values.astype(np.float32).reshape(-1))[marked]
-        d = np.nan_to_num(d, nan=0.0, posinf=0.0, neginf=0.0)
-        norm2 += float(np.dot(d.astype(np.float64), d.astype(np.float64)))
-        compared += d.size
+        flat = values.reshape(-1)
+        at = mask(key, name, flat.size, density_for(values.dtype)) & carries_mark(flat)
+        d = copy.astype(np.float32).reshape(-1)[at] - flat[at].astype(np.float32)
+        x = filtered(d, flat[at])
+        norm2 += float(np.dot(x, x))
+        compared += x.size
         for c in range(cohorts):
-            signs = pattern(key, c, values.size, name)[marked]
-            dots[c] += float(np.dot(d, signs.astype(np.float32)))
+            dots[c] += float(np.dot(x, pattern(key, c, flat.size, name)[at]))
     if norm2 <= 0:
         return Identified(None, 0.0, 1.0, compared)
     z = dots / math.sqrt(norm2)
     best = int(np.argmax(z))
     p = false_positive(float(z[best]), cohorts)
     return Identified(best if p <= max_false_positive else None, float(z[best]), p, compared)
+
+
+def carries_mark(values: Array) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Where `embed` may move a weight (by its value alone): not a zero, a non-finite value
+    or a huge constant; for integers, not at the type's ends (a step there is clipped)."""
+    out: np.ndarray[Any, np.dtype[np.bool_]]
+    if values.dtype in INT_DTYPES:
+        info = np.iinfo(values.dtype)
+        out = (values > info.min) & (values < info.max)
+        return out
+    w = values.astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        out = np.isfinite(w) & (w != 0) & (np.abs(w) < LARGEST_MARKED)
+    return out
+
+
+def filtered(diff: Floats, reference: Array) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """The matched filter (see the module docstring): each difference (the last axis of
+    `diff`: leaked − original; rows are copies) in steps of its weight's mark (`reference`:
+    the original's values there, float or integer), divided by the noise variance around it,
+    estimated per bucket of about the same magnitude (one FP16 exponent, a quarter of its
+    mantissa range: within a bucket |w| varies by < 25%; a bucket of fewer than
+    `MIN_BUCKET` weights shares its neighbours'). It depends on the original and the leaked
+    values only, never on a cohort's pattern: the Hoeffding bound holds for it."""
+    d = np.nan_to_num(np.atleast_2d(np.asarray(diff, dtype=np.float64)),
+                      nan=0.0, posinf=0.0, neginf=0.0)
+    if reference.dtype in INT_DTYPES or reference.size == 0:
+        r, bucket = d, np.zeros(reference.size, dtype=np.intp)
+    else:
+        a = np.minimum(np.abs(reference.astype(np.float32)), 65504).astype(np.float16)
+        r = d / np.spacing(a).astype(np.float64)
+        bucket = (a.view(np.uint16) >> 8).astype(np.intp)  # exponent, 2 mantissa bits
+    group = _groups(bucket)
+    counts = np.bincount(group).astype(np.float64)
+    var = np.stack([np.bincount(group, weights=row * row, minlength=counts.size)
+                    for row in r]) / np.maximum(counts, 1)
+    v = var[:, group]
+    out: np.ndarray[Any, np.dtype[np.float64]] = np.divide(
+        r, v, out=np.zeros_like(r), where=v > 0)
+    return out if np.ndim(diff) > 1 else out[0]
+
+
+def _groups(bucket: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Magnitude buckets merged in order of magnitude until each holds `MIN_BUCKET` weights
+    (the last, smaller remainder joins the one before): one group index per weight."""
+    counts = np.bincount(bucket)
+    of_bucket, group, held = np.zeros(counts.size, dtype=np.intp), 0, 0
+    for b in np.flatnonzero(counts):
+        if held >= MIN_BUCKET:
+            group, held = group + 1, 0
+        of_bucket[b], held = group, held + int(counts[b])
+    if held < MIN_BUCKET and group > 0:
+        of_bucket[of_bucket == group] = group - 1
+    out: np.ndarray[Any, Any] = of_bucket[bucket]
+    return out
+
+
+def noise_z(marked: int, strength: float, share: float = 1.0) -> float:
+    """The z that `marked` float weights at `strength` FP16 steps are expected to score after
+    1% Gaussian noise of each weight's magnitude (one copy's z varies around it by ≈ ±1);
+    with a `share` of them moved, the others still scored: z falls by the share."""
+    return STEP_PER_NOISE * strength * share * math.sqrt(max(marked, 0))
+
+
+def strength_for(marked: int) -> int:
+    """The strength (FP16 steps) at which `marked` weights score an expected z of `NOISE_Z`
+    after 1% weight noise (`noise_z`), from 1 to `MAX_STRENGTH`."""
+    need = NOISE_Z / max(noise_z(marked, 1), 1e-9)
+    return int(min(MAX_STRENGTH, max(1, math.ceil(need))))
 
 
 def release_key(secret: bytes, model: str, version: str) -> bytes:

@@ -10,14 +10,15 @@ artifacts passed (every one must, when the baseline does), the lowest output PSN
 against the unmarked artifact, compile seconds of both runs, the bytes stored (one artifact
 vs every copy), the patch bytes from the unmarked artifact to cohort 0 and from cohort 0 to
 cohort 1 (server/delta, as the patch worker makes them), and identification of cohort 1's
-copy as shipped (z, false-positive bound).
+copy as shipped and after an FP16 round trip, INT8 re-quantization and 1% weight noise
+(cohort, z), and the weakest cohort's strength (FP16 steps per marked weight) × share of the
+marked positions, with the z it is expected to score after 1% noise (server/watermark.py).
 
 Then the false-positive trial: `--trials` foreign files (a same-layout model with other
 weights: 65,536 weights, fixed seed) against a marked original, scored as `identify` scores
 (every cohort, masked positions), counting any named cohort — a wrong cohort — and the
 highest z; and a tenth as many marked copies after an FP16 round trip, counting wrong and
-missed cohorts. (1% weight noise and INT8 re-quantization need ≳ 1M weights: see
-tests/publish/test_watermark.py.)
+missed cohorts. Both are scored with identify's filtered differences (server/watermark.py).
 """
 
 from __future__ import annotations
@@ -145,6 +146,8 @@ def cell(model: Any, plat: str, cohorts: int, workdir: Path) -> dict[str, Any]:
                passed=len(marked.cohorts), psnr=gate.get("lowest_output_psnr_db"),
                error=(marked.error or gate.get("reason", ""))[:160],
                artifact_bytes=base.artifact.length, marked_weights=gate.get("marked_weights"),
+               strength=gate.get("strength"), share=gate.get("share"),
+               noise_z=gate.get("noise_z"),
                snr=min((float(o.get("snr_db", np.inf)) for o in num), default=None))
     if marked.state == "ready" and marked.cohorts:
         unmarked = marked.artifact.path
@@ -170,7 +173,7 @@ def trials(n_trials: int, cohorts: int, n: int = 65_536) -> dict[str, Any]:
     for done in range(0, n_trials, 1000):
         batch = min(1000, n_trials - done)
         foreign = (rng.standard_normal((batch, n)) * 0.05).astype(np.float32)
-        z = wm.scores((foreign - original)[:, mask], rows)
+        z = wm.scores(wm.filtered((foreign - original)[:, mask], original[mask]), rows)
         worst = max(worst, float(z.max()))
         named += int(sum(wm.false_positive(float(v), cohorts) <= wm.MAX_FALSE_POSITIVE
                          for v in z.max(axis=1)))
@@ -178,7 +181,7 @@ def trials(n_trials: int, cohorts: int, n: int = 65_536) -> dict[str, Any]:
     for t in range(n_trials // 10):  # marked copies: 1/10 as many (each is a real embed)
         c = t % cohorts
         copy = wm.embed(original, KEY, c, name="w").astype(np.float16).astype(np.float32)
-        z = wm.scores((copy - original)[mask][None, :], rows)[0]
+        z = wm.scores(wm.filtered((copy - original)[mask][None, :], original[mask]), rows)[0]
         best = int(np.argmax(z))
         if wm.false_positive(float(z[best]), cohorts) > wm.MAX_FALSE_POSITIVE:
             missed += 1
@@ -206,22 +209,32 @@ def _named(r: dict[str, Any]) -> str:
                                                             for a in ATTACKS))
 
 
+def _strength(r: dict[str, Any]) -> str:
+    """The weakest cohort's strength and share, and the z expected after 1% noise."""
+    if r.get("strength") is None:
+        return "—"
+    share = r.get("share") or 1
+    return f"{r['strength']}" + ("" if share == 1 else f" × 1/{round(1 / share)}") + \
+        ("" if r.get("noise_z") is None else f" ({r['noise_z']:.0f})")
+
+
 def table(rows: list[dict[str, Any]], cohorts: int) -> str:
     lines = [f"| model | platform | gate without (SNR dB) | {cohorts} cohorts passed "
-             "| marked weights | lowest PSNR dB | compile s without / with | stored MB one / "
-             "all | patch kB unmarked→c0 / c0→c1 | identify c1: shipped / FP16 / INT8 / "
-             "1% noise |", "|" + "---|" * 10]
+             "| marked weights | strength × share (noise z) | lowest PSNR dB "
+             "| compile s without / with "
+             "| stored MB one / all | patch kB unmarked→c0 / c0→c1 "
+             "| identify c1: shipped / FP16 / INT8 / 1% noise |", "|" + "---|" * 11]
     for r in rows:
         if r["base"] != "ready":
             lines.append(f"| {r['model']} | {r['platform']} | {r['base']} | — (baseline "
-                         f"fails: {r.get('error', '')}) | | | {r['base_s']:.1f} | | | |")
+                         f"fails: {r.get('error', '')}) | | | | {r['base_s']:.1f} | | | |")
             continue
         snr = "" if r.get("snr") in (None, np.inf) else f" ({r['snr']:.0f})"
         passed = f"{r['passed']}/{cohorts}" + ("" if r["state"] == "ready" and r["passed"]
                                                else f" — {r['gate']}: {r['error']}")
         lines.append(
             f"| {r['model']} | {r['platform']} | ready{snr} | {passed} | "
-            f"{r.get('marked_weights')} | {r['psnr']} | "
+            f"{r.get('marked_weights')} | {_strength(r)} | {r['psnr']} | "
             f"{r['base_s']:.1f} / {r['marked_s']:.1f} | {_mb(r['artifact_bytes'])} / "
             f"{_mb(r.get('stored_bytes'))} | {_kb(r.get('patch_unmarked_to_c0'))} / "
             f"{_kb(r.get('patch_c0_to_c1'))} | {_named(r)} |")
@@ -240,13 +253,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     print(f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {host.node()}, "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
-    t = trials(args.trials, args.cohorts)
-    print(f"foreign files: {t['foreign']}, cohorts named (wrong): {t['named']}, highest z "
-          f"{t['worst_z']:.2f} (bound {t['worst_bound']:.3g}); marked copies after FP16: "
-          f"{t['marked']}, wrong cohort {t['wrong']}, missed {t['missed']} "
-          f"({t['seconds']:.0f} s)")
+    if args.trials:  # --trials 0: the corpus cells only
+        t = trials(args.trials, args.cohorts)
+        print(f"foreign files: {t['foreign']}, cohorts named (wrong): {t['named']}, highest "
+              f"z {t['worst_z']:.2f} (bound {t['worst_bound']:.3g}); marked copies after "
+              f"FP16: {t['marked']}, wrong cohort {t['wrong']}, missed {t['missed']} "
+              f"({t['seconds']:.0f} s)")
     rows = []
-    models = corpus(args.models.split(",") if args.models else None)
+    wanted = args.models.split(",") if args.models else None
+    models = corpus(wanted)
+    if wanted:  # in the order asked for (small models first: a slow one last)
+        models.sort(key=lambda m: wanted.index(m.name))
     for m in models:
         for plat in args.platforms.split(","):
             with tempfile.TemporaryDirectory(prefix="mf-bench-wm-") as tmp:

@@ -13,6 +13,21 @@ passes two checks before it is packed, else the outcome fails naming the cohort:
   unmarked artifact has passed) is the watermark's 60 dB for its copies: their FP32 weights
   move by FP16 steps on purpose, so that an FP16 conversion cannot wash the mark out.
 
+The strength (how many FP16 steps a marked float weight moves): `wm.strength_for` the marked
+weights — what scores z ≈ 12 after 1% weight noise — capped by the outputs. Cohort 0 is the
+probe: when its PSNR is under `MIN_PSNR_DB` + `PSNR_MARGIN_DB` the strength drops by the
+excess (PSNR falls by 20·log10 of the strength) and cohort 0 is made again, down to 1 (the
+scheme before strengths). A copy still under `MIN_PSNR_DB` at strength 1, or failing the
+numeric gate, is made again weaker: at strength 1 an ONNX or Core ML copy marks only a share
+(1/2, 1/4, …: 3 dB each) of the marked positions — the detector scores all of them, so its
+statistic and bound do not change; some models cannot afford one FP16 step on 1/32 of their
+weights (ppocr-det: 53 dB). The other cohorts start where cohort 0 ended (the cost varies by
+a few dB between cohorts, so each may still step down). The gate record holds the weakest
+strength and share any cohort got, and `noise_z`: the z the copies are expected to score
+after 1% weight noise (`wm.noise_z`; ≥ 10 — 3 σ over the 7.05 that names one of 64 cohorts
+— is robust). Without reference outputs to measure (a target not runnable here) the
+strength stays 1.
+
 A QNN artifact's weights are compiled into its context binary, so its copies are not
 re-marked files but the HTP's source graph marked in the HTP's precision and compiled again
 (server/compile/qnn_marks.py): one HTP compile per cohort, each gated like the others.
@@ -41,6 +56,8 @@ from server.compile.packing import PackedArtifact, pack
 from server.compile.types import CompiledArtifact, CompileRequest, Precision
 
 MIN_PSNR_DB = 60.0
+PSNR_MARGIN_DB = 4.0  # kept over MIN_PSNR_DB by cohort 0, so the other cohorts pass too
+THINNEST = 2  # a share keeps ≥ 2× min_marked weights: z ≥ 10 as shipped (7.05 names one)
 MARKED_FORMATS = ("onnx", "mlpackage", "onnx-epcontext")
 Log = Callable[[str], None]
 
@@ -77,7 +94,8 @@ def output_psnr_db(unmarked: list[Any], marked: list[Any]) -> float:
     return worst
 
 
-def mark_copy(src: Path, dest: Path, key: bytes, cohort: int) -> Path:
+def mark_copy(src: Path, dest: Path, key: bytes, cohort: int, strength: int = 1,
+              share: float = 1.0) -> Path:
     """A copy of the artifact `src` (file or .mlpackage directory) at `dest`, marked."""
     if dest.exists():
         shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
@@ -86,7 +104,8 @@ def mark_copy(src: Path, dest: Path, key: bytes, cohort: int) -> Path:
         shutil.copytree(src, dest)
     else:
         shutil.copyfile(src, dest)
-    weights.rewrite(dest, lambda name, values: wm.embed(values, key, cohort, name=name))
+    weights.rewrite(dest, lambda name, values: wm.embed(values, key, cohort, strength,
+                                                        name=name, share=share))
     return dest
 
 
@@ -142,40 +161,113 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
     unmarked = compiler.run(art, ref.feeds) if ref.outputs is not None and \
         art.runnable_here else None
     worst_psnr, packed = math.inf, []
-    for c in range(spec.cohorts):
+    strength = wm.strength_for(moved) if unmarked is not None else 1
+    marks: list[tuple[int, float]] = []  # each packed cohort's (strength, share)
+    tag = f"[{art.target.variant}/{art.target.platform}]"
+    start_share = 1.0
+    c, k, share = 0, strength, start_share
+    while c < spec.cohorts:
         try:
-            marked = _cohort_artifact(art, graph, pdir / "cohorts" / str(c), spec, c)
+            marked = _cohort_artifact(art, graph, pdir / "cohorts" / str(c), spec, c, k, share)
         except Exception as e:  # the cohort's failure, named, not the worker's crash
-            return CohortResult([], _gate(spec, worst_psnr, "failed"),
+            return CohortResult([], _gate(spec, worst_psnr, "failed", marks),
                                 f"cohort {c}'s copy could not be made: {str(e)[:300]}")
         copy = marked.path
         if unmarked is not None:
             psnr = output_psnr_db(unmarked, compiler.run(marked, ref.feeds))
+            retry = _retry(k, share, psnr, c == 0, moved * share, graph is None, spec.cohorts)
+            if retry is not None:
+                log(f"{tag} cohort {c}'s watermark at strength {k}, share {share:g} costs "
+                    f"the outputs {psnr:.1f} dB PSNR; trying strength {retry[0]}, share "
+                    f"{retry[1]:g}")
+                k, share = retry
+                if c == 0:  # the probe: where every other cohort starts
+                    strength, start_share = k, share
+                shutil.rmtree(copy.parent)
+                continue
             worst_psnr = min(worst_psnr, psnr)
             if psnr < MIN_PSNR_DB:
-                return CohortResult([], _gate(spec, worst_psnr, "failed"),
+                return CohortResult([], _gate(spec, worst_psnr, "failed", marks),
                                     f"cohort {c}'s watermark moves the outputs too much "
-                                    f"(PSNR {psnr:.1f} dB < {MIN_PSNR_DB:.0f} dB)")
+                                    f"(PSNR {psnr:.1f} dB < {MIN_PSNR_DB:.0f} dB, even at "
+                                    f"strength {k} on {share:g} of the marked weights)")
         num = numeric_gate(compiler, marked, _marked_request(request), ref, pdir.parent)
+        halved = _halved(k, share, moved * share, graph is None, spec.cohorts)
+        if num.status == "failed" and halved is not None:
+            log(f"{tag} cohort {c}'s artifact at strength {k}, share {share:g} failed the "
+                f"numeric gate ({num.reason[:120]}); trying strength {halved[0]}, share "
+                f"{halved[1]:g}")
+            k, share = halved
+            if c == 0:
+                strength, start_share = k, share
+            shutil.rmtree(copy.parent)
+            continue
         if num.status == "failed":
-            return CohortResult([], _gate(spec, worst_psnr, "failed"),
+            return CohortResult([], _gate(spec, worst_psnr, "failed", marks),
                                 f"cohort {c}'s artifact failed the numeric gate: {num.reason}")
         packed.append(pack(copy, pdir / "packed-cohorts" / str(c)))
         shutil.rmtree(copy.parent)  # packed; the unpacked copy is no longer needed
+        marks.append((k, share))
+        c, k, share = c + 1, strength, start_share
     status = "passed" if unmarked is not None else "not_run"
-    log(f"[{art.target.variant}/{art.target.platform}] {spec.cohorts} watermarked cohort "
-        f"artifacts {status}" + (f", lowest output PSNR {worst_psnr:.1f} dB"
+    gate = _gate(spec, worst_psnr, status, marks)
+    log(f"{tag} {spec.cohorts} watermarked cohort artifacts {status} at strength "
+        f"{gate['strength']}" + (f", lowest output PSNR {worst_psnr:.1f} dB"
                                  if unmarked is not None else ""))
-    return CohortResult(packed, {**_gate(spec, worst_psnr, status), "marked_weights": moved})
+    floats = art.precision is not Precision.INT8  # INT8 marks are integer steps, not k
+    noise = min(wm.noise_z(moved, k, share) for k, share in marks)
+    return CohortResult(packed, {**gate, "marked_weights": moved,
+                                 "noise_z": round(noise, 1) if floats else None})
+
+
+def _retry(strength: int, share: float, psnr: float, probe: bool, marked: float,
+           thinnable: bool, cohorts: int) -> tuple[int, float] | None:
+    """A weaker (strength, share) for a cohort whose copy costs the outputs `psnr`, or None
+    to keep it: under `MIN_PSNR_DB` (the probe, cohort 0: under it + `PSNR_MARGIN_DB`) the
+    strength drops by the excess; at strength 1 a tensor-marked copy (not QNN: its reader
+    needs every cohort on the same weights) marks fewer weights — halved once per 3 dB of
+    the excess — while they still name the cohort as shipped with room (`THINNEST` ×
+    `min_marked`)."""
+    if not psnr < MIN_PSNR_DB + (PSNR_MARGIN_DB if probe else 0):
+        return None
+    if strength > 1:
+        return _weaker(strength, psnr), share
+    if psnr < MIN_PSNR_DB:  # the outputs' error power falls with the share: 3 dB a halving
+        excess = min(MIN_PSNR_DB + PSNR_MARGIN_DB - psnr, 100.0)  # -inf: as far as it goes
+        return _halved(strength, share, marked, thinnable, cohorts,
+                       math.ceil(excess / (10 * math.log10(2))))
+    return None
+
+
+def _halved(strength: int, share: float, marked: float, thinnable: bool, cohorts: int,
+            times: int = 1) -> tuple[int, float] | None:
+    """Half the strength, or at strength 1 the share halved `times` times (or as often as
+    the marked weights still name the cohort with room: `THINNEST` × `min_marked`; see `_retry`);
+    None: no weaker mark names the cohort."""
+    if strength > 1:
+        return strength // 2, share
+    room = math.floor(math.log2(max(marked, 1) / (THINNEST * min_marked(cohorts))))
+    if not thinnable or room < 1:
+        return None
+    return 1, share / 2 ** max(1, min(times, room))
+
+
+def _weaker(strength: int, psnr: float) -> int:
+    """The strength whose PSNR keeps `PSNR_MARGIN_DB` over the gate's, from `psnr` at
+    `strength` (the outputs' error grows in proportion to the strength); below `strength`."""
+    excess = MIN_PSNR_DB + PSNR_MARGIN_DB - psnr
+    return max(1, min(strength - 1, math.floor(strength * 10 ** (-excess / 20))))
 
 
 def _cohort_artifact(art: CompiledArtifact, graph: Path | None, where: Path,
-                     spec: WatermarkSpec, c: int) -> CompiledArtifact:
+                     spec: WatermarkSpec, c: int, strength: int, share: float
+                     ) -> CompiledArtifact:
     """Cohort c's copy of `art`: the artifact re-marked, or — for a QNN artifact — the HTP's
     source `graph` marked and compiled again (qnn_marks.py)."""
     if graph is None:
-        return replace(art, path=mark_copy(art.path, where / art.path.name, spec.key, c))
-    qnn_marks.mark_graph(graph, where / "graph.onnx", spec.key, c, art.precision)
+        return replace(art, path=mark_copy(art.path, where / art.path.name, spec.key, c,
+                                           strength, share))
+    qnn_marks.mark_graph(graph, where / "graph.onnx", spec.key, c, art.precision, strength)
     return qnn_marks.compile_cohort(art, where / "graph.onnx", where / art.path.name)
 
 
@@ -188,6 +280,10 @@ def _marked_request(request: CompileRequest) -> CompileRequest:
     return replace(request, settings={**request.settings, "numeric": numeric})
 
 
-def _gate(spec: WatermarkSpec, worst_psnr: float, status: str) -> dict[str, Any]:
+def _gate(spec: WatermarkSpec, worst_psnr: float, status: str,
+          marks: list[tuple[int, float]]) -> dict[str, Any]:
+    """The watermark gate's record; `strength`/`share`: the weakest any cohort got."""
     return {"status": status, "cohorts": spec.cohorts, "min_psnr_db": MIN_PSNR_DB,
+            "strength": min((k for k, _ in marks), default=None),
+            "share": min((s for _, s in marks), default=None),
             "lowest_output_psnr_db": None if math.isinf(worst_psnr) else round(worst_psnr, 2)}

@@ -49,9 +49,11 @@ def word_bytes(precision: str) -> int:
     return 2 if precision == Precision.FP16.value else 1
 
 
-def mark_graph(src: Path, dest: Path, key: bytes, cohort: int, precision: Precision) -> int:
+def mark_graph(src: Path, dest: Path, key: bytes, cohort: int, precision: Precision,
+               strength: int = 1) -> int:
     """A copy of the HTP's source graph `src` at `dest` with cohort `cohort`'s mark in the
-    precision the HTP uses for each weight; returns how many tensors were marked."""
+    precision the HTP uses for each weight (FP16 weights `strength` steps off, quantized
+    ones one step); returns how many tensors were marked."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dest)
     marked = 0
@@ -64,10 +66,10 @@ def mark_graph(src: Path, dest: Path, key: bytes, cohort: int, precision: Precis
         marked += 1
         if quantized:
             return wm.embed(values, key, cohort, name=name)
-        # FP16 on the HTP: a marked weight is stored at its FP16 value one step off, which
-        # the HTP's FP16 conversion keeps exactly; the others stay as they were.
+        # FP16 on the HTP: a marked weight is stored at its FP16 value `strength` steps off,
+        # which the HTP's FP16 conversion keeps exactly; the others stay as they were.
         fp16 = np.clip(values, -65504, 65504).astype(np.float16)
-        moved = wm.embed(fp16, key, cohort, name=name)
+        moved = wm.embed(fp16, key, cohort, strength, name=name)
         out = values.copy()
         changed = moved.view(np.uint16) != fp16.view(np.uint16)
         out[changed] = moved[changed].astype(values.dtype)
@@ -137,30 +139,34 @@ def _values(blob: bytes, word: int, at: np.ndarray[Any, Any]) -> np.ndarray[Any,
 
 
 def _steps(cohort: bytes, unmarked: bytes, word: int) -> np.ndarray[Any, Any]:
-    """Per stored word: +1 / −1 where `cohort` moved it by one step up / down in value, 0
-    where it is unchanged, 2 where it changed otherwise (a header word, a clipped mark)."""
+    """Per stored word: +1 / −1 where `cohort` moved it up / down in value by a mark (one
+    byte step; 1 to `wm.MAX_STRENGTH` FP16 steps, as bit patterns), 0 where it is unchanged,
+    2 where it changed otherwise (a header word, a clipped mark)."""
     kind = np.uint16 if word == 2 else np.uint8
     a = np.frombuffer(cohort, dtype=kind).astype(np.int32)
     b = np.frombuffer(unmarked, dtype=kind).astype(np.int32)
     out = np.where(a == b, 0, 2).astype(np.int8)
-    one = np.abs(a - b) == 1
-    if word == 2:  # an FP16 bit pattern one up is one step away from zero
+    apart = np.abs(a - b)
+    if word == 2:  # an FP16 bit pattern up is away from zero (same sign: at most 16 apart)
+        mark = (apart >= 1) & (apart <= wm.MAX_STRENGTH)
         negative = (b & 0x8000) != 0
         up = (a > b) != negative
     else:  # a byte, signed or not: one up is one up
+        mark = apart == 1
         up = a > b
-    out[one] = np.where(up[one], 1, -1)
+    out[mark] = np.where(up[mark], 1, -1)
     return out
 
 
 def identify_binary(leaked: bytes, unmarked: bytes, cohorts: Iterable[bytes], word: int, *,
                     max_false_positive: float = wm.MAX_FALSE_POSITIVE) -> wm.Identified:
     """The cohort whose mark the context binary `leaked` carries, from the unmarked binary
-    and every cohort's (all of one length; else "none"), in the binary's own order."""
+    and every cohort's (all of one length; else "none"), in the binary's own order; the
+    differences weighed as server/watermark.py's `filtered` weighs a tensor's."""
     if len(leaked) != len(unmarked) or len(unmarked) % word:
         return wm.Identified(None, 0.0, 1.0)
     signs: list[np.ndarray[Any, Any]] = []
-    at: np.ndarray[Any, Any] | None = None  # the candidates: one step off in every cohort
+    at: np.ndarray[Any, Any] | None = None  # the candidates: marked in every cohort
     for blob in cohorts:
         if len(blob) != len(unmarked):
             return wm.Identified(None, 0.0, 1.0)
@@ -175,11 +181,12 @@ def identify_binary(leaked: bytes, unmarked: bytes, cohorts: Iterable[bytes], wo
     d = _values(leaked, word, at) - _values(unmarked, word, at)
     if word == 1:  # a byte step, whether the HTP stores it signed or not
         d = (d + 128) % 256 - 128
-    d = np.nan_to_num(d, nan=0.0, posinf=0.0, neginf=0.0)
-    norm = math.sqrt(float(np.dot(d.astype(np.float64), d.astype(np.float64))))
+    kind = np.float16 if word == 2 else np.uint8
+    x = wm.filtered(d, np.frombuffer(unmarked, dtype=kind)[at])
+    norm = math.sqrt(float(np.dot(x, x)))
     if norm <= 0:
         return wm.Identified(None, 0.0, 1.0, int(at.size))
-    z = np.array([float(np.dot(d, s.astype(np.float32))) for s in signs]) / norm
+    z = np.array([float(np.dot(x, s.astype(np.float64))) for s in signs]) / norm
     best = int(np.argmax(z))
     p = wm.false_positive(float(z[best]), len(signs))
     return wm.Identified(best if p <= max_false_positive else None, float(z[best]), p,

@@ -65,13 +65,13 @@ def test_unmarked_foreign_and_other_servers_files_give_none():
 def test_ten_thousand_foreign_files_never_name_a_cohort():
     n, trials = 65_536, 10_000
     original = model_weights(1, n)
-    marked = wm.mask(SECRET, "", n)  # identify's statistic: over the marked positions
-    rows = wm.patterns(SECRET, COHORTS, n)[:, marked]
+    marked = wm.mask(SECRET, "", n)  # identify's statistic: over the marked positions,
+    rows = wm.patterns(SECRET, COHORTS, n)[:, marked]  # the differences filtered as it does
     rng = np.random.default_rng(4)
     worst = 0.0
     for _ in range(trials // 1000):
         foreign = (rng.standard_normal((1000, n)) * 0.05).astype(np.float32)
-        z = wm.scores((foreign - original)[:, marked], rows)
+        z = wm.scores(wm.filtered((foreign - original)[:, marked], original[marked]), rows)
         worst = max(worst, float(z.max()))
     assert wm.false_positive(worst, COHORTS) > 1e-9, worst  # never named
     assert worst < 7.05  # the statistic a claim at 1e-9 with 64 cohorts needs
@@ -92,3 +92,84 @@ def test_cohorts_spread_devices_evenly():
     counts = np.bincount([cohort_of("release-9", f"device-{i}", 64) for i in range(64_000)],
                          minlength=64)
     assert counts.min() > 800 and counts.max() < 1200
+
+
+def small_model(seed: int) -> dict[str, np.ndarray]:
+    """≈ 75k weights shaped like a small corpus model (detector-torchscript: 72k): conv
+    kernels of a few scales, normalization scales near 1, biases, and gpt2's causal
+    attention mask (float32's lowest value: a constant, never a weight)."""
+    rng = np.random.default_rng(seed)
+    out = {f"conv{i}": (rng.standard_normal(n) * s).astype(np.float32)
+           for i, (n, s) in enumerate([(18_432, 0.08), (36_864, 0.03), (16_384, 0.01)])}
+    out["norm"] = (1 + 0.1 * rng.standard_normal(2048)).astype(np.float32)
+    out["bias"] = (rng.standard_normal(1024) * 0.2).astype(np.float32)
+    out["mask"] = np.where(rng.random(1024) < 0.5, np.finfo(np.float32).min,
+                           0).astype(np.float32)
+    return out
+
+
+def noisy(tensors: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
+    """1% Gaussian noise of each weight's magnitude, on every tensor (the mask too)."""
+    rng = np.random.default_rng(seed)
+    with np.errstate(over="ignore"):
+        return {n: (v * (1 + 0.01 * rng.standard_normal(v.size))).astype(np.float32)
+                for n, v in tensors.items()}
+
+
+def marked_positions(tensors: dict[str, np.ndarray]) -> int:
+    return sum(int((wm.mask(SECRET, n, v.size) & wm.carries_mark(v)).sum())
+               for n, v in tensors.items())
+
+
+def test_one_percent_noise_names_the_cohort_of_a_small_model_at_its_strength():
+    original = small_model(7)
+    n = marked_positions(original)
+    strength = wm.strength_for(n)
+    assert 2 <= strength <= wm.MAX_STRENGTH and wm.noise_z(n, strength) >= wm.NOISE_Z
+    named = 0
+    for c in range(8):
+        copy = {k: wm.embed(v, SECRET, c, strength, name=k) for k, v in original.items()}
+        got = wm.identify_tensors(noisy(copy, c), original.items(), SECRET, COHORTS)
+        assert got.cohort in (c, None), (c, got)  # never a wrong cohort
+        named += got.cohort == c and got.false_positive <= 1e-9
+        # the arithmetic's floor (FP16-subnormal weights, whose step is a larger share of
+        # them, score above it)
+        assert got.z > wm.noise_z(n, strength) - 4, got
+    assert named == 8
+    # At one FP16 step (the scheme before strengths) the same noise leaves too little.
+    weak = {k: wm.embed(v, SECRET, 3, 1, name=k) for k, v in original.items()}
+    got = wm.identify_tensors(noisy(weak, 3), original.items(), SECRET, COHORTS)
+    assert got.cohort is None and got.z < 7.05, got
+
+
+def test_an_attention_mask_of_float32_min_does_not_hide_the_mark_under_noise():
+    """1% noise of -3.4e38 overflows: the mask was scored, its difference's square was inf,
+    and gpt2-tiny's FP32 copy read "none". Constants embed never moves are not scored."""
+    original = small_model(8)
+    copy = {k: wm.embed(v, SECRET, 5, 16, name=k) for k, v in original.items()}
+    attacked = noisy(copy, 1)
+    assert not np.isfinite(attacked["mask"]).all()  # the attack really overflowed
+    got = wm.identify_tensors(attacked, original.items(), SECRET, COHORTS)
+    assert got.cohort == 5 and got.false_positive <= 1e-9, got
+
+
+def test_the_filtered_statistic_beats_the_plain_difference_under_noise_and_int8():
+    """Weighing each difference by the noise around it (wm.filtered) names copies the plain
+    difference (z over leaked − original) cannot: 1% noise is largest on the largest
+    weights, INT8 rounding on the smallest ones (in FP16 steps)."""
+    original = {k: v for k, v in small_model(9).items() if k != "mask"}
+    copy = {k: wm.embed(v, SECRET, 2, 4, name=k) for k, v in original.items()}
+
+    def requantized(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: int8_requantized(v) for k, v in t.items()}
+
+    for attacked in (noisy(copy, 2), requantized(copy)):
+        at = {k: wm.mask(SECRET, k, v.size) & wm.carries_mark(v) for k, v in original.items()}
+        d = np.concatenate([(attacked[k] - v)[at[k]] for k, v in original.items()])
+        x = np.concatenate([wm.filtered((attacked[k] - v)[at[k]], v[at[k]])
+                            for k, v in original.items()])
+        rows = np.concatenate([wm.patterns(SECRET, COHORTS, v.size, k)[:, at[k]]
+                               for k, v in original.items()], axis=1)
+        plain, weighed = wm.scores(d, rows)[0], wm.scores(x, rows)[0]
+        assert int(np.argmax(weighed)) == 2 and weighed.max() > 1.15 * plain[2], \
+            (plain[2], weighed.max())
