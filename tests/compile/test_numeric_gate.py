@@ -315,3 +315,30 @@ def test_a_finite_loss_keeps_the_advice_to_accept_it_by_lowering_the_thresholds(
     msg = failure_message(report, art, "qnn")
     assert "lowering min_cosine / min_snr_db in the version's qnn settings" in msg
     assert "no threshold accepts it" not in msg
+
+
+def test_layer_metrics_are_the_definitions_on_float32_and_float64_tensors():
+    """The layer walk's figures (computed from one float64 conversion and one difference per
+    tensor) are cosine, SNR and max abs diff as defined, whatever the inputs' dtype."""
+    from server.compile.gates.metrics import cosine, snr_db
+
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    cand = ref + rng.standard_normal(ref.shape).astype(np.float32) * 0.01
+    r64, c64 = ref.astype(np.float64).ravel(), cand.astype(np.float64).ravel()
+    want_cos = float(r64 @ c64 / (np.sqrt(r64 @ r64) * np.sqrt(c64 @ c64)))
+    want_snr = 10 * np.log10(np.sum(r64**2) / np.sum((r64 - c64) ** 2))
+    for a, b in ((ref, cand), (ref.astype(np.float64), cand.astype(np.float64))):
+        m = layers.layer_metrics(a, b.reshape(-1), "n", "Conv", "t")  # flat: reshaped
+        assert m.cosine == pytest.approx(want_cos, abs=1e-12)
+        assert m.snr_db == pytest.approx(want_snr, rel=1e-12)
+        assert m.max_abs_diff == pytest.approx(float(np.max(np.abs(r64 - c64))), rel=1e-12)
+        assert snr_db(a, b) == m.snr_db and cosine(a, b) == m.cosine
+    assert ref.dtype == np.float32 and np.array_equal(ref.ravel(), r64)  # inputs untouched
+    nan = cand.copy()
+    nan.flat[0] = np.nan
+    m = layers.layer_metrics(ref, nan, "n", "Conv", "t")
+    assert (m.cosine, m.snr_db) == (0.0, -np.inf)  # a NaN output: no agreement at all
+    assert m.max_abs_diff == pytest.approx(float(np.max(np.abs(r64 - c64)[1:])), rel=1e-12)
+    same = layers.layer_metrics(ref, ref, "n", "Conv", "t")
+    assert (same.cosine, same.snr_db, same.max_abs_diff) == (pytest.approx(1.0), np.inf, 0.0)

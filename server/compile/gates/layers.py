@@ -223,10 +223,10 @@ def layer_metrics(ref: NDArray[Any], cand: NDArray[Any], node: str, op: str,
                   tensor: str) -> LayerMetrics:
     a = np.asarray(ref, dtype=np.float64)
     b = np.asarray(cand, dtype=np.float64).reshape(a.shape)
-    diff = np.abs(a - b)
+    diff = a - b  # once, for the SNR's noise and the max abs diff
     return LayerMetrics(node=node, op=op, tensor=tensor, cosine=cosine(a, b),
-                        snr_db=snr_db(a, b),
-                        max_abs_diff=float(np.nanmax(diff)) if diff.size else 0.0)
+                        snr_db=snr_db(a, b, diff),
+                        max_abs_diff=float(np.nanmax(np.abs(diff))) if diff.size else 0.0)
 
 
 def first_divergence(reference: Path | Any, candidate: Path | Any | Candidate,
