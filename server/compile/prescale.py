@@ -36,9 +36,9 @@ def _scalars(model: Any) -> dict[str, tuple[float, int]]:
     return out
 
 
-def candidates(model: Any) -> list[tuple[Any, Any, str]]:
-    """(ReduceSum node, its scaling Mul / Div node, the constant's name) for each sum that
-    qualifies (see the module docstring)."""
+def candidates(model: Any) -> list[tuple[int, int, str]]:
+    """(ReduceSum node index, its scaling Mul / Div node's index, the constant's name) for
+    each sum that qualifies (see the module docstring)."""
     import onnx
 
     scalars = _scalars(model)
@@ -48,20 +48,21 @@ def candidates(model: Any) -> list[tuple[Any, Any, str]]:
         inferred = []
     ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in inferred
              if vi.type.tensor_type.HasField("shape")}
-    consumers: dict[str, list[Any]] = {}
-    for node in model.graph.node:
+    nodes = list(model.graph.node)
+    consumers: dict[str, list[int]] = {}
+    for j, node in enumerate(nodes):
         for name in node.input:
-            consumers.setdefault(name, []).append(node)
+            consumers.setdefault(name, []).append(j)
     outputs = {o.name for o in model.graph.output}
     found = []
-    for node in model.graph.node:
+    for i, node in enumerate(nodes):
         if node.op_type != "ReduceSum" or node.domain not in ("", "ai.onnx"):
             continue
         total = node.output[0]
         users = consumers.get(total, [])
         if total in outputs or len(users) != 1:
             continue
-        (scale,) = users
+        scale = nodes[users[0]]
         other = [x for x in scale.input if x != total]
         if len(scale.input) != 2 or len(other) != 1 or other[0] not in scalars:
             continue
@@ -71,7 +72,7 @@ def candidates(model: Any) -> list[tuple[Any, Any, str]]:
             continue
         if (scale.op_type == "Mul" and 0 < abs(value) < 1) or (
                 scale.op_type == "Div" and scale.input[0] == total and abs(value) > 1):
-            found.append((node, scale, other[0]))
+            found.append((i, users[0], other[0]))
     return found
 
 
@@ -80,9 +81,11 @@ def prescale_sums(model: Any) -> list[str]:
     returns the rewritten ReduceSum nodes' names."""
     from onnx import helper
 
-    replace: dict[int, list[Any]] = {}  # id(node) -> the nodes that stand for it
+    nodes = list(model.graph.node)
+    replace: dict[int, list[Any]] = {}  # node index -> the nodes that stand for it
     done = []
-    for i, (node, scale, constant) in enumerate(candidates(model)):
+    for i, j, constant in candidates(model):
+        node, scale = nodes[i], nodes[j]
         name = node.name or f"ReduceSum{i}"
         scaled = f"{name}/prescaled"
         first = helper.make_node(scale.op_type, [node.input[0], constant], [scaled],
@@ -91,11 +94,11 @@ def prescale_sums(model: Any) -> list[str]:
                                   name=name)
         summed.attribute.extend(node.attribute)
         # At the scale's place: its constant may be a Constant node after the ReduceSum.
-        replace[id(node)] = []
-        replace[id(scale)] = [first, summed]
+        replace[i] = []
+        replace[j] = [first, summed]
         done.append(name)
     if done:
-        nodes = [n for node in model.graph.node for n in replace.get(id(node), [node])]
+        rebuilt = [n for k, node in enumerate(nodes) for n in replace.get(k, [node])]
         del model.graph.node[:]
-        model.graph.node.extend(nodes)
+        model.graph.node.extend(rebuilt)
     return done

@@ -118,3 +118,42 @@ def test_sums_that_are_not_a_plain_scaled_sum_are_left_alone(tmp_path: Path) -> 
         before.CopyFrom(model)
         assert prescale_sums(model) == [], why
         assert model == before, why
+
+
+def test_a_layernorm_written_as_sums_keeps_every_other_node(tmp_path: Path) -> None:
+    """jax2tf's LayerNorm: two scaled sums (mean, mean of squares) in one graph, with nodes
+    before, between and after them — each rewritten, nothing else lost or reordered wrongly
+    (Magika lost its graph output to a rewrite keyed on protobuf wrapper ids)."""
+    n = 512
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Mul", ["x", "g"], ["xg"], name="pre"),
+             helper.make_node("ReduceSum", ["xg", "axes"], ["s1"], keepdims=1, name="sum"),
+             helper.make_node("Mul", ["xg", "xg"], ["sq"], name="square"),
+             helper.make_node("ReduceSum", ["sq", "axes"], ["s2"], keepdims=1, name="sum_1"),
+             helper.make_node("Mul", ["s1", "inv"], ["mean"], name="truediv"),
+             helper.make_node("Mul", ["s2", "inv"], ["meansq"], name="truediv_1"),
+             helper.make_node("Mul", ["mean", "mean"], ["mean2"], name="square_1"),
+             helper.make_node("Sub", ["meansq", "mean2"], ["var"], name="sub"),
+             helper.make_node("Add", ["var", "eps"], ["ve"], name="add"),
+             helper.make_node("Sqrt", ["ve"], ["sd"], name="sqrt"),
+             helper.make_node("Sub", ["xg", "mean"], ["centred"], name="centre"),
+             helper.make_node("Div", ["centred", "sd"], ["y"], name="normalize")]
+    graph = helper.make_graph(
+        nodes, "ln", [helper.make_tensor_value_info("x", F, [1, n])],
+        [helper.make_tensor_value_info("y", F, [1, n])],
+        [numpy_helper.from_array(np.array([1], np.int64), "axes"),
+         numpy_helper.from_array(np.array(1 / n, np.float32), "inv"),
+         numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+         numpy_helper.from_array(rng.uniform(0.5, 2, (1, n)).astype(np.float32), "g")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, str(tmp_path / "a.onnx"))
+    assert prescale_sums(model) == ["sum", "sum_1"]
+    onnx.checker.check_model(model)
+    assert len(model.graph.node) == len(nodes)  # each sum + scale pair is still two nodes
+    assert [x.name for x in model.graph.node if x.op_type == "ReduceSum"] == ["sum", "sum_1"]
+    onnx.save(model, str(tmp_path / "b.onnx"))
+    x = (rng.standard_normal((1, n)) * 20 + 5).astype(np.float32)
+    (want,), (got,) = (run_onnx_cpu(p, [{"x": x}])[0] for p in (tmp_path / "a.onnx",
+                                                                tmp_path / "b.onnx"))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
