@@ -136,7 +136,11 @@ def _oww_features(seed: int) -> np.ndarray:
 
 
 def _oww_jarvis() -> dict[str, np.ndarray]:
-    return {"x.1": _stack(_oww_features)}
+    # Speech-like audio does not say "hey jarvis" (score ~1e-5, judged near zero); the second
+    # sample is a seeded feature draw whose first score passes 0.5 (0.86), so the verifier
+    # branch of the head's If runs and the output (0.997) is far from zero.
+    hit = (np.random.default_rng(2).standard_normal((1, 16, 96)) * 5).astype(np.float32)
+    return {"x.1": np.stack([_oww_features(0), hit])}
 
 
 def _ids(high: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
