@@ -146,7 +146,8 @@ class Pipeline:
                     shape_gate = {"passed": True, "fixed": specialized.fixed,
                                   "nodes_before": specialized.nodes_before,
                                   "nodes_after": specialized.nodes_after,
-                                  "ifs_folded": specialized.ifs_folded}
+                                  "ifs_folded": specialized.ifs_folded,
+                                  "ifs_selected": list(specialized.ifs_selected)}
                     log(f"[{variant}] {specialized.note()}")
             elif any(i.value is not None for i in inputs):
                 raise CompileError(

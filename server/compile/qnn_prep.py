@@ -9,6 +9,7 @@ HTP takes whole is compiled unchanged:
   Sign — all HTP ops;
 - Gelu: 0.5·x·(1 + erf(x/√2)) with that Erf (or the tanh form for approximate="tanh");
 - Trilu with static shapes: Where with a constant triangular mask;
+- Clip whose bounds are computed (not constants): Max / Min;
 - LSTM / GRU the HTP refuses (sequence_lens, clip, other activations): unrolled per step
   (`server/compile/rnn_unroll.py`).
 - Einsum that is a (batched, grouped) matrix product: Transpose / Reshape / MatMul
@@ -142,8 +143,24 @@ def _trilu_node(b: _Builder, node: Any, shapes: dict[str, Any]) -> str:
     return "Trilu as Where with a constant triangular mask"
 
 
+def _clip_node(b: _Builder, node: Any, shapes: dict[str, Any]) -> str:
+    """Clip with computed bounds (a log-mel front end's `max(x, x.max() - 80)`): the HTP's
+    Clip takes constant bounds only; Max then Min is the same function (ONNX's Clip gives
+    `max` where min > max, and so does Min(Max(x, min), max))."""
+    bounds = [*node.input[1:3], "", ""][:2]
+    if not any(bounds):
+        raise ValueError("Clip without bound inputs (none, or opset < 11 attributes): "
+                         "nothing to rewrite")
+    y = node.input[0]
+    for op, bound, last in (("Max", bounds[0], not bounds[1]), ("Min", bounds[1], True)):
+        if bound:
+            y = b.op(op, [y, bound], node.output[0] if last else None)
+    return "Clip with computed bounds as Max / Min"
+
+
 REWRITES: dict[str, Callable[[_Builder, Any, dict[str, Any]], str]] = {
-    "Erf": _erf_node, "Gelu": _gelu_node, "GatherND": _gathernd_node, "Trilu": _trilu_node,
+    "Clip": _clip_node, "Erf": _erf_node, "Gelu": _gelu_node, "GatherND": _gathernd_node,
+    "Trilu": _trilu_node,
     # LSTM / GRU forms the HTP refuses (sequence_lens, clip, other activations): unrolled.
     "LSTM": unroll_lstm, "GRU": unroll_gru,
     "Einsum": qnn_einsum.build,

@@ -15,7 +15,9 @@ shape variant, which the gates and every compiler then judge.
 
 `If` nodes whose condition the declared shapes decide (`x.shape[1] == 512`, `x.dim() == 2`)
 are folded to the branch they take in step 3, in static uploads too; `value_dependent_ifs`
-names the rest (their condition reads input values, e.g. a sample-rate scalar).
+names the rest (their condition reads input values, e.g. a sample-rate scalar). Of those,
+one whose branches are plain dataflow with matching static outputs is computed both ways
+and selected by `Where` (`server/compile/if_select.py`); the others are refused by name.
 
 `declared_shape_conflicts(model, inputs)` is the upload-time half of step 1: the API refuses a
 declaration that contradicts the graph before any build is queued.
@@ -31,6 +33,9 @@ from typing import Any
 import numpy as np
 
 from server.compile.errors import InvalidSourceError
+from server.compile.if_select import select_ifs
+from server.compile.prescale import candidates as prescalable
+from server.compile.prescale import prescale_sums
 from server.compile.quiet import quiet
 from server.compile.rnn_unroll import batch_first_rnns, seq_first
 from server.compile.types import InputSpec
@@ -93,6 +98,8 @@ class Specialized:
     ifs_folded: int = 0
     relaid_rnns: tuple[str, ...] = ()  # batch-first RNN nodes rewritten to layout 0
     constants: tuple[str, ...] = ()  # inputs bound to their declared value ("sr=16000")
+    ifs_selected: tuple[str, ...] = ()  # value-dependent Ifs as both branches + Where
+    sums_prescaled: tuple[str, ...] = ()  # ReduceSum nodes scaled before the sum (FP16)
 
     def note(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in sorted(self.fixed.items()))
@@ -104,8 +111,13 @@ class Specialized:
                "Transposes") if self.relaid_rnns else ""
         consts = (f"; input(s) bound to their declared value ({', '.join(self.constants)})"
                   if self.constants else "")
+        selected = (f"; If node(s) {', '.join(self.ifs_selected)} on tensor values computed "
+                    "both ways and selected by Where (both branches always run)"
+                    if self.ifs_selected else "")
+        sums = (f"; {len(self.sums_prescaled)} sum(s) scaled before the ReduceSum instead of "
+                "after, so FP16 holds them" if self.sums_prescaled else "")
         return (f"{head}; shape arithmetic folded{ifs}: {self.nodes_before} → "
-                f"{self.nodes_after} nodes{rnn}{consts}")
+                f"{self.nodes_after} nodes{rnn}{consts}{selected}{sums}")
 
 
 def graph_inputs(model: Any) -> list[Any]:
@@ -175,6 +187,35 @@ def check_inputs(model: Any, specs: Sequence[InputSpec]) -> None:
             raise InvalidSourceError(
                 f"the ONNX graph's input {spec.name!r} has rank {rank} but the declared "
                 f"shape {list(spec.shape)} has rank {len(spec.shape)}")
+
+
+# onnxruntime.quantization.quantize_dynamic's operators: int8 weights, activations quantized at
+# run time (MatMulInteger / ConvInteger and the contrib ops it writes for LSTM and attention).
+DYNAMIC_QUANTIZATION_OPS = {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
+                            "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "QAttention",
+                            "MatMulIntegerToFloat"}
+
+
+def refuse_dynamic_quantization(model: Any) -> None:
+    """A dynamically quantized upload is refused by name: shape inference knows nothing of
+    its contrib ops (the build would otherwise blame "sizes that depend on tensor values"), no
+    device compiler here takes its integer ops, and its outputs carry the run-time
+    quantization noise, so it is no FP32 reference for the numeric gate either."""
+    found = [(n.op_type, n.name or n.output[0], n.domain) for n in model.graph.node
+             if n.op_type in DYNAMIC_QUANTIZATION_OPS]
+    if not found:
+        return
+    kinds = sorted({op for op, _, _ in found})
+    named = ", ".join(f"{op} {name!r}" + (f" ({domain})" if domain else "")
+                      for op, name, domain in found[:6])
+    raise InvalidSourceError(
+        f"the upload is dynamically quantized ({len(found)} node(s) of "
+        f"{', '.join(kinds)}: {named}{' …' if len(found) > 6 else ''}), as "
+        "onnxruntime.quantization.quantize_dynamic writes it: integer weights with "
+        "activations quantized at run time, which no platform here compiles and which is no "
+        "FP32 reference for the numeric gate. Upload the FP32 model it was quantized from; "
+        "the builds quantize it themselves (qnn: precision int8 / w8a16 with calibration "
+        "inputs; coreml: weight_compression int8)")
 
 
 def bind_constants(model: Any, specs: Sequence[InputSpec]) -> tuple[str, ...]:
@@ -336,10 +377,14 @@ def specialize(model: Any, specs: Sequence[InputSpec], *, allow_ifs: bool = Fals
             '"value" (e.g. {"name": "sr", "dtype": "int64", "shape": [], "value": 16000}) so '
             "the build folds it; else move that part of the model into app code or export "
             "the model with a static size there", remaining)
+    folded = len(if_nodes(work)) - len(if_nodes(slim))
+    selected: list[str] = []
     if not allow_ifs:
-        refuse_value_dependent_ifs(slim)
-    return slim, Specialized(fixed, nodes_before, len(slim.graph.node),
-                             len(if_nodes(work)) - len(if_nodes(slim)), relaid, constants)
+        selected, kept = select_ifs(slim)
+        refuse_value_dependent_ifs(slim, kept)
+    prescaled = prescale_sums(slim)
+    return slim, Specialized(fixed, nodes_before, len(slim.graph.node), folded, relaid,
+                             constants, tuple(selected), tuple(prescaled))
 
 
 def if_nodes(model: Any) -> list[Any]:
@@ -368,16 +413,20 @@ def value_dependent_ifs(model: Any) -> list[tuple[str, list[str]]]:
     return found
 
 
-def refuse_value_dependent_ifs(model: Any) -> None:
-    """An `If` left after folding picks its branch from tensor values at run time; no
-    compiler here takes control flow, so the build fails naming each one."""
+def refuse_value_dependent_ifs(model: Any, unselected: Mapping[str, str] | None = None
+                               ) -> None:
+    """An `If` left after folding and selection picks its branch from tensor values at run
+    time; no compiler here takes control flow, so the build fails naming each one, with why
+    it could not be computed both ways (`unselected`: `if_select.select_ifs`'s reasons)."""
     ifs = value_dependent_ifs(model)
     if not ifs:
         return
+    why = unselected or {}
     named = "; ".join(
-        f"If node {name!r} (its condition reads the values of input(s) "
-        f"{', '.join(map(repr, reads))})" if reads else
-        f"If node {name!r} (its condition is computed from values inside the graph)"
+        (f"If node {name!r} (its condition reads the values of input(s) "
+         f"{', '.join(map(repr, reads))}" if reads else
+         f"If node {name!r} (its condition is computed from values inside the graph")
+        + (f"; not computable both ways: {why[name]})" if name in why else ")")
         for name, reads in ifs[:8])
     raise InvalidSourceError(
         f"{len(ifs)} If node(s) whose branch depends on tensor values, not on the declared "
@@ -397,7 +446,9 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path, *,
     So is one with a batch-first LSTM / GRU (layout 0 between Transposes, `seq_first`), and
     one whose static inputs still leave intermediate dims unknown to shape inference: sizes
     computed by constant subgraphs (spox inlines Silero's STFT with its `Pad` amounts built by
-    ConstantOfShape → Concat → Reshape → Slice → Cast) are only known once those are folded.
+    ConstantOfShape → Concat → Reshape → Slice → Cast) are only known once those are folded,
+    and one with a sum scaled after its ReduceSum (`server/compile/prescale.py`: the scale
+    moves before the sum, so FP16 builds hold it).
     `allow_ifs`: the version's operator gate allows `If` (`allow_ops`), so an `If` on tensor
     values is kept for the runtimes that execute control flow."""
     import onnx
@@ -407,9 +458,10 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path, *,
     except Exception as e:
         raise InvalidSourceError(f"cannot read {path.name} as ONNX: {e}") from e
     check_inputs(model, specs)
+    refuse_dynamic_quantization(model)
     plain = is_static(model) and not if_nodes(model) and not batch_first_rnns(model) and all(
         s.value is None for s in specs)
-    if plain and not unfixed_dims(model):
+    if plain and not unfixed_dims(model) and not prescalable(model):
         _fix_inputs(model, specs)  # only checks: static dims that differ are refused
         onnx.save(model, str(out))
         return None
@@ -421,6 +473,7 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path, *,
         # Folding leaves sizes that depend on values (NonMaxSuppression, NonZero): the static
         # upload passes through, and the operator gate names those operators and tensors.
         _fix_inputs(model, specs)
+        prescale_sums(model)
         onnx.save(model, str(out))
         return None
     onnx.save(static, str(out))

@@ -141,8 +141,11 @@ def undeclared_inputs_error(graph: list[GraphInput], original: InvalidInputError
         f"metadata.inputs: Field required. The ONNX graph has {len(graph)} input(s): "
         f"{described}{more}. Each build compiles one static shape per input",
         field="metadata.inputs",
-        fix=f'add "inputs": {metadata} to metadata, replacing each <placeholder> with the '
-        f"size to build for (several sizes: \"shapes\": {{\"name\": [...], …}}); with the CLI: "
-        f"{cli}",
+        fix=f'add "inputs": {metadata} to metadata, '
+        + ("replacing each <placeholder> with the size to build for (several sizes: "
+           "\"shapes\": {\"name\": [...], …}); "
+           if any(g.dynamic or g.dims is None for g in graph[:64]) else
+           "the sizes the graph fixes (it has no dynamic dims); ")
+        + f"with the CLI: {cli}",
         errors=[g.to_dict() for g in graph[:64]],
     )

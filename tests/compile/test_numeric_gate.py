@@ -342,3 +342,28 @@ def test_layer_metrics_are_the_definitions_on_float32_and_float64_tensors():
     assert m.max_abs_diff == pytest.approx(float(np.max(np.abs(r64 - c64)[1:])), rel=1e-12)
     same = layers.layer_metrics(ref, ref, "n", "Conv", "t")
     assert (same.cosine, same.snr_db, same.max_abs_diff) == (pytest.approx(1.0), np.inf, 0.0)
+
+
+def test_a_yardstick_left_with_less_signal_than_the_gate_asks_is_the_precisions_loss(
+        tmp_path: Path) -> None:
+    """Magika at FP16 before its sums were prescaled: the FP16 yardstick kept SNR -0.2 dB
+    against FP32 (finite), and the failure said "keeps SNR -0.2 dB …, so the loss comes from
+    the compile" — blaming the compile for the precision's loss."""
+    from server.compile.gates.verdict import failure_message
+    from server.compile.types import Target
+
+    rng = np.random.default_rng(0)
+    ref = [[rng.standard_normal(64).astype(np.float32)]]
+    lost = [[ref[0][0] + rng.standard_normal(64).astype(np.float32)]]  # ~0 dB of signal
+    worse = [[rng.standard_normal(64).astype(np.float32) * 50]]
+    report = numeric.judge(ref, lost, worse, Precision.FP16, {}, classifier=False,
+                           runner="test", basis="the source at FP16")
+    assert report.status == "failed"
+    assert report.precision_cost["status"] == "exceeds_seed"
+    art = CompiledArtifact(tmp_path / "m.bin", Target("qnn", "x", "qnn_context"),
+                           Precision.FP16, {})
+    msg = failure_message(report, art, "qnn")
+    assert "itself loses this model (SNR" in msg and "not the compile's" in msg
+    assert "so the loss comes from the compile" not in msg
+    assert "the artifact itself scores cosine" in msg
+    assert "lowering min_cosine" in msg  # finite: a threshold can still accept it

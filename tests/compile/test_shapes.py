@@ -192,15 +192,25 @@ def test_ifs_decided_by_shapes_are_folded_in_a_static_upload(tmp_path: Path) -> 
             np.testing.assert_array_equal(w, g)
 
 
-def test_an_if_on_input_values_is_named_with_the_input_it_reads(tmp_path: Path) -> None:
-    from tests.compile.vad_model import vad_onnx
+def test_an_if_on_input_values_is_computed_both_ways_for_either_value(tmp_path: Path
+                                                                       ) -> None:
+    """The If on the value of `sr` (no shape decides it) has plain-dataflow branches with
+    the same static output: both run and Where keeps one (server/compile/if_select.py), so
+    the static graph gives the source's outputs at 16 kHz and at 8 kHz. The refusal of an If
+    that cannot be computed both ways, named with the input it reads: test_if_select.py."""
+    from tests.compile.vad_model import vad_feeds, vad_onnx
 
     src = vad_onnx(tmp_path / "vad.onnx", sr_if=True)
-    with pytest.raises(InvalidSourceError) as err:
-        specialize_file(src, VAD_SPECS, tmp_path / "static.onnx")
-    assert ("If node 'sr_if' (its condition reads the values of input(s) 'sr')"
-            in str(err.value))
-    assert "frame_if" not in str(err.value)  # the shape-decided ones were folded
+    report = specialize_file(src, VAD_SPECS, tmp_path / "static.onnx")
+    assert report is not None and report.ifs_folded == 2  # the shape-decided ones
+    assert report.ifs_selected == ("sr_if",)
+    assert "If" not in {n.op_type for n in onnx.load(str(tmp_path / "static.onnx")).graph.node}
+    feeds = [{k: np.asarray(v[0]) for k, v in vad_feeds(1).items()} | {"sr": np.array(sr)}
+             for sr in (16000, 8000)]
+    for want, got in zip(run_onnx_cpu(src, feeds), run_onnx_cpu(tmp_path / "static.onnx",
+                                                                feeds), strict=True):
+        for w, g in zip(want, got, strict=True):
+            np.testing.assert_array_equal(g, w)
 
 
 def test_an_if_on_a_constant_input_is_folded(tmp_path: Path) -> None:

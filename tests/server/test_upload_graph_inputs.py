@@ -120,6 +120,24 @@ def test_upload_without_inputs_lists_each_input_dynamic_dims_and_a_template(
 
 
 @sqlite_only
+def test_upload_without_inputs_of_a_static_graph_offers_its_sizes_without_placeholders(
+        client: TestClient, publish_headers) -> None:
+    # Before: "…replacing each <placeholder> with the size…" for a template that has none
+    # (openWakeWord's keyword heads, x.1 float32[1, 16, 96]).
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 96])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    create_model(client, publish_headers)
+    fix = upload(client, publish_headers, model.SerializeToString(), _meta(None)).json()["fix"]
+    assert "<" not in fix and "placeholder" not in fix
+    assert ('add "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 16, 96]}] to '
+            "metadata, the sizes the graph fixes (it has no dynamic dims); with the CLI: "
+            "--input x:float32:1x16x96") == fix
+
+
+@sqlite_only
 def test_the_template_once_filled_in_is_accepted(client: TestClient, publish_headers) -> None:
     """The template is the real format: with its placeholders replaced it uploads."""
     create_model(client, publish_headers)

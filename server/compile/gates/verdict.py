@@ -160,13 +160,17 @@ def failure_message(report: numeric.NumericGateReport, art: CompiledArtifact,
     kept = (f"The source at {p.upper()} keeps SNR {snr:.1f} dB against FP32, so the loss comes "
             f"from the compile or the target's own {p.upper()} arithmetic, not from "
             f"{itself}. " if costs else "")
-    if costs and not math.isfinite(snr):
-        # The yardstick itself is broken (overflow to infinity, NaN, or no signal left), so
-        # comparing the artifact with it says nothing about the compile.
+    floor = float((report.thresholds or {}).get("min_snr_db", 0.0))
+    if costs and (not math.isfinite(snr) or (cost.get("status") == "exceeds_seed"
+                                             and snr < floor)):
+        # The yardstick itself is broken (overflow to infinity, NaN, or less signal left than
+        # the artifact is held to: Magika's LayerNorm at FP16 kept -0.2 dB), so comparing
+        # the artifact with it says nothing about the compile.
         kept = (f"The source at {p.upper()} itself loses this model (SNR {snr:.1f} dB against "
-                f"FP32: {itself} overflows or underflows"
+                f"FP32" + ("" if math.isfinite(snr) else f": {itself} overflows or underflows")
                 + (f"; {where(report, 'precision')}" if where(report, "precision") else "")
-                + "), so this is the precision's loss, not the compile's. ")
+                + "), so this is the precision's loss, not the compile's"
+                + (_against_fp32(report) if math.isfinite(snr) else "") + ". ")
     higher = HIGHER_PRECISION.get(platform)
     # An SNR of -inf (an infinity or NaN on either side) fails every threshold: lowering
     # min_snr_db is advice that cannot be followed there.
