@@ -47,7 +47,7 @@ def test_manifests_imports_with_only_pynacl_and_stdlib() -> None:
 
 def test_public_names_are_exported_exactly() -> None:
     public = {n for n in dir(manifests) if not n.startswith("_")}
-    modules = {"capabilities", "cohorts", "compressed", "envelope", "errors", "keys", "lint", "manifest",
-               "root", "rollout", "sealed", "strictjson", "trust", "versions"}
+    modules = {"capabilities", "cohorts", "compressed", "envelope", "errors", "keys", "lint",
+               "manifest", "root", "rollout", "sealed", "strictjson", "trust", "versions"}
     assert set(manifests.__all__) == public - modules
     assert len(manifests.__all__) == len(set(manifests.__all__))
