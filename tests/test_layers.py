@@ -135,11 +135,13 @@ def test_signing_jobs_and_storage_know_no_rollout_policy(package: str) -> None:
     assert not bad, show(bad)
 
 
-# What the server may take from the SDK: its public package, and the patch format it writes.
-SDK_ALLOWED = ("client_sdk.patching",)
+# What the server may take from the SDK: its public package, and the two byte formats both
+# sides must agree on exactly — the patch format it writes and the compressed-copy codec
+# (client_sdk/compression.py) it compresses with and inflates to identify a leak.
+SDK_ALLOWED = ("client_sdk.patching", "client_sdk.compression")
 
 
-def test_server_takes_only_the_sdk_public_package_and_patch_format() -> None:
+def test_server_takes_only_the_sdk_public_package_and_wire_formats() -> None:
     import client_sdk
 
     public = {f"client_sdk.{name}" for name in client_sdk.__all__}

@@ -1,7 +1,8 @@
 """`GET /v1/models/{name}/versions/{version}/builds`: compile builds with gates and logs.
 
 One entry per build (platform × shape variant), each with its `state`, the primary
-`artifact` (`sha256`, `length`, …), every artifact it produced (several for QNN with more
+`artifact` (`sha256`, `length`, `compressed` — the smaller copy devices download, or null —
+…), every artifact it produced (several for QNN with more
 than one SoC target), the `gates` report (operator findings naming operators / inputs,
 numeric metrics or "not run" with the reason) and the per-job `log`.
 `POST …/builds/retry` re-queues the failed builds of a version (e.g. after a worker fix).
@@ -25,6 +26,14 @@ router = APIRouter(prefix="/v1/models/{name}/versions/{version}/builds", tags=["
                    dependencies=[StrictQuery])
 
 
+class CompressedPublic(BaseModel):
+    """The compressed copy the manifest offers beside the artifact (manifests/compressed.py):
+    what a device that takes it downloads instead of `length` bytes."""
+    codec: str
+    sha256: str
+    length: int
+
+
 class ArtifactPublic(BaseModel):
     platform: str
     variant: str
@@ -33,6 +42,7 @@ class ArtifactPublic(BaseModel):
     length: int
     target: dict[str, Any]
     compile_settings: dict[str, Any]
+    compressed: CompressedPublic | None = None
 
 
 class BuildEntry(BaseModel):
@@ -57,6 +67,13 @@ class BuildList(BaseModel):
     builds: list[BuildEntry]
 
 
+def _compressed(a: Any) -> CompressedPublic | None:
+    if a.compressed_sha256 is None or a.compressed_length is None:
+        return None
+    return CompressedPublic(codec=a.compressed_codec or "", sha256=a.compressed_sha256,
+                            length=a.compressed_length)
+
+
 def _gates(build: Build) -> dict[str, Any] | None:
     """The primary outcome's gates; every outcome's when a build produced several."""
     report = build.gates_report
@@ -78,7 +95,8 @@ def build_list(found: VersionBuilds, *, logs: bool) -> BuildList:
         b = item.build
         mine = [ArtifactPublic(platform=a.platform, variant=a.variant, format=a.format,
                                sha256=a.sha256, length=a.length, target=a.target,
-                               compile_settings=a.compile_settings) for a in item.artifacts]
+                               compile_settings=a.compile_settings,
+                               compressed=_compressed(a)) for a in item.artifacts]
         entries.append(BuildEntry(
             platform=b.platform, variant=b.variant, state=b.state, attempts=b.attempts,
             artifact=mine[0] if mine and b.state == BuildState.succeeded else None,

@@ -154,7 +154,7 @@ def compile_with_islands(model_path: Path, island: list[str], provider: dict[str
     `plan_htp` (the HTP probe and rewrites) like a whole graph does."""
     import onnx
 
-    from server.compile.compilers.qnn import plan_htp
+    from server.compile.htp_plan import plan_htp
 
     model = onnx.load(str(model_path))
     island = convex(model, island)

@@ -176,6 +176,29 @@ def test_the_pace_sleeps_for_half_a_queue_at_the_recent_rate(monkeypatch):
     assert wait == MIN_SLEEP_S
 
 
+def test_after_a_burst_the_idle_pace_reaches_its_longest_sleep_within_eight_wake_ups(
+        monkeypatch):
+    """A loaded app thread offers in bursts: 100 samples in a millisecond is a rate whose
+    half-queue sleep is 40 µs. Halving that rate per idle wake-up took 14 wake-ups to reach the
+    longest sleep (and failed the shadow child's idle test on a loaded CI machine); doubling
+    the sleep actually slept takes log2(MAX_SLEEP_S / MIN_SLEEP_S) at most."""
+    clock = _Clock()
+    monkeypatch.setattr("client_sdk.pace.time.monotonic", clock)
+    pace, seen = Pace(), 0
+    for _ in range(5):
+        clock.now += 0.001
+        seen += 100
+        wait = pace.timeout(seen, 8)
+    assert wait == MIN_SLEEP_S
+    waits = []
+    while wait < MAX_SLEEP_S:
+        clock.now += wait
+        wait = pace.timeout(seen, 8)
+        waits.append(wait)
+    assert len(waits) <= math.ceil(math.log2(MAX_SLEEP_S / MIN_SLEEP_S)), waits
+    assert waits == sorted(waits) and waits[0] == 2 * MIN_SLEEP_S
+
+
 def _blocked(pid: int) -> int:
     """How often every thread of ``pid`` blocked so far (voluntary context switches: a sleep
     or a wait ends in one; preemptions by a loaded machine are not counted)."""

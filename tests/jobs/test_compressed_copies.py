@@ -59,6 +59,10 @@ def test_build_stores_and_serves_a_compressed_copy_the_device_installs_from(
             row = s.scalars(select(db.Artifact)).one()
             assert (row.compressed_sha256, row.compressed_length) == (copy["sha256"],
                                                                       copy["length"])
+        # The builds API shows the release engineer the same copy the manifest signs.
+        [build] = client.get("/v1/models/conv/versions/1.0.0/builds").json()
+        assert build["artifact"]["compressed"] == {
+            "codec": "zstd", "sha256": copy["sha256"], "length": copy["length"]}
         served = client.get(copy["url"]).content
         assert hashlib.sha256(served).hexdigest() == copy["sha256"]
         content = io.BytesIO()
@@ -83,3 +87,5 @@ def test_build_whose_copy_saves_too_little_offers_none(convnet_files, tmp_path, 
         assert "compressed" not in art
         with client.app.state.session_factory() as s:
             assert s.scalars(select(db.Artifact.compressed_sha256)).one() is None
+        [build] = client.get("/v1/models/conv/versions/1.0.0/builds").json()
+        assert build["artifact"]["compressed"] is None

@@ -5,7 +5,7 @@ support data — so the gate and the compile agree by construction.
   at the declared shapes; when it fails, the node it stopped at and every other node no rule
   claims. Torch uploads go to coremltools directly and are not judged here.
 - qnn: the HTP split onnxruntime-qnn makes (`htp_support.probe`) after the same rewrites the
-  compile applies (`compilers.qnn.plan_htp`), judged by the same `min_htp_share` policy, for
+  compile applies (`htp_plan.plan_htp`), judged by the same `min_htp_share` policy, for
   every target SoC. INT8 builds compile a quantized copy of this graph; the probe judges the
   float graph at FP16.
 
@@ -59,7 +59,8 @@ def _coreml(request: CompileRequest, report: OperatorGateReport) -> None:
 
 def _qnn(request: CompileRequest, report: OperatorGateReport) -> None:
     from server.compile.compilers.base import settings_for
-    from server.compile.compilers.qnn import min_htp_share, plan_htp, targets_of
+    from server.compile.compilers.qnn import min_htp_share, targets_of
+    from server.compile.htp_plan import plan_htp
 
     opts = settings_for(request, "qnn")
     min_share = min_htp_share(opts.get("min_htp_share"))
