@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,10 +36,20 @@ PG_ADMIN_DSN = os.environ.get(
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules with a `slow` test first, each module's tests still together and in file
-    order (a stable sort; every xdist worker collects the same order, as it must)."""
+    """Modules with a `slow` test first, then the rest by their number of tests, most first
+    (the longest work first, so that neither xdist worker is left with a long module at the
+    end); each module's tests still together and in file order (a stable sort; every xdist
+    worker collects the same order, as it must). scripts/test passes
+    `--no-loadscope-reorder`: else xdist re-sorts the modules by test count alone and the few
+    slow ones with few tests ran last."""
     heavy = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in heavy)
+    count = Counter(item.nodeid.split("::")[0] for item in items)
+
+    def order(item: pytest.Item) -> tuple[bool, int]:
+        module = item.nodeid.split("::")[0]
+        return module not in heavy, -count[module]
+
+    items.sort(key=order)
 
 
 def _pg_reachable() -> bool:
