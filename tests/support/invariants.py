@@ -45,13 +45,16 @@ def violations(factory: sessionmaker[Session], store: BlobStore,
                seen: Mapping[tuple[str, int], str] | None = None) -> list[str]:
     """Every broken invariant, as a sentence naming what is wrong."""
     blobs = Blobs(store)
+    # A live server may publish meanwhile: read what the bucket serves before the rows, so a
+    # serial committed after this point is not mistaken for a missing one. The channels'
+    # names come from a transaction of their own: the snapshot below must start after the
+    # bucket was read (a REPEATABLE READ snapshot starts at its first query).
+    with factory() as s:
+        names = list(s.scalars(select(db.Channel.name)))
+    served = {name: blobs.read(channel_manifest_key(name)) for name in names}
     with factory() as s:
         if s.get_bind().dialect.name == "postgresql":  # one snapshot for every query below
             s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        # A live server may publish meanwhile: read what the bucket serves before the rows,
-        # so a serial committed after this point is not mistaken for a missing one.
-        served = {name: blobs.read(channel_manifest_key(name))
-                  for name in s.scalars(select(db.Channel.name))}
         return [*manifest_violations(s, blobs, seen or {}, served), *stuck_violations(s),
                 *upload_violations(s, blobs), *trust_violations(s, served),
                 *audit_violations(s)]
