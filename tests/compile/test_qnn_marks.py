@@ -92,13 +92,34 @@ def test_each_qnn_cohort_is_an_htp_compile_of_its_marked_graph_and_passes_the_ga
     assert all(qnn_marks.is_epcontext(c.path) for c in o.cohorts)
 
 
+def compile_noise(o, precision: str, where: Path) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The words in which two HTP compiles of the same unmarked graph differ: the header
+    words a compile changes (ids, some offsets), found by compiling the graph once more."""
+    from server.compile.htp_support import probe
+
+    settings = o.compile_settings
+    provider = {"soc_model": str(settings["soc_model"]), "htp_arch": str(settings["htp_arch"]),
+                "offload_graph_io_quantization": "0"}
+    if precision == "fp16":
+        provider["enable_htp_fp16_precision"] = "1"
+    probe(o.htp_source, provider, context_out=where / "again.ctx.onnx")
+    again = qnn_marks.context_binary(where / "again.ctx.onnx")
+    unmarked, _ = binaries(o)
+    assert len(again) == len(unmarked)  # the layout does not depend on the compile
+    out: np.ndarray = qnn_marks._steps(again, unmarked, qnn_marks.word_bytes(precision)) != 0
+    return out
+
+
 def test_the_context_binary_stores_each_marked_weight_as_one_word_one_step_off(built,
                                                                                tmp_path):
     precision, o = built
     word = qnn_marks.word_bytes(precision)
     unmarked, cohorts = binaries(o)
     steps = [qnn_marks._steps(b, unmarked, word) for b in cohorts]
-    one_step = np.logical_and.reduce([np.abs(s) == 1 for s in steps])
+    # A header word that a compile changes is sometimes a step off in every cohort too (in
+    # one INT8 build of six, ~50 of them): those are not the marks this test is about.
+    noise = compile_noise(o, precision, tmp_path)
+    one_step = np.logical_and.reduce([np.abs(s) == 1 for s in steps]) & ~noise
     # Exactly as many words as the marked graph changes weights (1/32 of the floats, 1/8192
     # of the quantized ones when the build is INT8), the same positions in every cohort.
     marked = qnn_marks.mark_graph(o.htp_source, tmp_path / "c0.onnx", KEY, 0,
@@ -108,8 +129,9 @@ def test_the_context_binary_stores_each_marked_weight_as_one_word_one_step_off(b
                   for t in weights.read(tmp_path / "c0.onnx"))
     assert marked >= 1 and changed > 90
     # (A few are two bit patterns apart — one FP16 step down from a power of two, a byte
-    # wrapping — and left out; a header word one step off in every cohort is a rare extra.)
-    assert 0.95 * changed <= int(one_step.sum()) <= changed + 2, (int(one_step.sum()), changed)
+    # wrapping — and left out; a header word that this one extra compile happened not to
+    # change is a rare extra: up to 3 seen in 30 runs.)
+    assert 0.95 * changed <= int(one_step.sum()) <= changed + 8, (int(one_step.sum()), changed)
     other = [int(((s != 0) & ~one_step).sum()) for s in steps]
     assert max(other) < 200, other  # header words that differ between any two compiles
     # The cohorts' steps there are the keyed patterns' signs: ±1, about half each, and the
