@@ -18,10 +18,11 @@ weights — what scores z ≈ 12 after 1% weight noise — capped by the outputs
 probe: when its PSNR is under `MIN_PSNR_DB` + `PSNR_MARGIN_DB` the strength drops by the
 excess (PSNR falls by 20·log10 of the strength) and cohort 0 is made again, down to 1 (the
 scheme before strengths). A copy still under `MIN_PSNR_DB` at strength 1, or failing the
-numeric gate, is made again weaker: at strength 1 an ONNX or Core ML copy marks only a share
-(1/2, 1/4, …: 3 dB each) of the marked positions — the detector scores all of them, so its
-statistic and bound do not change; some models cannot afford one FP16 step on 1/32 of their
-weights (ppocr-det: 53 dB). The other cohorts start where cohort 0 ended (the cost varies by
+numeric gate, is made again weaker: at strength 1 an ONNX or Core ML copy first gets a
+per-tensor plan (mark_plan.py: the tensors the outputs cannot afford left unmarked, which
+ppocr-det needs: 53 dB marked alike), then marks only a share (1/2, 1/4, …: 3 dB each) of
+the marked positions — the detector scores all of them, so its statistic and bound do not
+change. The other cohorts start where cohort 0 ended (the cost varies by
 a few dB between cohorts, so each may still step down). The gate record holds the weakest
 strength and share any cohort got, and `noise_z`: the z the copies are expected to score
 after 1% weight noise (`wm.noise_z`; ≥ 10 — 3 σ over the 7.05 that names one of 64 cohorts
@@ -48,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from server import watermark as wm
-from server.compile import qnn_marks, weights
+from server.compile import mark_plan, qnn_marks, weights
 from server.compile.compilers.base import Compiler
 from server.compile.gates.numeric import thresholds_for
 from server.compile.gates.verdict import Reference, numeric_gate
@@ -95,8 +96,10 @@ def output_psnr_db(unmarked: list[Any], marked: list[Any]) -> float:
 
 
 def mark_copy(src: Path, dest: Path, key: bytes, cohort: int, strength: int = 1,
-              share: float = 1.0) -> Path:
-    """A copy of the artifact `src` (file or .mlpackage directory) at `dest`, marked."""
+              share: float = 1.0, share_of: Callable[[str], float] = mark_plan.everything
+              ) -> Path:
+    """A copy of the artifact `src` (file or .mlpackage directory) at `dest`, marked; tensor
+    t on `share` × `share_of(t)` of its marked positions (0: left as it is)."""
     if dest.exists():
         shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -104,8 +107,13 @@ def mark_copy(src: Path, dest: Path, key: bytes, cohort: int, strength: int = 1,
         shutil.copytree(src, dest)
     else:
         shutil.copyfile(src, dest)
-    weights.rewrite(dest, lambda name, values: wm.embed(values, key, cohort, strength,
-                                                        name=name, share=share))
+
+    def change(name: str, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        part = share * share_of(name)
+        return wm.embed(values, key, cohort, strength, name=name, share=part) if part > 0 \
+            else values
+
+    weights.rewrite(dest, change)
     return dest
 
 
@@ -166,16 +174,45 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
     tag = f"[{art.target.variant}/{art.target.platform}]"
     start_share = 1.0
     c, k, share = 0, strength, start_share
+    plan: mark_plan.MarkPlan | None = None  # per-tensor shares, once thinning alike is due
+    plan_tried = False
+    base = moved  # the weights marked at share 1 (fewer under a plan)
+
+    def planned(proposal: tuple[int, float] | None) -> tuple[int, float] | None:
+        """In place of the first thinning of a tensor-marked copy: the per-tensor plan
+        (mark_plan.py), when it still names the cohort with room; else `proposal`."""
+        nonlocal plan, base, plan_tried
+        if plan_tried or graph is not None or unmarked is None or proposal is None \
+                or proposal[0] != 1 or k != 1 or proposal[1] >= share:
+            return proposal
+        plan_tried = True
+        made = mark_plan.plan(
+            compiler, art, ref.feeds, unmarked, spec.key, pdir / "cohorts" / "plan",
+            MIN_PSNR_DB + PSNR_MARGIN_DB,
+            lambda src, dest, share_of: mark_copy(src, dest, spec.key, 0, 1, 1.0, share_of),
+            log)
+        if made.marked < THINNEST * min_marked(spec.cohorts):
+            log(f"{tag} mark plan: the outputs afford {made.marked} marked weight(s), too "
+                "few to name a cohort; thinning every tensor alike")
+            return proposal
+        log(f"{tag} mark plan: {made.marked} of {moved} marked weights, "
+            f"{len(made.unmarked)} tensor(s) left unmarked (the most costly: "
+            f"{', '.join(made.unmarked[:3]) or 'none'})")
+        plan, base = made, made.marked
+        return 1, 1.0
+
     while c < spec.cohorts:
         try:
-            marked = _cohort_artifact(art, graph, pdir / "cohorts" / str(c), spec, c, k, share)
+            marked = _cohort_artifact(art, graph, pdir / "cohorts" / str(c), spec, c, k, share,
+                                      plan.share_of if plan else mark_plan.everything)
         except Exception as e:  # the cohort's failure, named, not the worker's crash
             return CohortResult([], _gate(spec, worst_psnr, "failed", marks),
                                 f"cohort {c}'s copy could not be made: {str(e)[:300]}")
         copy = marked.path
         if unmarked is not None:
             psnr = output_psnr_db(unmarked, compiler.run(marked, ref.feeds))
-            retry = _retry(k, share, psnr, c == 0, moved * share, graph is None, spec.cohorts)
+            retry = planned(_retry(k, share, psnr, c == 0, base * share, graph is None,
+                                   spec.cohorts))
             if retry is not None:
                 log(f"{tag} cohort {c}'s watermark at strength {k}, share {share:g} costs "
                     f"the outputs {psnr:.1f} dB PSNR; trying strength {retry[0]}, share "
@@ -192,7 +229,9 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
                                     f"(PSNR {psnr:.1f} dB < {MIN_PSNR_DB:.0f} dB, even at "
                                     f"strength {k} on {share:g} of the marked weights)")
         num = numeric_gate(compiler, marked, _marked_request(request), ref, pdir.parent)
-        halved = _halved(k, share, moved * share, graph is None, spec.cohorts)
+        halved = _halved(k, share, base * share, graph is None, spec.cohorts) \
+            if num.status == "failed" else None
+        halved = planned(halved)
         if num.status == "failed" and halved is not None:
             log(f"{tag} cohort {c}'s artifact at strength {k}, share {share:g} failed the "
                 f"numeric gate ({num.reason[:120]}); trying strength {halved[0]}, share "
@@ -215,9 +254,11 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         f"{gate['strength']}" + (f", lowest output PSNR {worst_psnr:.1f} dB"
                                  if unmarked is not None else ""))
     floats = art.precision is not Precision.INT8  # INT8 marks are integer steps, not k
-    noise = min(wm.noise_z(moved, k, share) for k, share in marks)
+    noise = min(wm.noise_z(moved, k, share * base / moved) for k, share in marks)
     return CohortResult(packed, {**gate, "marked_weights": moved,
-                                 "noise_z": round(noise, 1) if floats else None})
+                                 "noise_z": round(noise, 1) if floats else None,
+                                 **({"plan": plan.summary()} if plan and base != moved
+                                    else {})})
 
 
 def _retry(strength: int, share: float, psnr: float, probe: bool, marked: float,
@@ -260,13 +301,13 @@ def _weaker(strength: int, psnr: float) -> int:
 
 
 def _cohort_artifact(art: CompiledArtifact, graph: Path | None, where: Path,
-                     spec: WatermarkSpec, c: int, strength: int, share: float
-                     ) -> CompiledArtifact:
+                     spec: WatermarkSpec, c: int, strength: int, share: float,
+                     share_of: Callable[[str], float]) -> CompiledArtifact:
     """Cohort c's copy of `art`: the artifact re-marked, or — for a QNN artifact — the HTP's
     source `graph` marked and compiled again (qnn_marks.py)."""
     if graph is None:
         return replace(art, path=mark_copy(art.path, where / art.path.name, spec.key, c,
-                                           strength, share))
+                                           strength, share, share_of))
     qnn_marks.mark_graph(graph, where / "graph.onnx", spec.key, c, art.precision, strength)
     return qnn_marks.compile_cohort(art, where / "graph.onnx", where / art.path.name)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from server import watermark as wm
-from server.compile import BuildSpec, Pipeline, SourceFormat, weights
+from server.compile import BuildSpec, Pipeline, SourceFormat, mark_plan, weights
 from server.compile import cohorts as cohorts_mod
 from server.compile.cohorts import WatermarkSpec
 from server.compile.packing import unpack_directory
@@ -210,6 +210,9 @@ def test_a_model_that_cannot_afford_one_step_is_marked_on_a_share_and_still_name
         "lowest_output_psnr_db"]
     one_step = psnr + 20 * np.log10(k)  # what strength 1 costs (PSNR grows as k falls)
     monkeypatch.setattr(cohorts_mod, "MIN_PSNR_DB", one_step + 4)
+    # No per-tensor plan (it probes no tensor, so it marks none): every tensor thinned alike,
+    # the fallback when the plan affords too few marks.
+    monkeypatch.setattr(mark_plan, "MAX_PROBED", 0)
     (o,) = Pipeline().build(mlp_spec(small_mlp, ("onnx",), WatermarkSpec(COHORTS, KEY)),
                             tmp_path / "b")
     gate = o.gates["watermark"]
@@ -227,3 +230,68 @@ def test_a_model_that_cannot_afford_one_step_is_marked_on_a_share_and_still_name
                               for n, v in copy.items()}):
             got = wm.identify_tensors(leaked, markable, KEY, COHORTS)
             assert got.cohort == c and got.false_positive <= 1e-9, (c, got)
+
+
+def make_cancelling_mlp(tmp):  # type: ignore[no-untyped-def]
+    """The small MLP plus a head whose two large tensors cancel (y += h·P − h·Q, P = Q,
+    |P| ~ 100): they add nothing to the outputs, but a mark on them (keyed per tensor, so
+    unequal) moves the outputs ~10⁴ times more than every other tensor's — as a detector
+    head before a mostly-zero probability map does (ppocr-det's `conv2d_399.w_0`)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    path, ref = make_mlp(tmp, (64, 512, 512, 10))
+    model = onnx.load(str(path))
+    big = (np.random.default_rng(8).standard_normal((512, 10)) * 100).astype(np.float32)
+    model.graph.initializer.extend([numpy_helper.from_array(big, "P"),
+                                    numpy_helper.from_array(big.copy(), "Q")])
+    out = model.graph.node[-1]  # Identity(a1) -> y
+    model.graph.node.remove(out)
+    model.graph.node.extend([helper.make_node("MatMul", ["r0", "P"], ["hp"]),
+                             helper.make_node("MatMul", ["r0", "Q"], ["hq"]),
+                             helper.make_node("Sub", ["hp", "hq"], ["head"]),
+                             helper.make_node("Add", [out.input[0], "head"], ["y"])])
+    onnx.save(model, str(path))
+    return path, ref
+
+
+@pytest.mark.slow
+def test_a_tensor_the_outputs_cannot_afford_is_left_unmarked_and_the_rest_still_names(
+        tmp_path):
+    """Thinning every tensor alike cannot pay for P and Q (the outputs would need 40 dB
+    of it, 1/10⁴ of the marks); the per-tensor plan leaves them unmarked and marks the
+    rest: every cohort passes the gate and is named as shipped."""
+    mlp = make_cancelling_mlp(tmp_path)
+    lines: list[str] = []
+    (o,) = Pipeline(log=lines.append).build(
+        mlp_spec(mlp, ("onnx",), WatermarkSpec(COHORTS, KEY)), tmp_path / "build")
+    assert o.state == "ready" and len(o.cohorts) == COHORTS, o.error
+    gate = o.gates["watermark"]
+    assert gate["status"] == "passed" and gate["lowest_output_psnr_db"] > 60, gate
+    plan = gate["plan"]
+    # P and Q unmarked, or one of them on what budget is left once the rest is marked.
+    assert {"P", "Q"} & set(plan["unmarked"]), plan
+    assert all(plan["partial"].get(n, 0) < 0.01 for n in ("P", "Q")), plan
+    assert plan["marked_weights"] > 0.9 * gate["marked_weights"], plan  # the rest marked
+    assert any("mark plan:" in line and "left unmarked" in line for line in lines), lines
+    original = tensors(o.artifact.path, tmp_path / "orig")
+    markable = [(n, v) for n, v in original.items() if v.size >= weights.MIN_ELEMENTS]
+    for c, packed in enumerate(o.cohorts):
+        copy = tensors(packed.path, tmp_path / f"c{c}")
+        full = [int((wm.embed(original[n], KEY, c, name=n) != original[n]).sum())
+                for n in ("P", "Q", "w1")]
+        assert all(int((copy[n] != original[n]).sum()) <= full[i] // 50
+                   for i, n in enumerate(("P", "Q"))), full
+        assert int((copy["w1"] != original["w1"]).sum()) == full[2] > 0
+        got = wm.identify_tensors(copy, markable, KEY, COHORTS)
+        assert got.cohort == c and got.false_positive <= 1e-9, (c, got)
+
+
+def test_the_plan_spends_the_budget_on_the_most_marks_per_unit_of_error():
+    counts = {"a": 100, "b": 10, "c": 50, "free": 5}
+    cost = {"a": np.array([1.0, 0.0]), "b": np.array([10.0, 0.0]),
+            "c": np.array([0.0, 2.0]), "free": np.array([0.0, 0.0])}
+    # Per sample/output budgets: a fits whole, c only half, b (10 marks for 10 units) not.
+    shares = mark_plan.knapsack(counts, cost, np.array([1.5, 1.0]))
+    assert shares == {"free": 1.0, "a": 1.0, "c": 0.5, "b": 0.05}
+    assert mark_plan.knapsack(counts, cost, np.array([0.0, 0.0])) == {"free": 1.0}
