@@ -56,7 +56,8 @@ def prepare(src: Path, out: Path, per_channel: bool) -> Path:
     # paddle2onnx and nudenet's exports carry some. The QDQ graph does not need them.
     had_metadata = len(model.metadata_props) > 0
     del model.metadata_props[:]
-    changed = unshare_identity_constants(model) + fold_batchnorms(model)
+    changed = unshare_identity_constants(model) + fold_batchnorms(model) + \
+        unshare_float_vectors(model)
     if changed or lifted is not None or had_metadata:
         onnx.save(model, str(out))
         return out
@@ -95,6 +96,21 @@ def matmul_weights_per_channel(model_path: Path, weight_type: Any, keep: set[str
             for name in rank2 if readers.get(name) and all(
                 n.op_type == "MatMul" and list(n.input).index(name) == 1
                 and ranks.get(n.input[0]) == 2 and n.name not in keep for n in readers[name])}
+
+
+def fused_names(model_path: Path, names: tuple[str, ...]) -> tuple[str, ...]:
+    """`names` (nodes of the graph before onnxruntime's QNN preprocessing) as nodes of the
+    preprocessed graph at `model_path`: a node a fusion replaced is there as
+    "<name>/<fusion>" (MatMul + Add → Gemm: "node_MatMul_26/MatMulAddFusion"), and without
+    this a node kept float by name would be quantized after all."""
+    import onnx
+
+    present = [n.name for n in onnx.load(str(model_path), load_external_data=False).graph.node]
+    have = set(present)
+    out: list[str] = []
+    for name in names:
+        out += [name] if name in have else [n for n in present if n.startswith(name + "/")]
+    return tuple(dict.fromkeys(out))
 
 
 def _ranks(model: Any) -> dict[str, int]:
@@ -181,6 +197,36 @@ def _readers(model: Any) -> dict[str, list[Any]]:
         for name in node.input:
             out.setdefault(name, []).append(node)
     return out
+
+
+def unshare_float_vectors(model: Any) -> int:
+    """Gives each further reader of a float vector initializer (a bias, a norm's scale or
+    shift) its own copy (in place); returns how many copies. Exporters share identical
+    vectors (one zero bias for every projection and LayerNorm of a ViT): quantized, each
+    reader needs its own int32 bias scale, and when the mixed search keeps one reader float
+    onnxruntime duplicates the shared DequantizeLinear into a form the HTP refuses."""
+    import onnx
+
+    graph = model.graph
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+    vectors = {t.name: t for t in graph.initializer if len(t.dims) == 1 and
+               t.data_type in floats}
+    seen: dict[str, int] = {}
+    copies = 0
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name not in vectors:
+                continue
+            seen[name] = seen.get(name, 0) + 1
+            if seen[name] == 1:
+                continue
+            copy = onnx.TensorProto()
+            copy.CopyFrom(vectors[name])
+            copy.name = f"{name}__reader{seen[name]}"
+            graph.initializer.append(copy)
+            node.input[i] = copy.name
+            copies += 1
+    return copies
 
 
 def unshare_identity_constants(model: Any) -> int:

@@ -19,8 +19,12 @@ from tests.compile.compile_models import ModelFiles, onnx_model
 
 
 def mlp(tmp: Path, name: str, widths: tuple[int, ...] = (64, 64, 64, 32), seed: int = 0,
-        outlier_layer: int | tuple[int, ...] | None = None, outlier: float = 60.0
-        ) -> ModelFiles:
+        outlier_layer: int | tuple[int, ...] | None = None, outlier: float = 60.0,
+        tokens: int | None = None, gelu: bool = False) -> ModelFiles:
+    """`tokens`: the input is (1, tokens, width), as a transformer's MLP sees it; `gelu`:
+    the activation is an exported Gelu (x·½·(1 + erf(x/√2))) instead of Relu. With both,
+    onnxruntime's QNN preprocessing fuses each MatMul + Add into a Gemm (its Gelu fusion
+    makes it keep the ORT-optimized graph)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -37,14 +41,27 @@ def mlp(tmp: Path, name: str, widths: tuple[int, ...] = (64, 64, 64, 32), seed: 
         nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"], name=f"fc{i}"),
                   helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"bias{i}")]
         x = f"a{i}"
-        if i < len(widths) - 2:
+        if i < len(widths) - 2 and gelu:
+            if i == 0:
+                inits += [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+                          (("sqrt2", np.sqrt(2)), ("one", 1.0), ("half", 0.5))]
+            nodes += [helper.make_node("Div", [x, "sqrt2"], [f"d{i}"]),
+                      helper.make_node("Erf", [f"d{i}"], [f"e{i}"]),
+                      helper.make_node("Add", [f"e{i}", "one"], [f"p{i}"]),
+                      helper.make_node("Mul", [x, f"p{i}"], [f"g{i}"]),
+                      helper.make_node("Mul", [f"g{i}", "half"], [f"r{i}"])]
+            x = f"r{i}"
+        elif i < len(widths) - 2:
             nodes.append(helper.make_node("Relu", [x], [f"r{i}"], name=f"relu{i}"))
             x = f"r{i}"
     nodes[-1].output[0] = "y"
-    spec = InputSpec("x", (1, widths[0]))
+    lead = (1,) if tokens is None else (1, tokens)
+    spec = InputSpec("x", (*lead, widths[0]))
     path = onnx_model(tmp / f"{name}.onnx", nodes,
-                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, widths[0]])],
-                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, widths[-1]])],
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                     [*lead, widths[0]])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                     [*lead, widths[-1]])],
                       inits)
     ref, cal = tmp / f"{name}.ref.npz", tmp / f"{name}.cal.npz"
     feeds = rng.standard_normal((4, *spec.shape)).astype(np.float32)

@@ -252,6 +252,23 @@ def test_qnn_keep_float_nodes_leaves_that_node_unquantized(net, tmp_path):
     assert art.compile_settings["keep_float_nodes"] == "fc0"
 
 
+def test_qnn_keep_float_nodes_holds_for_a_node_the_qnn_preprocessing_fuses(tmp_path):
+    """A transformer's rank-3 MatMul + Add becomes one Gemm named "fc0/MatMulAddFusion" in
+    onnxruntime's QNN preprocessing; kept by its source name, it must stay float (it was
+    quantized: vit-tiny's mixed search kept 8 layers "float" to no effect)."""
+    import onnx
+
+
+    seq = mlp(tmp_path, "seq", tokens=8, gelu=True)
+    art = _qnn(seq, tmp_path / "out", "w8a16", keep_float_nodes="fc0")
+    qdq = Path(art.extra["qdq_model"])
+    fused = {n.name for n in onnx.load(str(qdq)).graph.node}
+    assert "fc0/MatMulAddFusion" in fused and "fc0" not in fused  # the fusion happened
+    types = _dq_types(qdq)
+    assert not any(k.startswith("w0") for k in types), types  # fc0's weight stays float
+    assert any(k.startswith("w1") for k in types), types
+
+
 def _weight_scales(qdq: Path) -> dict[str, tuple[int, ...]]:
     """Shape of each weight DequantizeLinear's scale, by the weight it reads (() per tensor)."""
     import onnx
@@ -419,3 +436,36 @@ def test_the_batchnorm_fold_keeps_the_fp32_graph_and_skips_a_shared_conv_output(
     shared.graph.node.append(helper.make_node("Relu", ["dwc"], ["also"], name="also"))
     assert fold_batchnorms(shared) == 0
 
+
+
+def test_qnn_sensitivity_ranks_a_layer_the_qnn_preprocessing_fused(tmp_path):
+    """The mixed search ranks source nodes by the loss the QDQ graph adds; a MatMul fused
+    with its Add into a Gemm has no output of its own there, and was never ranked (so the
+    search kept attention products and norms, not the layer that lost the accuracy)."""
+    from server.compile import sensitivity
+
+    seq = mlp(tmp_path, "seq", tokens=8, gelu=True, outlier_layer=1)
+    art = _qnn(seq, tmp_path / "out", "w8a16")
+    feeds = load_samples(seq.reference, seq.inputs)[0]
+    ranked = sensitivity.onnx_losses(seq.onnx, Path(art.extra["qdq_model"]), feeds)
+    assert ranked and ranked[0].name == "fc1", [(x.name, x.snr_db) for x in ranked]
+
+
+def test_qnn_keeping_one_reader_of_a_shared_bias_float_still_compiles_on_the_htp(tmp_path):
+    """Exporters share identical vectors (one zero bias for every projection of a ViT).
+    With one reader kept float, onnxruntime duplicated the shared bias's int32
+    DequantizeLinear into a node the HTP refuses ("…_DequantizeLinear/duplicated"); each
+    reader now gets its own copy first (qdq_prep.unshare_float_vectors)."""
+    import onnx
+
+    seq = mlp(tmp_path, "seq", tokens=8, gelu=True)
+    model = onnx.load(str(seq.onnx))
+    for node in model.graph.node:
+        if node.name == "bias1":
+            node.input[1] = "b0"  # layers 0 and 1 are both 64 wide: one shared bias
+    onnx.save(model, str(seq.onnx))
+    art = _qnn(seq, tmp_path / "out", "w8a16", keep_float_nodes="fc1")
+    assert art.extra["htp"]["cpu_nodes"] == [] and art.extra["htp"]["node_share"] == 1.0, \
+        art.extra["htp"]
+    types = _dq_types(Path(art.extra["qdq_model"]))
+    assert not any(k.startswith("w1") for k in types) and any(k.startswith("w0") for k in types)

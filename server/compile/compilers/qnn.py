@@ -116,7 +116,8 @@ def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
     act = QuantType.QUInt16 if activation_bits == 16 else QuantType.QUInt8
     # 4-bit weights symmetric, as the HTP takes them (QInt4 with a zero offset).
     weight = QuantType.QInt4 if weight_bits == 4 else QuantType.QUInt8
-    keep = tuple(dict.fromkeys([*keep_float, *qdq_prep.attention_mask_nodes(model)]))
+    keep = tuple(dict.fromkeys([*qdq_prep.fused_names(model, keep_float),
+                                *qdq_prep.attention_mask_nodes(model)]))
     signed = QuantType.QInt4 if weight_bits == 4 else QuantType.QInt8
     overrides = qdq_prep.gather_tables_at_8_bits(model, QuantType.QUInt8, set(keep))
     if per_channel:
