@@ -22,7 +22,9 @@ are the marked weights; cohort c's sign there is its binary's step; d is the lea
 minus the unmarked one there, decoded as FP16 (or as a byte step). The signs are the keyed
 patterns' (server/watermark.py), so the same Hoeffding bound holds. It needs every cohort's
 binary, which the server keeps (it serves them); a few weights whose step is two bit
-patterns (one FP16 step down from a power of two, a byte wrapping) are left out.
+patterns (one FP16 step down from a power of two, a byte wrapping) are left out, and so are
+positions every cohort moved the same way (from 3 cohorts on): header words that each compile
+moves alike, which a foreign binary compiled later moves too (a false "match" otherwise).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from server.compile import weights
 from server.compile.types import CompiledArtifact, Precision
 
 EPCONTEXT_FORMAT = "onnx-epcontext"
+MIXED_SIGNS_FROM = 3  # cohorts from which a position every cohort moved alike is no mark
 MAX_BINARY_BYTES = weights.MAX_WEIGHT_FILE_BYTES
 
 
@@ -177,6 +180,14 @@ def identify_binary(leaked: bytes, unmarked: bytes, cohorts: Iterable[bytes], wo
     if at is None or at.size == 0:
         return wm.Identified(None, 0.0, 1.0)
     keep = np.logical_and.reduce([np.abs(s) == 1 for s in signs])
+    if len(signs) >= MIXED_SIGNS_FROM:
+        # A header word a compile changes by one step in the same direction every time (a
+        # count, an offset: ~50 bytes in one INT8 build of six) is a step off in every
+        # cohort, and in any other binary compiled since — a foreign one too, whose steps
+        # there would then agree with every cohort's. A mark's keyed signs are all alike in
+        # 2 of 2^N cohort sets (N = 64: never), so such positions are left out; for a single
+        # cohort the signs still score (what is left is symmetric: the bound holds).
+        keep &= ~np.logical_and.reduce([s == signs[0] for s in signs])
     at, signs = at[keep], [s[keep] for s in signs]
     d = _values(leaked, word, at) - _values(unmarked, word, at)
     if word == 1:  # a byte step, whether the HTP stores it signed or not
