@@ -136,15 +136,10 @@ def marked_weights(art: CompiledArtifact, graph: Path | None, probe: Path,
         src, copy = art.path, mark_copy(art.path, probe / art.path.name, spec.key, 0)
     try:
         before = {t.name: t.values for t in weights.read(src)}
-        return sum(_changed(before[t.name], t.values) for t in weights.read(copy)
+        return sum(mark_plan.changed(before[t.name], t.values) for t in weights.read(copy)
                    if t.name in before)
     finally:
         shutil.rmtree(probe, ignore_errors=True)
-
-
-def _changed(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
-    bits = f"u{a.dtype.itemsize}"  # compared as bit patterns: NaN is unchanged
-    return int(np.count_nonzero(a.view(bits) != b.view(bits)))
 
 
 def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileRequest,
@@ -229,9 +224,8 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
                                     f"(PSNR {psnr:.1f} dB < {MIN_PSNR_DB:.0f} dB, even at "
                                     f"strength {k} on {share:g} of the marked weights)")
         num = numeric_gate(compiler, marked, _marked_request(request), ref, pdir.parent)
-        halved = _halved(k, share, base * share, graph is None, spec.cohorts) \
+        halved = planned(_halved(k, share, base * share, graph is None, spec.cohorts)) \
             if num.status == "failed" else None
-        halved = planned(halved)
         if num.status == "failed" and halved is not None:
             log(f"{tag} cohort {c}'s artifact at strength {k}, share {share:g} failed the "
                 f"numeric gate ({num.reason[:120]}); trying strength {halved[0]}, share "

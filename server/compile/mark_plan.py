@@ -64,15 +64,20 @@ def _only(name: str) -> Callable[[str], float]:
     return lambda n: 1.0 if n == name else 0.0
 
 
+def changed(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
+    """How many values of `b` differ from `a` (same dtype), compared as bit patterns (NaN
+    is unchanged)."""
+    bits = f"u{a.dtype.itemsize}"
+    return int(np.count_nonzero(a.view(bits) != b.view(bits)))
+
+
 def marked_counts(path: Path, key: bytes) -> dict[str, int]:
     """Weights cohort 0's mark moves in each tensor of the artifact at `path`."""
     out = {}
     for t in weights.read(path):
         if not t.markable:  # what weights.rewrite leaves alone (sizes, shapes, indices)
             continue
-        moved = wm.embed(t.values, key, 0, 1, name=t.name)
-        bits = f"u{t.values.dtype.itemsize}"
-        n = int(np.count_nonzero(moved.view(bits) != t.values.view(bits)))
+        n = changed(t.values, wm.embed(t.values, key, 0, 1, name=t.name))
         if n:
             out[t.name] = n
     return out

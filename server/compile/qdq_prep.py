@@ -90,12 +90,12 @@ def matmul_weights_per_channel(model_path: Path, weight_type: Any, keep: set[str
 
     model = onnx.load(str(model_path), load_external_data=False)
     rank2 = {t.name for t in model.graph.initializer if len(t.dims) == 2}
-    readers = _readers(model)
+    reading = readers(model)
     ranks = _ranks(model)
     return {name: [{"axis": 1, "quant_type": weight_type, "symmetric": True}]
-            for name in rank2 if readers.get(name) and all(
+            for name in rank2 if reading.get(name) and all(
                 n.op_type == "MatMul" and list(n.input).index(name) == 1
-                and ranks.get(n.input[0]) == 2 and n.name not in keep for n in readers[name])}
+                and ranks.get(n.input[0]) == 2 and n.name not in keep for n in reading[name])}
 
 
 def fused_names(model_path: Path, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -185,13 +185,14 @@ def gather_tables_at_8_bits(model_path: Path, weight_type: Any, keep: set[str]
 
     model = onnx.load(str(model_path), load_external_data=False)
     rank2 = {t.name for t in model.graph.initializer if len(t.dims) == 2}
-    readers = _readers(model)
-    return {name: [{"quant_type": weight_type}] for name in rank2 if readers.get(name) and all(
+    reading = readers(model)
+    return {name: [{"quant_type": weight_type}] for name in rank2 if reading.get(name) and all(
         n.op_type == "Gather" and n.input[0] == name and n.name not in keep
-        for n in readers[name])}
+        for n in reading[name])}
 
 
-def _readers(model: Any) -> dict[str, list[Any]]:
+def readers(model: Any) -> dict[str, list[Any]]:
+    """The nodes that read each tensor, by its name."""
     out: dict[str, list[Any]] = {}
     for node in model.graph.node:
         for name in node.input:

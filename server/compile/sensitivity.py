@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from server.compile.gates.layers import all_layers, layer_metrics
+from server.compile.qdq_prep import readers
 
 # SNRs are clamped to ±this before conversion to noise power.
 _EXACT_DB = 140.0
@@ -65,19 +66,16 @@ def onnx_losses(source: Path, quantized: Path, feeds: dict[str, Any]) -> list[La
     metrics = {m.tensor: m for m in all_layers(source, quantized, feeds)}
     model = onnx.load(str(source))
     weights = {t.name for t in model.graph.initializer if len(t.dims) >= 2}
-    readers: dict[str, list[Any]] = {}
-    for node in model.graph.node:
-        for t in node.input:
-            readers.setdefault(t, []).append(node)
+    reading = readers(model)
 
     def measured(node: Any) -> list[Any]:
         """The node's outputs as the quantized graph has them; for a node a fusion swallowed
         (a MatMul whose Add the QNN preprocessing fused into one Gemm: its output is gone),
         those of its one reader."""
         outs = [metrics[t] for t in node.output if t in metrics]
-        if outs or len(node.output) != 1 or len(readers.get(node.output[0], [])) != 1:
+        if outs or len(node.output) != 1 or len(reading.get(node.output[0], [])) != 1:
             return outs
-        return [metrics[t] for t in readers[node.output[0]][0].output if t in metrics]
+        return [metrics[t] for t in reading[node.output[0]][0].output if t in metrics]
 
     out = []
     for i, node in enumerate(model.graph.node):
