@@ -363,6 +363,9 @@ def cell(b: dict[str, Any]) -> dict[str, Any]:
             "fp32_snr_db": min((float(m["snr_db"]) for m in num.get("vs_fp32") or []),
                                default=None),
             "htp_share": (gates.get("htp") or {}).get("node_share"),
+            # a dynamically quantized upload: the upload itself against its FP32 rewrite
+            "upload_vs_fp32_snr_db": min((float(m["snr_db"]) for m in (gates.get(
+                "dequantized") or {}).get("upload_vs_fp32", [])), default=None),
             "fp32_by_default": bool((gates.get("precision_default") or {}).get("chosen")),
             "bytes": (b.get("artifact") or {}).get("length")}
 
@@ -381,6 +384,9 @@ def _cell(c: dict[str, Any]) -> str:
         parts.append(f"FP16 cost {c['cost_snr_db']:.1f} dB")
     if c.get("fp32_snr_db") is not None and c["precision"] != "fp32":
         parts.append(f"vs FP32 {c['fp32_snr_db']:.1f} dB")
+    if c.get("upload_vs_fp32_snr_db") is not None:
+        parts.append("int8 upload dequantized (upload vs FP32 "
+                     f"{c['upload_vs_fp32_snr_db']:.1f} dB)")
     if c["htp_share"] is not None:
         parts.append(f"HTP {100 * c['htp_share']:.0f}%")
     if c["bytes"]:

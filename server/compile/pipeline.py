@@ -32,6 +32,7 @@ from server.compile import (
 from server.compile.cohorts import WatermarkSpec, build_cohorts
 from server.compile.compilers.base import Compiler, settings_for
 from server.compile.compilers.registry import default_compilers
+from server.compile.dequantize import dequantize_file, upload_agreement
 from server.compile.errors import CompileError, ConversionError, TransientCompileError
 from server.compile.gates import layerdiff
 from server.compile.gates.numeric import NumericGateReport
@@ -136,11 +137,16 @@ class Pipeline:
         log = self._log
         log(f"[{variant}] exporting FP32 ONNX from {spec.source_format.value} source")
         shape_gate: dict[str, Any] = {}
+        source, dequantized = spec.source_path, None
         try:
             if spec.source_format is SourceFormat.ONNX:
                 onnx_path = vdir / "source.onnx"
+                dequantized = dequantize_file(spec.source_path, vdir / "dequantized.onnx")
+                if dequantized is not None:
+                    source = vdir / "dequantized.onnx"
+                    log(f"[{variant}] {dequantized.note()}")
                 allowed = spec.settings.get("operator_gate", {}).get("allow", [])
-                specialized = specialize_file(spec.source_path, inputs, onnx_path,
+                specialized = specialize_file(source, inputs, onnx_path,
                                               allow_ifs="If" in allowed)
                 if specialized is not None:
                     shape_gate = {"passed": True, "fixed": specialized.fixed,
@@ -163,12 +169,12 @@ class Pipeline:
             if isinstance(e, ShapeSpecializationError):
                 gates["shapes"] = {"passed": False, "unfixed": [u.to_dict() for u in e.unfixed]}
             return [_failed(p, variant, str(e), gates) for p in spec.platforms]
-        feeds, reference, ref_reason = self._reference(spec, inputs, variant)
+        feeds, reference, ref_reason = self._reference(spec, inputs, variant, source)
         outcomes = []
         for platform in spec.platforms:
             # Inputs bound to their declared value are constants of the graph, not inputs.
             request = CompileRequest(
-                source_path=spec.source_path, source_format=spec.source_format,
+                source_path=source, source_format=spec.source_format,
                 inputs=tuple(i for i in inputs if i.value is None),
                 shape_variant=variant, settings=spec.settings,
                 calibration_path=spec.calibration_path, onnx_path=onnx_path,
@@ -184,10 +190,18 @@ class Pipeline:
                                if shape_gate["fixed"] else
                                "static ONNX folded at the declared shapes (If nodes with a "
                                "constant condition)")
+        if dequantized is not None:
+            gate = {"ops": dequantized.ops,
+                    **upload_agreement(spec.source_path, feeds, reference)}
+            for o in outcomes:
+                o.gates["dequantized"] = gate
+                o.notes.insert(0, dequantized.note() + (
+                    f" (the upload against its FP32 rewrite: {gate['summary']})"
+                    if "summary" in gate else ""))
         return outcomes
 
-    def _reference(self, spec: BuildSpec, inputs: tuple[InputSpec, ...], variant: str
-                   ) -> tuple[list[Any], list[Any] | None, str]:
+    def _reference(self, spec: BuildSpec, inputs: tuple[InputSpec, ...], variant: str,
+                   source: Path) -> tuple[list[Any], list[Any] | None, str]:
         # Reference inputs, else the calibration inputs (also real data); never invented ones.
         path = spec.reference_path or spec.calibration_path
         if path is None:
@@ -195,7 +209,7 @@ class Pipeline:
         try:
             limit = int(spec.settings.get("numeric_samples", DEFAULT_NUMERIC_SAMPLES))
             feeds = load_samples(path, inputs, variant)[:max(limit, 1)]
-            ref = reference_outputs(spec.source_path, spec.source_format, inputs, feeds)
+            ref = reference_outputs(source, spec.source_format, inputs, feeds)
         except CompileError as e:
             return [], None, f"not run: reference inputs unusable: {e}"
         self._log(f"[{variant}] FP32 reference computed on {len(feeds)} sample(s) "

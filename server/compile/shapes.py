@@ -189,33 +189,20 @@ def check_inputs(model: Any, specs: Sequence[InputSpec]) -> None:
                 f"shape {list(spec.shape)} has rank {len(spec.shape)}")
 
 
-# onnxruntime.quantization.quantize_dynamic's operators: int8 weights, activations quantized at
-# run time (MatMulInteger / ConvInteger and the contrib ops it writes for LSTM and attention).
-DYNAMIC_QUANTIZATION_OPS = {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
-                            "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "QAttention",
-                            "MatMulIntegerToFloat"}
-
-
 def refuse_dynamic_quantization(model: Any) -> None:
-    """A dynamically quantized upload is refused by name: shape inference knows nothing of
-    its contrib ops (the build would otherwise blame "sizes that depend on tensor values"), no
-    device compiler here takes its integer ops, and its outputs carry the run-time
-    quantization noise, so it is no FP32 reference for the numeric gate either."""
-    found = [(n.op_type, n.name or n.output[0], n.domain) for n in model.graph.node
-             if n.op_type in DYNAMIC_QUANTIZATION_OPS]
-    if not found:
-        return
-    kinds = sorted({op for op, _, _ in found})
-    named = ", ".join(f"{op} {name!r}" + (f" ({domain})" if domain else "")
-                      for op, name, domain in found[:6])
-    raise InvalidSourceError(
-        f"the upload is dynamically quantized ({len(found)} node(s) of "
-        f"{', '.join(kinds)}: {named}{' …' if len(found) > 6 else ''}), as "
-        "onnxruntime.quantization.quantize_dynamic writes it: integer weights with "
-        "activations quantized at run time, which no platform here compiles and which is no "
-        "FP32 reference for the numeric gate. Upload the FP32 model it was quantized from; "
-        "the builds quantize it themselves (qnn: precision int8 / w8a16 with calibration "
-        "inputs; coreml: weight_compression int8)")
+    """A dynamically quantized graph reaching specialization directly is refused by name:
+    shape inference knows nothing of its contrib ops (it would otherwise blame "sizes that
+    depend on tensor values"). The build pipeline rewrites such uploads to FP32 first
+    (`server/compile/dequantize.py`)."""
+    from server.compile.dequantize import quantized_nodes
+
+    found = [(n.op_type, n.name or n.output[0]) for n in quantized_nodes(model)]
+    if found:
+        named = ", ".join(f"{op} {name!r}" for op, name in found[:6])
+        raise InvalidSourceError(
+            f"the graph is dynamically quantized ({len(found)} node(s): {named}"
+            f"{' …' if len(found) > 6 else ''}); rewrite it to FP32 first with "
+            "server.compile.dequantize.dequantize_file")
 
 
 def bind_constants(model: Any, specs: Sequence[InputSpec]) -> tuple[str, ...]:
