@@ -285,11 +285,11 @@ def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
         if any(o in needed for o in n.output):
             keep.append(n)
             needed.update(i for i in n.input if i)
-            needed.update(_subgraph_reads(n))
+            needed.update(subgraph_reads(n))
     return keep[::-1]
 
 
-def _subgraph_reads(node: Any) -> set[str]:
+def subgraph_reads(node: Any) -> set[str]:
     """Names an If / Loop / Scan body reads (outer-scope tensors among them)."""
     from onnx import AttributeProto
 
@@ -299,7 +299,7 @@ def _subgraph_reads(node: Any) -> set[str]:
         for g in graphs:
             for n in g.node:
                 reads.update(n.input)
-                reads.update(_subgraph_reads(n))
+                reads.update(subgraph_reads(n))
     return reads
 
 

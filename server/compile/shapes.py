@@ -34,6 +34,8 @@ import numpy as np
 
 from server.compile.errors import InvalidSourceError
 from server.compile.if_select import select_ifs
+from server.compile.log_rescale import chains as log_power_chains
+from server.compile.log_rescale import rescale_logs
 from server.compile.prescale import candidates as prescalable
 from server.compile.prescale import prescale_sums
 from server.compile.quiet import quiet
@@ -100,6 +102,7 @@ class Specialized:
     constants: tuple[str, ...] = ()  # inputs bound to their declared value ("sr=16000")
     ifs_selected: tuple[str, ...] = ()  # value-dependent Ifs as both branches + Where
     sums_prescaled: tuple[str, ...] = ()  # ReduceSum nodes scaled before the sum (FP16)
+    logs_rescaled: tuple[str, ...] = ()  # Log nodes of power spectra normalized (FP16)
 
     def note(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in sorted(self.fixed.items()))
@@ -116,8 +119,10 @@ class Specialized:
                     if self.ifs_selected else "")
         sums = (f"; {len(self.sums_prescaled)} sum(s) scaled before the ReduceSum instead of "
                 "after, so FP16 holds them" if self.sums_prescaled else "")
+        logs = (f"; {len(self.logs_rescaled)} log-power chain(s) ({', '.join(self.logs_rescaled)})"
+                " normalized at run time, so FP16 holds them" if self.logs_rescaled else "")
         return (f"{head}; shape arithmetic folded{ifs}: {self.nodes_before} → "
-                f"{self.nodes_after} nodes{rnn}{consts}{selected}{sums}")
+                f"{self.nodes_after} nodes{rnn}{consts}{selected}{sums}{logs}")
 
 
 def graph_inputs(model: Any) -> list[Any]:
@@ -370,8 +375,9 @@ def specialize(model: Any, specs: Sequence[InputSpec], *, allow_ifs: bool = Fals
         selected, kept = select_ifs(slim)
         refuse_value_dependent_ifs(slim, kept)
     prescaled = prescale_sums(slim)
+    rescaled = rescale_logs(slim)
     return slim, Specialized(fixed, nodes_before, len(slim.graph.node), folded, relaid,
-                             constants, tuple(selected), tuple(prescaled))
+                             constants, tuple(selected), tuple(prescaled), tuple(rescaled))
 
 
 def if_nodes(model: Any) -> list[Any]:
@@ -435,7 +441,8 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path, *,
     computed by constant subgraphs (spox inlines Silero's STFT with its `Pad` amounts built by
     ConstantOfShape → Concat → Reshape → Slice → Cast) are only known once those are folded,
     and one with a sum scaled after its ReduceSum (`server/compile/prescale.py`: the scale
-    moves before the sum, so FP16 builds hold it).
+    moves before the sum, so FP16 builds hold it), and one with the log of a power spectrum
+    of an input (`server/compile/log_rescale.py`: normalized at run time, so FP16 holds it).
     `allow_ifs`: the version's operator gate allows `If` (`allow_ops`), so an `If` on tensor
     values is kept for the runtimes that execute control flow."""
     import onnx
@@ -448,7 +455,8 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path, *,
     refuse_dynamic_quantization(model)
     plain = is_static(model) and not if_nodes(model) and not batch_first_rnns(model) and all(
         s.value is None for s in specs)
-    if plain and not unfixed_dims(model) and not prescalable(model):
+    if plain and not unfixed_dims(model) and not prescalable(model) and not \
+            log_power_chains(model):
         _fix_inputs(model, specs)  # only checks: static dims that differ are refused
         onnx.save(model, str(out))
         return None
@@ -461,6 +469,7 @@ def specialize_file(path: Path, specs: Sequence[InputSpec], out: Path, *,
         # upload passes through, and the operator gate names those operators and tensors.
         _fix_inputs(model, specs)
         prescale_sums(model)
+        rescale_logs(model)
         onnx.save(model, str(out))
         return None
     onnx.save(static, str(out))
