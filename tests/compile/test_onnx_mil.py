@@ -97,6 +97,18 @@ def test_max_min_become_maximum_minimum_with_broadcasting() -> None:
     assert_matches_onnxruntime(model, {"a": rand(2, 1, 5), "b": rand(3, 1, seed=1)})
 
 
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceSum", "ReduceMean", "ReduceL2"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_a_reduction_over_all_axes_after_a_transpose_converts(op: str, keepdims: int) -> None:
+    """No `axes`: the reduction is over every axis. coremltools' reduce_transposes pass
+    reads the axes of each reduction after a transpose (it raised KeyError: 'axes')."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+             helper.make_node(op, ["t"], ["r"], keepdims=keepdims),
+             helper.make_node("Div", ["t", "r"], ["y"])]
+    model = graph(nodes, {"x": rand(1, 4, 6)})
+    assert_matches_onnxruntime(model, {"x": rand(1, 4, 6)})
+
+
 @pytest.mark.parametrize("mode", ["reflect", "edge", "constant", "wrap"])
 def test_one_dimensional_pad_of_a_signal(mode: str) -> None:
     """tf2onnx audio front ends pad the time axis of a [batch, samples] signal."""

@@ -349,9 +349,10 @@ def reduce_op(ctx: NodeContext) -> Outputs:
     if rank == 0:
         return [mb.identity(x=x, name=ctx.name())]
     op = _REDUCE[ctx.node.op_type]
-    kw: dict[str, Any] = {"x": x, "keep_dims": keep, "name": ctx.name()}
-    if axes is not None:
-        kw["axes"] = np.array(axes, np.int32)
+    # All axes spelled out: coremltools' reduce_transposes pass reads `axes` of every
+    # reduction after a transpose (KeyError: 'axes' when it is left to default).
+    kw: dict[str, Any] = {"x": x, "keep_dims": keep, "name": ctx.name(),
+                          "axes": np.array(range(rank) if axes is None else axes, np.int32)}
     if dtype_of(x) == np.int32 and ctx.node.op_type not in ("ReduceMax", "ReduceMin",
                                                            "ReduceSum", "ReduceProd"):
         kw["x"] = mb.cast(x=x, dtype="fp32", name=ctx.tmp())
