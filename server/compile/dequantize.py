@@ -322,22 +322,3 @@ def dequantize_file(path: Path, out: Path) -> Dequantized | None:
                        f"the rewritten graph is not valid ONNX ({e})") from None
     onnx.save(model, str(out))
     return report
-
-
-def upload_agreement(upload: Path, feeds: list[dict[str, Any]],
-                     reference: list[list[Any]] | None) -> dict[str, Any]:
-    """How far the upload itself (its run-time activation rounding, on onnxruntime) is from
-    its FP32 rewrite on the reference inputs: what the devices gain back, reported."""
-    from server.compile.gates.numeric import compare
-    from server.compile.source import run_onnx_cpu
-
-    if reference is None or not feeds:
-        return {"upload_vs_fp32": [], "reason": "not measured: no reference inputs"}
-    rows = [m.row() for m in compare(reference, run_onnx_cpu(upload, feeds), 5, False)]
-    summary = ", ".join(f"output {r['output']}: cosine {_fmt(r['cosine'], '.6f')}, SNR "
-                        f"{_fmt(r['snr_db'], '.1f')} dB" for r in rows)
-    return {"upload_vs_fp32": rows, "summary": summary}
-
-
-def _fmt(value: Any, spec: str) -> str:
-    return format(value, spec) if isinstance(value, float) else str(value)

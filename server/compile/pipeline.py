@@ -32,10 +32,10 @@ from server.compile import (
 from server.compile.cohorts import WatermarkSpec, build_cohorts
 from server.compile.compilers.base import Compiler, settings_for
 from server.compile.compilers.registry import default_compilers
-from server.compile.dequantize import dequantize_file, upload_agreement
+from server.compile.dequantize import dequantize_file
 from server.compile.errors import CompileError, ConversionError, TransientCompileError
 from server.compile.gates import layerdiff
-from server.compile.gates.numeric import NumericGateReport
+from server.compile.gates.numeric import NumericGateReport, compare
 from server.compile.gates.operators import check_mlpackage, check_onnx, deny_list
 from server.compile.gates.support import check_support
 from server.compile.gates.verdict import Reference as _Reference
@@ -43,7 +43,7 @@ from server.compile.gates.verdict import failure_message, log_lines, numeric_gat
 from server.compile.heap import frozen_heap
 from server.compile.packing import PackedArtifact, pack
 from server.compile.shapes import ShapeSpecializationError, specialize_file
-from server.compile.source import export_onnx, load_samples, reference_outputs
+from server.compile.source import export_onnx, load_samples, reference_outputs, run_onnx_cpu
 from server.compile.types import CompiledArtifact, CompileRequest, InputSpec, SourceFormat
 
 DEFAULT_PLATFORMS = ("onnx", "coreml", "qnn")
@@ -192,7 +192,7 @@ class Pipeline:
                                "constant condition)")
         if dequantized is not None:
             gate = {"ops": dequantized.ops,
-                    **upload_agreement(spec.source_path, feeds, reference)}
+                    **_upload_agreement(spec.source_path, feeds, reference)}
             for o in outcomes:
                 o.gates["dequantized"] = gate
                 o.notes.insert(0, dequantized.note() + (
@@ -407,3 +407,19 @@ class Pipeline:
             out.state = "ready"
             log(f"{tag} packed {out.artifact.length} bytes sha256={out.artifact.sha256[:16]}…")
         return out
+
+
+def _upload_agreement(upload: Path, feeds: list[dict[str, Any]],
+                      reference: list[list[Any]] | None) -> dict[str, Any]:
+    """How far the upload itself (its run-time activation rounding, on onnxruntime) is from
+    its FP32 rewrite on the reference inputs: what the devices gain back, reported."""
+    if reference is None or not feeds:
+        return {"upload_vs_fp32": [], "reason": "not measured: no reference inputs"}
+    rows = [m.row() for m in compare(reference, run_onnx_cpu(upload, feeds), 5, False)]
+    summary = ", ".join(f"output {r['output']}: cosine {_fmt(r['cosine'], '.6f')}, SNR "
+                        f"{_fmt(r['snr_db'], '.1f')} dB" for r in rows)
+    return {"upload_vs_fp32": rows, "summary": summary}
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, float) else str(value)
