@@ -32,13 +32,14 @@ from typing import Any
 
 import numpy as np
 
+from server.compile.dequantize_static import STATIC_QUANTIZATION_OPS, StaticRewrite, Unsupported
 from server.compile.errors import InvalidSourceError
 
 # What quantize_dynamic writes (and onnxruntime's fusions of it, in saved optimized graphs).
 DYNAMIC_QUANTIZATION_OPS = {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
                             "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "QAttention",
                             "MatMulIntegerToFloat"}
-REWRITTEN = DYNAMIC_QUANTIZATION_OPS - {"QAttention"}
+REWRITTEN = (DYNAMIC_QUANTIZATION_OPS - {"QAttention"}) | STATIC_QUANTIZATION_OPS
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,18 @@ class Dequantized:
 
     def note(self) -> str:
         kinds = ", ".join(f"{n} {op}" for op, n in sorted(self.ops.items()))
-        return (f"dynamically quantized upload ({kinds}) rewritten to FP32 with its int8 "
-                "weights dequantized; the upload's run-time activation rounding is gone")
+        return (f"{_kind(self.ops)} quantized upload ({kinds}) rewritten to FP32 with its "
+                "integer weights dequantized; the upload's activation rounding is gone")
+
+
+def _kind(ops: Any) -> str:
+    return "dynamically" if set(ops) & DYNAMIC_QUANTIZATION_OPS else "statically"
 
 
 def quantized_nodes(model: Any) -> list[Any]:
-    return [n for n in model.graph.node if n.op_type in DYNAMIC_QUANTIZATION_OPS]
+    """quantize_dynamic's and quantize_static's operators (QDQ and QOperator formats)."""
+    return [n for n in model.graph.node
+            if n.op_type in DYNAMIC_QUANTIZATION_OPS | STATIC_QUANTIZATION_OPS]
 
 
 def dequantize(model: Any) -> Dequantized | None:
@@ -74,7 +81,7 @@ def dequantize(model: Any) -> Dequantized | None:
     rewrite = _Rewrite(model)
     try:
         rewrite.run()
-    except _Unsupported as e:
+    except (_Unsupported, Unsupported) as e:
         raise _refusal(found, str(e)) from None
     ops: dict[str, int] = {}
     for n in found:
@@ -94,7 +101,7 @@ def _refusal(found: Sequence[Any], why: str) -> InvalidSourceError:
     kinds = sorted({n.op_type for n in found})
     named = ", ".join(f"{n.op_type} {_name(n)!r}" for n in found[:4])
     return InvalidSourceError(
-        f"the upload is dynamically quantized ({len(found)} node(s) of {', '.join(kinds)}: "
+        f"the upload is {_kind(kinds)} quantized ({len(found)} node(s) of {', '.join(kinds)}: "
         f"{named}{' …' if len(found) > 4 else ''}) and cannot be turned back into FP32: "
         f"{why}. Upload the FP32 model it was quantized from; the builds quantize it "
         "themselves (qnn: precision int8 / w8a16 with calibration inputs; coreml: "
@@ -114,9 +121,10 @@ class _Rewrite:
         self.dql_outputs: set[str] = set()  # the float-for-integer tensors after the rewrite
         self.new_inits: list[Any] = []
         self.integer_sums: set[str] = set()  # outputs of rewritten ConvInteger / MatMulInteger
+        self.static = StaticRewrite(self.consts, self.dql_outputs, self._const, _name)
 
     def run(self) -> None:
-        from onnx import helper
+        from onnx import TensorProto, helper
 
         out: list[Any] = []
         for node in self.graph.node:
@@ -130,6 +138,9 @@ class _Rewrite:
         self.graph.initializer.extend(keep + [t for t in self.new_inits if t.name in used])
         # Inferred types of rewritten tensors (int32 sums, uint8 activations) are now wrong.
         del self.graph.value_info[:]
+        for o in self.graph.output:
+            if o.name in self.dql_outputs or o.name in self.integer_sums:
+                o.type.tensor_type.elem_type = TensorProto.FLOAT
         if not any(n.domain == "com.microsoft" for n in self.graph.node):
             del_domains = [o for o in self.model.opset_import if o.domain == "com.microsoft"]
             for o in del_domains:
@@ -181,6 +192,8 @@ class _Rewrite:
                                      name=node.name, **attrs)]
         if op == "DynamicQuantizeLSTM":
             return [self._lstm(node, ins, helper)]
+        if op not in DYNAMIC_QUANTIZATION_OPS:
+            return self.static.node(node, helper) or [node]
         if op == "DynamicQuantizeMatMul":  # A, B, b_scale, b_zero_point, bias
             b = self._scaled(node, ins[1], ins[3], ins[2], per="column")
             return self._matmul_bias(node, ins[0], b, ins[4], helper)
