@@ -140,7 +140,10 @@ class _Rewrite:
         del self.graph.value_info[:]
         for o in self.graph.output:
             if o.name in self.dql_outputs or o.name in self.integer_sums:
-                o.type.tensor_type.elem_type = TensorProto.FLOAT
+                kind = TensorProto.DataType.Name(o.type.tensor_type.elem_type)
+                raise _Unsupported(f"graph output {o.name!r} is a quantized tensor ({kind}) "
+                                   "that the app reads as such; the rewrite would make it "
+                                   "float")
         if not any(n.domain == "com.microsoft" for n in self.graph.node):
             del_domains = [o for o in self.model.opset_import if o.domain == "com.microsoft"]
             for o in del_domains:

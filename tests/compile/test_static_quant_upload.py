@@ -155,6 +155,15 @@ def test_an_op_without_a_rule_on_a_quantized_tensor_is_refused_by_name() -> None
         dequantize(model)
 
 
+def test_a_quantized_graph_output_is_refused_not_made_float() -> None:
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="q_out")]
+    model = _model(nodes, (1, 4), {"s": np.array(0.1, np.float32),
+                                   "z": np.array(128, np.uint8)})
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.UINT8
+    with pytest.raises(InvalidSourceError, match="graph output 'y' is a quantized tensor"):
+        dequantize(model)
+
+
 @pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
 def test_a_statically_quantized_upload_builds_on_every_platform(fmt: str,
                                                                 tmp_path: Path) -> None:
