@@ -199,34 +199,39 @@ def trust_violations(s: Session, served: Mapping[str, bytes | None]) -> list[str
 
 
 def audit_violations(s: Session) -> list[str]:
-    out: list[str] = []
+    # Without one snapshot (SQLite reads each query afresh) a live server may publish between
+    # the queries. A publish commits its rows and its events together, so events read BEFORE
+    # the rows name only committed rows, and events read AFTER the rows include every event
+    # of those rows: each direction is checked against the read that makes it sound.
+    def read_events() -> list[db.AuditEvent]:
+        return list(s.scalars(select(db.AuditEvent).order_by(db.AuditEvent.id)).all())
+
+    before = read_events()
     committed = set(s.execute(
         select(db.Channel.name, db.SignedManifest.serial)
         .join(db.SignedManifest, db.SignedManifest.channel_id == db.Channel.id)).tuples())
-    events = s.scalars(select(db.AuditEvent).order_by(db.AuditEvent.id)).all()
-    audited: set[tuple[str, int]] = set()
-    for e in events:
-        serial = e.details.get("serial")
-        if not isinstance(serial, int):
-            continue
-        channel = _event_channel(e.target)
-        if (channel, serial) not in committed:
-            out.append(f"audit event {e.id} ({e.action} {e.target}) names serial {serial}, "
-                       "which was never committed")
-        audited.add((channel, serial))
-    for channel, serial in sorted(committed - audited):
-        out.append(f"{channel} serial {serial} took effect with no audit event naming it")
-    uploads = {e.target for e in events if e.action == "version.upload"}
     versions = {f"{m}/{v}": vid for vid, m, v in s.execute(
         select(db.ModelVersion.id, db.Model.name, db.ModelVersion.version)
         .join(db.Model, db.Model.id == db.ModelVersion.model_id))}
-    out += [f"version {t} exists with no version.upload event" for t in sorted(versions)
-            if t not in uploads]
-    out += [f"audit event version.upload {t} names no version" for t in sorted(uploads)
-            if t not in versions]
     patched = set(s.scalars(select(db.Artifact.version_id).join(
         db.Patch, db.Patch.to_artifact_id == db.Artifact.id)))
-    patch_events = {e.target for e in events if e.action == "patches.create"}
+    after = read_events()
+    out: list[str] = []
+    for e in before:
+        serial = e.details.get("serial")
+        if isinstance(serial, int) and (_event_channel(e.target), serial) not in committed:
+            out.append(f"audit event {e.id} ({e.action} {e.target}) names serial {serial}, "
+                       "which was never committed")
+    audited = {(_event_channel(e.target), e.details["serial"]) for e in after
+               if isinstance(e.details.get("serial"), int)}
+    for channel, serial in sorted(committed - audited):
+        out.append(f"{channel} serial {serial} took effect with no audit event naming it")
+    uploads_after = {e.target for e in after if e.action == "version.upload"}
+    out += [f"version {t} exists with no version.upload event" for t in sorted(versions)
+            if t not in uploads_after]
+    out += [f"audit event version.upload {t} names no version" for t in sorted(
+        {e.target for e in before if e.action == "version.upload"}) if t not in versions]
+    patch_events = {e.target for e in after if e.action == "patches.create"}
     out += [f"version {vid} has patches with no patches.create event" for vid in sorted(patched)
             if f"version:{vid}" not in patch_events]
     return out
