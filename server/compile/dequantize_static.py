@@ -36,6 +36,8 @@ STATIC_QUANTIZATION_OPS = {
 DATA_MOVEMENT = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "Slice",
                  "Split", "Concat", "Identity", "Gather", "DepthToSpace", "SpaceToDepth",
                  "Tile", "Expand"}  # not Relu: on a zero point of 128 it is max(q, 128)
+_RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127),
+           np.dtype(np.uint16): (0, 65535), np.dtype(np.int16): (-32768, 32767)}
 _FLOAT_OP = {"QLinearAdd": "Add", "QLinearMul": "Mul", "QLinearSigmoid": "Sigmoid",
              "QLinearLeakyRelu": "LeakyRelu", "QLinearAveragePool": "AveragePool",
              "QLinearGlobalAveragePool": "GlobalAveragePool"}
@@ -80,19 +82,19 @@ class StaticRewrite:
                                          name=node.name)]
             raise Unsupported(f"DequantizeLinear {self._name(node)!r} reads {ins[0]!r}, which "
                               "is neither constant nor a quantized activation of the graph")
-        if op == "QuantizeLinear":
+        if op == "QuantizeLinear":  # x, y_scale, y_zero_point: x within the type's range
             self.floats.add(node.output[0])
-            return [helper.make_node("Identity", [ins[0]], [node.output[0]], name=node.name)]
+            return self._saturate(helper, node, ins[0], node.output[0], ins[1], ins[2])
         if op == "QLinearConv":  # x, xs, xz, w, ws, wz, ys, yz, B
             w = self._dequant(node, ins[3], ins[4], ins[5], axis=0)
             args = [self._float(node, ins[0]), w]
             if ins[8]:
                 args.append(self._bias(node, ins[8], ins[1], ins[4]))
-            return [self._out(helper, "Conv", args, node, _attrs(helper, node))]
+            return self._out(helper, "Conv", args, node, _attrs(helper, node), ins[6], ins[7])
         if op == "QLinearMatMul":  # a, as, az, b, bs, bz, ys, yz
             a = self._operand(node, ins[0], ins[1], ins[2], axis=-1)
             b = self._operand(node, ins[3], ins[4], ins[5], axis=-1)
-            return [self._out(helper, "MatMul", [a, b], node, {})]
+            return self._out(helper, "MatMul", [a, b], node, {}, ins[6], ins[7])
         if op == "QGemm":  # A, as, az, B, bs, bz, C, ys, yz
             attrs = _attrs(helper, node)
             args = [self._float(node, ins[0]),
@@ -101,20 +103,21 @@ class StaticRewrite:
             if ins[6]:
                 args.append(self._bias(node, ins[6], ins[1], ins[4]))
             # without y_scale QGemm's output is float already; either way it is the float value
-            return [self._out(helper, "Gemm", args, node, attrs, quantized=bool(ins[7]))]
+            return self._out(helper, "Gemm", args, node, attrs, ins[7], ins[8])
         if op in ("QLinearAdd", "QLinearMul"):  # A, As, Az, B, Bs, Bz, Cs, Cz
             a = self._operand(node, ins[0], ins[1], ins[2], axis=None)
             b = self._operand(node, ins[3], ins[4], ins[5], axis=None)
-            return [self._out(helper, _FLOAT_OP[op], [a, b], node, {})]
+            return self._out(helper, _FLOAT_OP[op], [a, b], node, {}, ins[6], ins[7])
         if op in _FLOAT_OP:  # X, Xs, Xz, Ys, Yz
             attrs = {k: v for k, v in _attrs(helper, node).items() if k != "channels_last"}
             if _attrs(helper, node).get("channels_last"):
                 raise Unsupported(f"{op} {self._name(node)!r} is channels-last")
-            return [self._out(helper, _FLOAT_OP[op], [self._float(node, ins[0])], node, attrs)]
+            return self._out(helper, _FLOAT_OP[op], [self._float(node, ins[0])], node, attrs,
+                             ins[3], ins[4])
         if op == "QLinearConcat":  # Ys, Yz, then (X, Xs, Xz) per input
             xs = [self._operand(node, node.input[k], node.input[k + 1], node.input[k + 2],
                                 axis=None) for k in range(2, len(node.input), 3)]
-            return [self._out(helper, "Concat", xs, node, _attrs(helper, node))]
+            return self._out(helper, "Concat", xs, node, _attrs(helper, node), ins[0], ins[1])
         read = [i for i in node.input if i in self.floats]
         if not read:
             return None
@@ -158,10 +161,35 @@ class StaticRewrite:
                            (self.consts[bias].astype(np.float32) * scale).astype(np.float32))
 
     def _out(self, helper: Any, op: str, args: list[str], node: Any, attrs: dict[str, Any],
-             quantized: bool = True) -> Any:
-        if quantized:
-            self.floats.update(node.output)
-        return helper.make_node(op, args, [node.output[0]], name=node.name, **attrs)
+             scale: str, zero: str) -> list[Any]:
+        """The float op, saturated to the quantized output's range when it has one (QGemm
+        without y_scale returns float)."""
+        out = node.output[0]
+        if not scale:
+            return [helper.make_node(op, args, [out], name=node.name, **attrs)]
+        self.floats.add(out)
+        return [helper.make_node(op, args, [f"{out}__float"], name=node.name, **attrs),
+                *self._saturate(helper, node, f"{out}__float", out, scale, zero)]
+
+    def _saturate(self, helper: Any, node: Any, x: str, out: str, scale: str, zero: str
+                  ) -> list[Any]:
+        """`out` = x clipped to what the quantized type holds at this scale and zero point:
+        `(qmin − zp) · s … (qmax − zp) · s`. Exporters fuse a ReLU (or ReLU6) into that range
+        (a zero point at qmin), so dropping it would drop the activation function."""
+        if any(n and n not in self.consts for n in (scale, zero)):
+            raise Unsupported(f"{node.op_type} {self._name(node)!r} has a computed scale or "
+                              "zero point")
+        s = self.consts[scale].astype(np.float64)
+        z = self.consts[zero] if zero else np.zeros((), np.uint8)
+        if z.dtype not in _RANGES or s.size != 1 or z.size != 1:
+            raise Unsupported(f"{node.op_type} {self._name(node)!r} quantizes to "
+                              f"{z.dtype} {'per axis' if s.size > 1 else ''}, which the "
+                              "rewrite does not take")
+        lo, hi = ((q - float(z.reshape(-1)[0])) * float(s.reshape(-1)[0])
+                  for q in _RANGES[z.dtype])
+        return [helper.make_node("Clip", [x, self._const(f"{out}__min", np.array(lo, np.float32)),
+                                          self._const(f"{out}__max", np.array(hi, np.float32))],
+                                 [out], name=f"{node.name or out}__range")]
 
 
 def _attrs(helper: Any, node: Any) -> dict[str, Any]:

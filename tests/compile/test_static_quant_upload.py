@@ -61,11 +61,19 @@ def _case(op: str, rng: np.random.Generator) -> tuple[onnx.ModelProto, tuple[int
                       inits), (3, 16)
     shape = (1, 4, 8, 8)
     first = _conv("w1", "x", "c", rng, inits)
+    if op == "relu6":
+        inits["zero"], inits["six"] = np.array(0, np.float32), np.array(6, np.float32)
     def second() -> object:
         return _conv("w2", "x", "d", rng, inits)
 
     tail = {
         "conv": lambda: [helper.make_node("Identity", ["c"], ["y"])],
+        # the exporter folds the ReLU into the quantized range (zero point at qmin): the
+        # rewrite must keep it as that range's clip
+        "relu": lambda: [helper.make_node("Relu", ["c"], ["r"]),
+                         _conv("w2", "r", "y", rng, inits)],
+        "relu6": lambda: [helper.make_node("Clip", ["c", "zero", "six"], ["r"]),
+                          _conv("w2", "r", "y", rng, inits)],
         "add": lambda: [second(), helper.make_node("Add", ["c", "d"], ["y"])],
         "mul": lambda: [second(), helper.make_node("Mul", ["c", "d"], ["y"])],
         "concat": lambda: [second(), helper.make_node("Concat", ["c", "d"], ["y"], axis=1)],
@@ -80,18 +88,24 @@ def _case(op: str, rng: np.random.Generator) -> tuple[onnx.ModelProto, tuple[int
     return _model([first, *tail], shape, inits), shape
 
 
-OPS = ["conv", "matmul", "gemm", "add", "mul", "concat", "sigmoid", "leaky_relu",
+OPS = ["conv", "relu", "relu6", "matmul", "gemm", "add", "mul", "concat", "sigmoid", "leaky_relu",
        "average_pool", "global_average_pool", "max_pool"]
 
 
 def _quantize(model: onnx.ModelProto, tmp: Path, fmt: str, per_channel: bool,
-              shape: tuple[int, ...], rng: np.random.Generator) -> Path:
+              shape: tuple[int, ...], rng: np.random.Generator,
+              also: list[dict[str, np.ndarray]] = ()) -> Path:  # type: ignore[assignment]
+    """quantize_static calibrated on random inputs and `also` (the test's own inputs, made
+    larger so that their activations lie inside the quantized ranges, whose ends move by up
+    to half a step when the zero point is rounded: beyond them the upload saturates, and so
+    does the rewrite)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.feeds = iter([{"x": rng.standard_normal(shape).astype(np.float32)}
-                               for _ in range(4)])
+            self.feeds = iter([*({k: v * np.float32(1.25) for k, v in f.items()} for f in also),
+                               *({"x": rng.standard_normal(shape).astype(np.float32)}
+                                 for _ in range(4))])
 
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self.feeds, None)
@@ -113,13 +127,13 @@ def test_each_rule_computes_the_fp32_graph_of_grid_weights(
         op: str, fmt: str, per_channel: bool, seed: int, tmp_path: Path) -> None:
     rng = np.random.default_rng(seed)
     model, shape = _case(op, rng)
-    upload = _quantize(model, tmp_path, fmt, per_channel, shape, rng)
+    feed = [{"x": rng.standard_normal(shape).astype(np.float32)}]
+    upload = _quantize(model, tmp_path, fmt, per_channel, shape, rng, feed)
     rewritten = onnx.load(str(upload))
     report = dequantize(rewritten)
     assert report is not None and not quantized_nodes(rewritten)
     onnx.checker.check_model(rewritten)
     onnx.save(rewritten, str(tmp_path / "again.onnx"))
-    feed = [{"x": rng.standard_normal(shape).astype(np.float32)}]
     (want,) = run_onnx_cpu(tmp_path / "fp32.onnx", feed)[0]
     (got,) = run_onnx_cpu(tmp_path / "again.onnx", feed)[0]
     (upload_out,) = run_onnx_cpu(upload, feed)[0]
