@@ -250,6 +250,70 @@ def _siamese() -> dict[str, np.ndarray]:
             "input_2": np.stack([noisy.astype(np.float32), _crop(7)])}
 
 
+def _slaney(hz: np.ndarray) -> np.ndarray:
+    """Hertz to Slaney mels (linear below 1 kHz, logarithmic above)."""
+    return np.where(hz < 1000, 3 * hz / 200,
+                    15 + 27 * np.log(np.maximum(hz, 1000) / 1000) / np.log(6.4))
+
+
+def _turn_mel(audio: np.ndarray) -> np.ndarray:
+    """Smart Turn v3's features as pipecat computes them (its vendored copy of Whisper's
+    feature extractor, chunk_length=8): the turn's last 8 s, zeros before a shorter one; the
+    waveform normalised to zero mean and unit variance; 25 ms periodic Hann windows every
+    10 ms, centred (reflect-padded); power onto 80 Slaney-normalised Slaney mels to 8 kHz;
+    log10, clamped 8 below its maximum, (x + 4) / 4; the last frame dropped: 80 x 800."""
+    n = 8 * 16000
+    x = np.pad(audio[-n:], (max(n - len(audio), 0), 0)).astype(np.float32)
+    x = (x - x.mean()) / np.sqrt(x.var() + 1e-7)
+    frames = np.lib.stride_tricks.sliding_window_view(
+        np.pad(x.astype(np.float64), 200, mode="reflect"), 400)[::160]
+    power = np.abs(np.fft.rfft(frames * np.hanning(401)[:-1])) ** 2
+    mels = np.linspace(0, _slaney(np.array(8000.0)), 82)
+    edges = np.where(mels < 15, 200 * mels / 3, 1000 * np.exp(np.log(6.4) * (mels - 15) / 27))
+    hz = np.linspace(0, 8000, 201)
+    bank = np.stack([np.clip(np.minimum((hz - lo) / (mid - lo), (hi - hz) / (hi - mid)), 0, None)
+                     * 2 / (hi - lo) for lo, mid, hi in zip(edges, edges[1:], edges[2:],
+                                                            strict=False)])
+    log = np.log10(np.maximum(bank @ power.T, 1e-10))[:, :-1]
+    return ((np.maximum(log, log.max() - 8) + 4) / 4).astype(np.float32)
+
+
+def _smart_turn() -> dict[str, np.ndarray]:
+    # A 3 s turn (zero-padded before, as pipecat pads) and a 10 s one (its last 8 s kept).
+    return {"input_features": np.stack([_turn_mel(_speech(3, 0))[None],
+                                        _turn_mel(_speech(10, 1))[None]])}
+
+
+def _logfbank(audio: np.ndarray) -> np.ndarray:
+    """EfficientWord-Net's features (python_speech_features' logfbank, vendored in
+    eff_word_net/audio_utils.py, with its arguments): 25 ms rectangular frames every 10 ms,
+    the last one zero-padded, no pre-emphasis; |rfft_512|^2 / 512; 64 mel triangles on FFT
+    bins floor(513 * f / 16000), 0–8 kHz; log, a zero energy floored at float eps: 149 x 64
+    for 1.5 s."""
+    n = 1 + int(np.ceil((len(audio) - 400) / 160))
+    x = np.pad(audio.astype(np.float64), (0, (n - 1) * 160 + 400 - len(audio)))
+    power = np.abs(np.fft.rfft(np.lib.stride_tricks.sliding_window_view(x, 400)[::160],
+                               512)) ** 2 / 512
+    mels = np.linspace(0, 2595 * np.log10(1 + 8000 / 700), 66)
+    bins = np.floor(513 * 700 * (10 ** (mels / 2595) - 1) / 16000).astype(int)
+    bank = np.zeros((64, 257))
+    for j, (lo, mid, hi) in enumerate(zip(bins, bins[1:], bins[2:], strict=False)):
+        bank[j, lo:mid] = (np.arange(lo, mid) - lo) / max(mid - lo, 1)
+        bank[j, mid:hi] = (hi - np.arange(mid, hi)) / max(hi - mid, 1)
+    feat = power @ bank.T
+    return np.log(np.where(feat == 0, np.finfo(float).eps, feat)).astype(np.float32)
+
+
+def _effword() -> dict[str, np.ndarray]:
+    # The two ways the package feeds its 1.5 s window: a reference clip as generate_reference
+    # reads it (a float WAV, here 1 s, zero-padded to 1.5 s: 0.25 s each side, where the
+    # package picks the split at random), and a live window as SimpleMicStream hands it on
+    # (int16 PCM values, unscaled).
+    clip = np.pad(_speech(1, 0), 4000)
+    live = np.round(_speech(1.5, 1) * 32767)
+    return {"input": np.stack([_logfbank(a)[None, None] for a in (clip, live)])}
+
+
 OUTSIDE_LIST = [
     Outside("magika-v3.3", "content-type classifier (bytes)", "magika", "1.0.3",
             "magika/models/standard_v3_3/model.onnx", (("bytes", "int32", (1, 2048)),), _magika),
@@ -311,6 +375,13 @@ OUTSIDE_LIST = [
             "capspot", "0.1.0", "CapSpot/models/sim_model.onnx",
             (("input_1", "float32", (1, 60, 60, 3)), ("input_2", "float32", (1, 60, 60, 3))),
             _siamese),
+    Outside("smart-turn-v3.2", "end-of-turn detector (Whisper-tiny encoder), static int8 (QDQ)",
+            "pipecat-ai", "1.14.0", "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx",
+            (("input_features", "float32", (1, 80, 800)),), _smart_turn),
+    Outside("effword-resnet50-qint8", "few-shot wake word embedder (ResNet-50, ArcFace), static "
+            "int8 (QDQ)", "efficientword-net", "1.0.5",
+            "eff_word_net/models/resnet_50_arc/slim_93%_accuracy_72.7390%_qint8.onnx",
+            (("input", "float32", (1, 1, 149, 64)),), _effword),
 ]
 OUTSIDE = {o.name: o for o in OUTSIDE_LIST}
 
