@@ -170,6 +170,15 @@ class Pipeline:
                 gates["shapes"] = {"passed": False, "unfixed": [u.to_dict() for u in e.unfixed]}
             return [_failed(p, variant, str(e), gates) for p in spec.platforms]
         feeds, reference, ref_reason = self._reference(spec, inputs, variant, source)
+        agreement: dict[str, Any] = {}
+        if dequantized is not None:
+            agreement = {"ops": dequantized.ops,
+                         **_upload_agreement(spec.source_path, feeds, reference)}
+            departs = _rewrite_departs(agreement)
+            if departs:
+                log(f"[{variant}] {departs}")
+                return [_failed(p, variant, departs, {"dequantized": agreement})
+                        for p in spec.platforms]
         outcomes = []
         for platform in spec.platforms:
             # Inputs bound to their declared value are constants of the graph, not inputs.
@@ -191,13 +200,11 @@ class Pipeline:
                                "static ONNX folded at the declared shapes (If nodes with a "
                                "constant condition)")
         if dequantized is not None:
-            gate = {"ops": dequantized.ops,
-                    **_upload_agreement(spec.source_path, feeds, reference)}
             for o in outcomes:
-                o.gates["dequantized"] = gate
+                o.gates["dequantized"] = agreement
                 o.notes.insert(0, dequantized.note() + (
-                    f" (the upload against its FP32 rewrite: {gate['summary']})"
-                    if "summary" in gate else ""))
+                    f" (the upload against its FP32 rewrite: {agreement['summary']})"
+                    if "summary" in agreement else ""))
         return outcomes
 
     def _reference(self, spec: BuildSpec, inputs: tuple[InputSpec, ...], variant: str,
@@ -419,6 +426,26 @@ def _upload_agreement(upload: Path, feeds: list[dict[str, Any]],
     summary = ", ".join(f"output {r['output']}: cosine {_fmt(r['cosine'], '.6f')}, SNR "
                         f"{_fmt(r['snr_db'], '.1f')} dB" for r in rows)
     return {"upload_vs_fp32": rows, "summary": summary}
+
+
+# A quantized upload's own rounding keeps it near its FP32 rewrite (int8 models: cosine
+# 0.98–0.9996 in the outside set); far below, the rewrite computes something else (a dropped
+# fused ReLU read -0.05), and building from it would ship another model.
+REWRITE_MIN_COSINE = 0.9
+
+
+def _rewrite_departs(agreement: dict[str, Any]) -> str:
+    """Why the FP32 rewrite of a quantized upload cannot stand for it, or ""."""
+    far = [r for r in agreement.get("upload_vs_fp32", [])
+           if not isinstance(r["cosine"], float) or r["cosine"] < REWRITE_MIN_COSINE]
+    if not far:
+        return ""
+    return ("the FP32 rewrite of this quantized upload departs from the upload itself on the "
+            f"reference inputs ({agreement['summary']}; at least cosine "
+            f"{REWRITE_MIN_COSINE} is expected of an int8 model's own rounding), so it does "
+            "not compute what the upload does and nothing is built from it. Upload the FP32 "
+            "model it was quantized from, and report the model: the rewrite "
+            "(server/compile/dequantize.py) misses one of its constructs")
 
 
 def _fmt(value: Any, spec: str) -> str:

@@ -193,3 +193,27 @@ def test_a_statically_quantized_upload_builds_on_every_platform(fmt: str,
         assert o.gates["numeric"]["status"] == "passed", o.gates["numeric"]
         assert o.notes[0].startswith("statically quantized upload (")
         assert o.gates["dequantized"]["upload_vs_fp32"]
+
+
+def test_a_rewrite_that_departs_from_the_upload_builds_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The safety net under every rule: were a rule wrong (here the range clip is taken out,
+    as the first version of the rewrite had it, so the fused ReLU is lost), the rewrite no
+    longer computes what the upload does, and the build stops instead of shipping it."""
+    from server.compile import dequantize_static
+
+    monkeypatch.setattr(dequantize_static.StaticRewrite, "_saturate",
+                        lambda self, helper, node, x, out, scale, zero: [
+                            helper.make_node("Identity", [x], [out])])
+    rng = np.random.default_rng(4)
+    model, shape = _case("relu", rng)
+    feed = {"x": rng.standard_normal(shape).astype(np.float32)}
+    upload = _quantize(model, tmp_path, "qdq", False, shape, rng, [feed])
+    np.savez(tmp_path / "ref.npz", x=np.stack([feed["x"]] * 2))
+    spec = BuildSpec(upload, SourceFormat.ONNX, {"default": (InputSpec("x", shape),)},
+                     platforms=("onnx", "coreml"), reference_path=tmp_path / "ref.npz")
+    out = Pipeline().build(spec, tmp_path / "work")
+    assert [o.state for o in out] == ["failed", "failed"]
+    assert all("departs from the upload itself" in o.error for o in out)
+    (row,) = out[0].gates["dequantized"]["upload_vs_fp32"]
+    assert row["cosine"] < 0.9
