@@ -198,11 +198,11 @@ class _Rewrite:
         if op not in DYNAMIC_QUANTIZATION_OPS:
             return self.static.node(node, helper) or [node]
         if op == "DynamicQuantizeMatMul":  # A, B, b_scale, b_zero_point, bias
-            b = self._scaled(node, ins[1], ins[3], ins[2], per="column")
+            b = self._scaled(node, ins[1], ins[3], ins[2])
             return self._matmul_bias(node, ins[0], b, ins[4], helper)
         if op == "MatMulIntegerToFloat":  # A, B, a_scale, b_scale, a_zp, b_zp, bias
             a = self._operand(node, ins[0], ins[4])
-            b = self._scaled(node, ins[1], ins[5], ins[3], per="column") \
+            b = self._scaled(node, ins[1], ins[5], ins[3]) \
                 if ins[1] not in self.dql_outputs else ins[1]
             nodes = self._matmul_bias(node, a, b, "", helper, out=f"{node.output[0]}__mm")
             scaled = f"{node.output[0]}__mm"
@@ -216,7 +216,7 @@ class _Rewrite:
             return nodes + last
         return [node]
 
-    def _scaled(self, node: Any, name: str, zero_point: str, scale: str, *, per: str) -> str:
+    def _scaled(self, node: Any, name: str, zero_point: str, scale: str) -> str:
         """A constant integer weight dequantized: (w - zero_point) · scale."""
         if name not in self.consts or (scale and scale not in self.consts):
             raise _Unsupported(f"{node.op_type} {_name(node)!r} has a computed weight or scale")

@@ -195,7 +195,7 @@ def check_inputs(model: Any, specs: Sequence[InputSpec]) -> None:
 
 
 def refuse_dynamic_quantization(model: Any) -> None:
-    """A dynamically quantized graph reaching specialization directly is refused by name:
+    """A quantized graph (dynamic or static) reaching specialization directly is refused by name:
     shape inference knows nothing of its contrib ops (it would otherwise blame "sizes that
     depend on tensor values"). The build pipeline rewrites such uploads to FP32 first
     (`server/compile/dequantize.py`)."""
@@ -205,7 +205,7 @@ def refuse_dynamic_quantization(model: Any) -> None:
     if found:
         named = ", ".join(f"{op} {name!r}" for op, name in found[:6])
         raise InvalidSourceError(
-            f"the graph is dynamically quantized ({len(found)} node(s): {named}"
+            f"the graph is quantized ({len(found)} node(s): {named}"
             f"{' …' if len(found) > 6 else ''}); rewrite it to FP32 first with "
             "server.compile.dequantize.dequantize_file")
 
