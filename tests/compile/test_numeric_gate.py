@@ -223,6 +223,27 @@ def test_compile_loss_beyond_what_fp16_allows_fails_even_when_fp16_is_fine():
     assert _judge(ref, [[ref[0][0] + rng.standard_normal((1, 512)) * 3e-3]], fp16).passed
 
 
+def test_seed_gate_stops_an_artifact_far_from_fp32_behind_a_faithful_yardstick():
+    """ppocr-cls at W8A16 with one conv kept float: the QDQ yardstick 46.5 dB from FP32 and
+    the HTP artifact ~20 dB from the yardstick passed both checks, so the precision search
+    shipped an "INT8-threshold" artifact 19.9 dB from FP32. Opted in, the seed thresholds hold
+    for the artifact itself."""
+    rng = np.random.default_rng(0)
+    ref = [[rng.standard_normal((1, 512))]]
+    qdq = [[ref[0][0] + rng.standard_normal((1, 512)) * 5e-3]]  # 46 dB: within the seed's 40
+    drifted = [[qdq[0][0] + rng.standard_normal((1, 512)) * 0.09]]  # 21 dB from both
+    judged = {gate: numeric.judge(ref, qdq, drifted, Precision.INT8, {"precision_gate": gate},
+                                  classifier=False, runner="test", basis="the QDQ source")
+              for gate in ("off", "seed")}
+    assert judged["off"].status == "passed"  # faithful to its yardstick at the INT8 default
+    seed = judged["seed"]
+    assert seed.status == "failed" and seed.precision_cost["status"] == "within_seed"
+    assert "artifact vs FP32: output 0: SNR 2" in seed.reason
+    close = [[qdq[0][0] + rng.standard_normal((1, 512)) * 1e-3]]
+    assert numeric.judge(ref, qdq, close, Precision.INT8, {"precision_gate": "seed"},
+                         classifier=False, runner="test", basis="the QDQ source").passed
+
+
 @pytest.mark.slow
 def test_lstm_over_160_steps_names_where_the_htp_fp16_loss_starts(tmp_path):
     """A 2-layer LSTM over 160 steps: FP16 storage alone keeps 70 dB, the HTP's FP16
