@@ -281,6 +281,15 @@ class _Search:
         feeds = self.ref.feeds[0]
         if self.platform == "qnn":
             qdq = Path(str(tried.artifact.extra["qdq_model"]))
+            if self.ref.outputs is not None:
+                started = time.monotonic()
+                try:
+                    return sensitivity.qdq_output_losses(
+                        self.request.onnx_path, qdq, self.ref.feeds,
+                        self.ref.outputs, seconds=min(sensitivity.OUTPUT_MEASURE_SECONDS, max(
+                            self.budget.seconds - self.budget.spent, 0.0)))
+                finally:
+                    self.budget.spent += time.monotonic() - started
             return sensitivity.onnx_losses(self.request.onnx_path, qdq, feeds)
         if self.plain is None:
             started = time.monotonic()

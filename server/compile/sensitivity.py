@@ -7,9 +7,14 @@ SNR dB dropped would always blame the first (exact inputs: an "infinite" drop); 
 adds up layer over layer, so its increase finds the layers that quantize badly (an
 outlier-heavy projection, a first conv on raw pixels).
 
-- QNN: the QDQ graph against the FP32 source, both on onnxruntime's CPU provider, tensor by
-  tensor (`layers.all_layers`); the candidates are the nodes with a weight (an initializer
-  of rank 2 or more: Conv, MatMul, Gemm, …), left out of the QDQ via `nodes_to_exclude`.
+- QNN: measured at the outputs (`qdq_output_losses`): the QDQ graph is run on onnxruntime's
+  CPU provider once per node with a weight (an initializer of rank 2 or more: Conv, MatMul,
+  Gemm, …), that node reading its float weight and bias instead of their DequantizeLinear —
+  what `nodes_to_exclude` makes of it — and a node's loss is the output noise that removes.
+  A local measure misled here: on PP-OCR's direction classifier it blamed the bias Adds of
+  the squeeze-excitation convs (-11 dB on 8 values a ReLU then mostly zeroes), while one
+  depthwise conv, kept float, lifts the output from 35 to 85 dB. `onnx_losses` (tensor by
+  tensor, `layers.all_layers`) stays for a QDQ graph without its float twin.
 - Core ML: the compressed package against the same program with uncompressed weights, both
   through the MIL reference executor with intermediates kept; the candidates are the ops
   that consume a compressed weight (`op_name_configs`).
@@ -18,6 +23,7 @@ outlier-heavy projection, a first conv on raw pixels).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from server.compile.gates.layers import all_layers, layer_metrics
+from server.compile.gates.metrics import snr_db
 from server.compile.qdq_prep import readers
 
 # SNRs are clamped to ±this before conversion to noise power.
@@ -35,12 +42,13 @@ _EXACT_DB = 140.0
 class LayerLoss:
     name: str  # the name the compiler's exclusion setting takes (ONNX node / MIL op name)
     op: str
-    snr_db: float  # of the layer's output
+    snr_db: float  # of the layer's output ("layer"), or of the outputs with it float
     added_noise: float  # relative noise power this layer added (output's minus inputs')
+    measured: str = "layer"  # "layer": at its own output; "outputs": at the graph's outputs
 
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.name, "op": self.op, "snr_db": round(self.snr_db, 2),
-                "added_noise": float(f"{self.added_noise:.4g}")}
+                "added_noise": float(f"{self.added_noise:.4g}"), "measured": self.measured}
 
 
 def _noise(snr_db: float) -> float:
@@ -85,6 +93,101 @@ def onnx_losses(source: Path, quantized: Path, feeds: dict[str, Any]) -> list[La
         out.append(_loss(node.name or f"{node.op_type}_{i}", node.op_type,
                          min(m.snr_db for m in outs),
                          [metrics[t].snr_db for t in node.input if t in metrics]))
+    return _rank(out)
+
+
+# Output-referred measurement costs one CPU run of the QDQ graph per candidate: bounded.
+OUTPUT_MEASURE_SECONDS = 180.0
+OUTPUT_MEASURE_NODES = 256
+
+
+def _float_inputs(qdq: Any, floats: dict[str, Any]) -> dict[int, dict[int, str]]:
+    """Per node index of the QDQ graph, the inputs that read a DequantizeLinear of a quantized
+    initializer whose float original `floats` holds (input slot -> float name); only nodes
+    with a weight among them (rank 2 or more), as `nodes_to_exclude` candidates."""
+    consts = {t.name for t in qdq.graph.initializer}
+    dq_of = {n.output[0]: n.input[0] for n in qdq.graph.node
+             if n.op_type == "DequantizeLinear" and n.input[0] in consts}
+    out: dict[int, dict[int, str]] = {}
+    for i, node in enumerate(qdq.graph.node):
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        slots = {k: dq_of[x].removesuffix("_quantized") for k, x in enumerate(node.input)
+                 if x in dq_of and dq_of[x].removesuffix("_quantized") in floats}
+        if any(len(floats[f].dims) >= 2 for f in slots.values()):
+            out[i] = slots
+    return out
+
+
+def _source_name(name: str, known: set[str]) -> str | None:
+    """The uploaded node a QDQ-graph node stands for: itself, or the node a fusion named it
+    after ("<node>/MatMulAddFusion"), which is what `keep_float_nodes` takes."""
+    while name:
+        if name in known:
+            return name
+        name = name.rpartition("/")[0]
+    return None
+
+
+def quantizer_input(quantized: Path, source: Path) -> Path:
+    """The graph the quantizer was given for `quantized` (`compilers.qnn.quantize_qdq` writes
+    it beside the QDQ graph when a preparation step changed the source): its initializers
+    are the float originals of the quantized ones."""
+    stem = quantized.with_suffix("")
+    for given in (stem.with_name(stem.name + ".prep.onnx"),
+                  stem.with_name(stem.name + ".prepared.onnx")):
+        if given.is_file():
+            return given
+    return source
+
+
+def qdq_output_losses(source: Path, quantized: Path, feeds: list[dict[str, Any]],
+                      expected: list[list[Any]], seconds: float = OUTPUT_MEASURE_SECONDS
+                      ) -> list[LayerLoss]:
+    """Nodes of the QDQ graph `quantized`, as nodes of `source`, most output noise removed
+    first when that node alone reads float weights (from `quantizer_input`); the outputs
+    are judged against `expected` (the FP32 source's, per sample) by their worst SNR, as
+    the gate judges them. Nodes left when `seconds` are spent, or past
+    `OUTPUT_MEASURE_NODES`, are not ranked."""
+    import onnx
+
+    from server.compile.gates.layers import cpu_session
+
+    model = onnx.load(str(quantized))
+    floats = {t.name: t for t in
+              onnx.load(str(quantizer_input(quantized, source))).graph.initializer}
+    known = {n.name for n in onnx.load(str(source), load_external_data=False).graph.node}
+
+    def worst_snr() -> float:
+        sess = cpu_session(model)
+        wanted = {i.name for i in sess.get_inputs()}
+        got = [sess.run(None, {k: v for k, v in f.items() if k in wanted}) for f in feeds]
+        return min(snr_db(np.asarray(e), np.asarray(g))
+                   for exp, out in zip(expected, got, strict=True)
+                   for e, g in zip(exp, out, strict=True))
+
+    base = _noise(worst_snr())
+    deadline = time.monotonic() + seconds
+    added: set[str] = set()
+    out = []
+    for i, slots in list(_float_inputs(model, floats).items())[:OUTPUT_MEASURE_NODES]:
+        node = model.graph.node[i]
+        name = _source_name(node.name, known)
+        if name is None or time.monotonic() > deadline:
+            continue
+        before = list(node.input)
+        for k, f in slots.items():
+            twin = f + "::float"  # a bias's DequantizeLinear output keeps the bias's name
+            if twin not in added:  # the twins stay in the graph, unread, once added
+                model.graph.initializer.append(floats[f])
+                model.graph.initializer[-1].name = twin
+                added.add(twin)
+            node.input[k] = twin
+        snr = worst_snr()
+        del node.input[:]
+        node.input.extend(before)
+        out.append(LayerLoss(name, node.op_type, snr, max(base - _noise(snr), 0.0),
+                             "outputs"))
     return _rank(out)
 
 

@@ -469,3 +469,66 @@ def test_qnn_keeping_one_reader_of_a_shared_bias_float_still_compiles_on_the_htp
         art.extra["htp"]
     types = _dq_types(Path(art.extra["qdq_model"]))
     assert not any(k.startswith("w1") for k in types) and any(k.startswith("w0") for k in types)
+
+
+def _dead_branch_net(tmp: Path) -> ModelFiles:
+    """y = fc(x) + relu(dead(x) - 40): `dead` holds one huge weight per output column (its
+    INT8 output is far from FP32: the worst layer tensor by tensor), but its bias keeps the
+    ReLU shut, so none of that noise reaches y; `fc`'s loss is the one y sees."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.compile.compile_models import onnx_model
+
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((64, 32)) / 8).astype(np.float32)
+    dead = (rng.standard_normal((64, 32)) / 8).astype(np.float32)
+    dead[rng.integers(0, 64, size=32), np.arange(32)] *= 80.0
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(dead, "wd"),
+             numpy_helper.from_array(np.full(32, -40.0, np.float32), "shut")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="fc"),
+             helper.make_node("MatMul", ["x", "wd"], ["md"], name="dead"),
+             helper.make_node("Add", ["md", "shut"], ["s"], name="shut_add"),
+             helper.make_node("Relu", ["s"], ["r"], name="relu"),
+             helper.make_node("Add", ["m", "r"], ["y"], name="join")]
+    spec = InputSpec("x", (1, 64))
+    path = onnx_model(tmp / "dead.onnx", nodes,
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], inits)
+    feeds = rng.standard_normal((4, 1, 64)).astype(np.float32)
+    np.savez(tmp / "dead.ref.npz", x=feeds)
+    np.savez(tmp / "dead.cal.npz", x=np.concatenate(
+        [feeds, rng.standard_normal((28, 1, 64)).astype(np.float32)]))
+    return ModelFiles("dead", (spec,), path, path, tmp / "dead.ref.npz", tmp / "dead.cal.npz")
+
+
+def test_qnn_sensitivity_at_the_outputs_ignores_a_loss_the_graph_discards(tmp_path):
+    """The search keeps the nodes whose loss reaches the outputs. Measured tensor by tensor,
+    a layer whose noise a shut ReLU throws away ranked first (PP-OCR's classifier: its
+    squeeze-excitation bias Adds, -11 dB, kept 8 at a time without moving the output);
+    measured at the outputs, the layer that costs the output ranks first, and its figure is
+    the output SNR that really keeping it float gives."""
+    import onnx
+
+    from server.compile import sensitivity
+    from server.compile.gates.layers import cpu_session
+
+    net = _dead_branch_net(tmp_path)
+    art = _qnn(net, tmp_path / "out", "w8a16")
+    qdq = Path(art.extra["qdq_model"])
+    feeds = load_samples(net.reference, net.inputs)
+    expected = run_onnx_cpu(net.onnx, feeds)
+    local = sensitivity.onnx_losses(net.onnx, qdq, feeds[0])
+    assert local[0].name == "dead", [(x.name, x.snr_db) for x in local]  # what misled
+    ranked = sensitivity.qdq_output_losses(net.onnx, qdq, feeds, expected)
+    assert [x.name for x in ranked] == ["fc", "dead"], [(x.name, x.snr_db) for x in ranked]
+    assert ranked[0].measured == "outputs" and ranked[0].added_noise > 0
+    assert ranked[1].added_noise < ranked[0].added_noise / 10
+
+    def worst(qdq_path: Path) -> float:
+        sess = cpu_session(onnx.load(str(qdq_path)))
+        return min(snr_db(e[0], sess.run(None, f)[0]) for e, f in zip(expected, feeds,
+                                                                      strict=True))
+
+    kept = _qnn(net, tmp_path / "kept", "w8a16", keep_float_nodes="fc")
+    assert worst(Path(kept.extra["qdq_model"])) == pytest.approx(ranked[0].snr_db, abs=1.0)
+    assert ranked[0].snr_db > worst(qdq) + 10, (ranked[0].snr_db, worst(qdq))
