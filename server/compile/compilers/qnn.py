@@ -12,8 +12,10 @@ Settings (`settings["qnn"]`):
   for graphs whose per-channel weights the HTP does not claim.
 - `activation_bits`: 16 (default, "w8a16": the HTP's usual accuracy/speed trade-off) or 8
   for the QDQ activations of `precision: int8`.
-- `keep_float_nodes`: ONNX node names left out of the quantization (mixed precision: they
-  run on dequantized values at 16-bit activations; onnxruntime's `nodes_to_exclude`).
+- `keep_float_nodes`: ONNX node names kept at higher precision (mixed precision): at 16-bit
+  weights where the HTP runs them (v73 and later, 16-bit activations; a Conv, MatMul or
+  Gemm: qdq_prep.weights_at_16_bits), else left out of the quantization (onnxruntime's
+  `nodes_to_exclude`: they run on dequantized values).
 - `quantizer`: which backend makes the QDQ graph (server/compile/quantizers/): "ort"
   (default, onnxruntime's QNN QDQ flow) or, where the worker has AIMET, "aimet" (min-max
   PTQ), "aimet-adaround", "aimet-seqmse". The compile and the gates downstream are the same.
@@ -99,7 +101,9 @@ ISLAND_MIN_HTP_SHARE = 0.9
 
 def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
                  activation_bits: int, per_channel: bool = True, weight_bits: int = 8,
-                 keep_float: tuple[str, ...] = ()) -> Path:
+                 keep_float: tuple[str, ...] = (), htp_arch: int = 0) -> Path:
+    """The QDQ graph, written to `out`; the `keep_float` nodes get 16-bit weights rather
+    than none where the HTP of `htp_arch` runs them (qdq_prep.weights_at_16_bits)."""
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import (
         get_qnn_qdq_config,
@@ -116,12 +120,18 @@ def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
     act = QuantType.QUInt16 if activation_bits == 16 else QuantType.QUInt8
     # 4-bit weights symmetric, as the HTP takes them (QInt4 with a zero offset).
     weight = QuantType.QInt4 if weight_bits == 4 else QuantType.QUInt8
-    keep = tuple(dict.fromkeys([*qdq_prep.fused_names(model, keep_float),
+    kept = qdq_prep.fused_names(model, keep_float)
+    wide: dict[str, list[dict[str, Any]]] = {}
+    widened: set[str] = set()
+    if activation_bits == 16 and per_channel and htp_arch >= qdq_prep.WIDE_WEIGHTS_MIN_ARCH:
+        wide, widened = qdq_prep.weights_at_16_bits(model, set(kept), QuantType.QInt16)
+    keep = tuple(dict.fromkeys([*(k for k in kept if k not in widened),
                                 *qdq_prep.attention_mask_nodes(model)]))
     signed = QuantType.QInt4 if weight_bits == 4 else QuantType.QInt8
     overrides = qdq_prep.gather_tables_at_8_bits(model, QuantType.QUInt8, set(keep))
     if per_channel:
-        overrides |= qdq_prep.matmul_weights_per_channel(model, signed, set(keep))
+        overrides |= qdq_prep.matmul_weights_per_channel(model, signed, set(kept))
+    overrides |= wide
     cfg = get_qnn_qdq_config(str(model), _Reader(calibration), activation_type=act,
                              weight_type=weight, per_channel=per_channel,
                              init_overrides=overrides or None,
@@ -186,7 +196,7 @@ class QnnCompiler:
                 with quiet():
                     model = quantize_qdq(src, workdir / "model.qdq.onnx", samples, act_bits,
                                          per_channel=per_channel, weight_bits=weight_bits,
-                                         keep_float=keep_float)
+                                         keep_float=keep_float, htp_arch=scheme.htp_arch)
             else:
                 model = quantizer.quantize(src, workdir / "model.qdq.onnx", samples, scheme)
             precision = Precision.INT8
@@ -195,8 +205,7 @@ class QnnCompiler:
             notes.append(f"QDQ-quantized ({'int4' if weight_bits == 4 else 'uint8'} weights "
                          f"per {'channel' if per_channel else 'tensor'}, "
                          f"uint{act_bits} activations) with {len(samples)} calibration samples"
-                         + (f"; kept unquantized: {', '.join(keep_float)}" if keep_float
-                            else ""))
+                         + _kept_note(model, keep_float))
         else:
             model, precision = src, Precision.FP16
             if wanted != "fp16":
@@ -314,6 +323,19 @@ class QnnCompiler:
             return open_session(path, provider_options=artifact.extra.get("provider_options"),
                                 allow_cpu_fallback=True)
         return Path(str(graph)), opener
+
+
+def _kept_note(qdq: Path, keep_float: tuple[str, ...]) -> str:
+    """What became of the `keep_float` nodes, read from the QDQ graph itself."""
+    from server.compile import qdq_prep
+
+    if not keep_float:
+        return ""
+    wide = qdq_prep.sixteen_bit_weight_readers(qdq)
+    at16 = [k for k in keep_float if k in wide or any(w.startswith(k + "/") for w in wide)]
+    left = [k for k in keep_float if k not in at16]
+    return "".join([f"; kept at 16-bit weights: {', '.join(at16)}" if at16 else "",
+                    f"; kept unquantized: {', '.join(left)}" if left else ""])
 
 
 def _names(value: object, key: str = "keep_float_nodes") -> tuple[str, ...]:

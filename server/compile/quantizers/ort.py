@@ -22,4 +22,4 @@ class OrtQdqQuantizer:
         with quiet():
             return quantize_qdq(src, out, calibration, scheme.activation_bits,
                                 per_channel=scheme.per_channel, weight_bits=scheme.weight_bits,
-                                keep_float=scheme.keep_float)
+                                keep_float=scheme.keep_float, htp_arch=scheme.htp_arch)
