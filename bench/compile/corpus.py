@@ -192,6 +192,7 @@ def _shipped(path: Path, cell: str) -> dict[str, Any]:
     if keep:
         import shutil
 
+        Path(keep).mkdir(parents=True, exist_ok=True)  # a search's whole cell is lost otherwise
         for p in (path, copy):
             shutil.copyfile(p, Path(keep) / f"{cell}-{p.name}")
     return {"bytes": made[1], "inflate_mb_s": round(path.stat().st_size / best / 1e6, 1)}
