@@ -416,7 +416,9 @@ def _mix(s: _Search, cand: Candidate, first: Tried, max_layers: int, limit: int 
                 first.row["mixed"] = why
                 return None
         pick = next((x for x in ranked if x.name not in keep), None)
-        if pick is None:
+        if pick is None or pick.added_noise <= 0:
+            if keep:
+                first.row["mixed"] = "stopped: no layer left whose weights add measured noise"
             return None
         keep.append(pick.name)
         tried = s.attempt(cand, tuple(keep))
@@ -436,8 +438,9 @@ def _out_of_reach(first: Tried, ranked: list[Any], max_layers: int) -> str:
     """Why keeping `max_layers` layers cannot lift `first` over the gate, or "".
 
     The measured losses say how the noise is spread: if the most sensitive `max_layers`
-    layers add a fraction f of all the noise the layers add, keeping them leaves about
-    (1 - f) of the output's noise. A candidate whose noise stays above twice the gate's even
+    layers add a fraction f of all the noise the layers add (measured at the outputs, as
+    for QNN: remove f of the output's noise), keeping them leaves about (1 - f) of the
+    output's noise. A candidate whose noise stays above twice the gate's even
     then (margin for the estimate) is not mixed: a net that loses a little in each of many
     layers is not rescued by keeping a few, and each try is a compile and a gate. (The
     estimate is local: on minilm-l6's Core ML package it did not fire, docs/benchmarks.md.)
@@ -446,7 +449,15 @@ def _out_of_reach(first: Tried, ranked: list[Any], max_layers: int) -> str:
     snr = first.row.get("vs_fp32", {}).get("snr_db")
     if total <= 0 or snr is None:
         return ""
-    share = sum(x.added_noise for x in ranked[:max_layers]) / total
+    top = sum(x.added_noise for x in ranked[:max_layers])
+    if ranked[0].measured == "outputs":
+        # Each gain is what that layer alone removes from the outputs' noise on the CPU
+        # (gain + noise left = the CPU graph's noise): what the weights do not explain
+        # (8-bit activations) stays, however many layers are kept.
+        base = max(x.added_noise + 10 ** (-x.snr_db / 10) for x in ranked)
+        share = min(top / base, 1.0)
+    else:
+        share = top / total
     left = 10 ** (-float(snr) / 10) * (1 - share)
     if left <= 2 * 10 ** (-INT8_SNR_DB / 10):
         return ""
