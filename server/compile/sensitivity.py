@@ -201,7 +201,11 @@ def coreml_losses(plain: Path, compressed: Path, feeds: dict[str, Any]) -> list[
     """Ops of the `compressed` package that read a compressed weight, most loss added first,
     against the `plain` package (same program, uncompressed weights)."""
     from server.compile.milexec import MilExecutor
+    from server.compile.onnx_mil.context import mil_name
 
+    # The package's inputs carry MIL identifiers ('state.workaround' → 'state_workaround'),
+    # as in CoreMLCompiler.run: without it, silero's int8 search could not rank a layer.
+    feeds = {mil_name(k): v for k, v in feeds.items()}
     ref_ex, cand_ex = MilExecutor(plain), MilExecutor(compressed)
     ref = ref_ex.run(feeds, keep_intermediates=True)
     cand = cand_ex.run(feeds, keep_intermediates=True)

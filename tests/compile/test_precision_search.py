@@ -123,6 +123,31 @@ def test_mixed_keeps_the_measured_most_sensitive_layer_at_fp16_until_the_gate_pa
     assert out.compile_settings["keep_ops"] == kept["kept_because"]["layer"]
 
 
+def test_core_ml_mixed_ranks_layers_of_a_model_whose_input_is_a_mil_reserved_word(tmp_path):
+    # Silero's `state` input is `state_workaround` in the MIL program; the ranking fed it by
+    # its ONNX name and failed ("feed 'state_workaround' missing"), so no layer was kept.
+    import dataclasses
+
+    import numpy as np
+    import onnx
+
+    net = mlp(tmp_path, "state", (64, 64, 32), outlier_layer=0)
+    model = onnx.load(str(net.onnx))
+    model.graph.input[0].name = "state"
+    for node in model.graph.node:
+        node.input[:] = ["state" if x == "x" else x for x in node.input]
+    onnx.save(model, str(net.onnx))
+    for npz in (net.reference, net.calibration):
+        np.savez(npz, state=np.load(npz)["x"])
+    net = dataclasses.replace(net, inputs=(dataclasses.replace(net.inputs[0], name="state"),))
+    (out,) = _build(net, "coreml", _coreml(search_candidates="int8,fp16", mixed=True),
+                    tmp_path / "mixed")
+    assert out.state == "ready", out.error
+    int8 = out.gates["precision_search"]["tried"][0]
+    assert "mixed_error" not in int8, int8
+    assert _tried(out) == ["int8", "fp16", "int8+keep1"] and out.variant == "fp16-int8-keep1"
+
+
 def test_mixed_skips_a_candidate_whose_loss_is_spread_over_more_layers_than_it_may_keep(
         tmp_path):
     # Nine alike layers, eight with outliers: INT8 loses a few dB in each, none stands out,
