@@ -20,7 +20,8 @@
   parameters) at 16 bits; as an 8-bit weight (one scale per table) BERT-small keeps
   43.7 dB on the HTP and its artifact drops from 0.46× to 0.28× the FP32 source.
 - Additive attention masks stay float: a mask built from -inf or a huge negative constant
-  (`Where(mask, 0, -inf)`, `(1 - mask) * finfo.min`) added to the attention scores gives
+  (`Where(mask, 0, -inf)`, `(1 - mask) * finfo.min`, a constant causal mask tensor of 0 and
+  finfo.min: gpt2-tiny's cost it 5 dB at W8A16) added to the attention scores gives
   the sum a range no 16-bit scale spans — onnxruntime-qnn refuses to quantize an infinite
   range ("graphAddNode ... Quantize ... 6007"), and a finite huge one leaves the scores no
   resolution (BERT-small: 28 dB on the CPU). The nodes from such a constant to the Softmax
@@ -188,6 +189,7 @@ def _ranks(model: Any) -> dict[str, int]:
 
 
 HUGE = 1e4  # a constant this large (or non-finite) is a mask value, not a weight
+MASK_MAX_ELEMENTS = 1 << 24  # a 4096 × 4096 causal mask; larger constants are not scanned
 # Ops a mask value passes through on its way to the scores (shape and selection ops, the
 # arithmetic that builds and adds the mask).
 _MASK_PATH = {"Where", "Add", "Sub", "Mul", "Expand", "Reshape", "Unsqueeze", "Squeeze",
@@ -203,19 +205,23 @@ def attention_mask_nodes(model_path: Path) -> list[str]:
 
     model = onnx.load(str(model_path), load_external_data=False)
     graph = model.graph
-    huge: set[str] = set()
-    for t in graph.initializer:
-        if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16) and \
-                int(np.prod(t.dims)) <= 16:
-            if np.any(~np.isfinite(v := numpy_helper.to_array(t))) or np.any(np.abs(v) >= HUGE):
-                huge.add(t.name)
+
+    def is_mask(t: Any) -> bool:
+        # A scalar fill value (Where(mask, 0, -inf)), or a whole mask tensor of 0 and the
+        # fill value (the dynamo exporter's causal mask of float32's lowest value).
+        if t.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16) or \
+                t.data_location == onnx.TensorProto.EXTERNAL or \
+                int(np.prod(t.dims)) > MASK_MAX_ELEMENTS:
+            return False
+        v = numpy_helper.to_array(t)
+        fill = ~np.isfinite(v) | (np.abs(v) >= HUGE)
+        return bool(np.any(fill)) and (v.size <= 16 or bool(np.all(fill | (v == 0))))
+
+    huge = {t.name for t in graph.initializer if is_mask(t)}
     for node in graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].type == \
-                onnx.AttributeProto.TENSOR:
-            v = numpy_helper.to_array(node.attribute[0].t)
-            if v.dtype.kind == "f" and v.size <= 16 and (
-                    np.any(~np.isfinite(v)) or np.any(np.abs(v) >= HUGE)):
-                huge.update(node.output)
+                onnx.AttributeProto.TENSOR and is_mask(node.attribute[0].t):
+            huge.update(node.output)
     carried, path, softmax = set(huge), [], []
     for node in graph.node:  # graph order is topological
         if not any(i in carried for i in node.input):

@@ -104,10 +104,16 @@ def shared_bias_convs(tmp: Path, name: str, opset: int = 13, identity: bool = Tr
     return ModelFiles(name, (InputSpec("x", shape),), path, path, ref, cal)
 
 
-def masked_attention(tmp: Path, name: str, seq: int = 8, dim: int = 16) -> ModelFiles:
+def masked_attention(tmp: Path, name: str, seq: int = 8, dim: int = 16, causal: bool = False
+                     ) -> ModelFiles:
     """One attention head with an additive mask as exporters write it: scores = (x·Wq)(x·Wk)ᵀ
-    + Where(mask, 0, -inf), softmax, times x·Wv; `mask` is an int64 attention mask (1 = keep)."""
+    + Where(mask, 0, -inf), softmax, times x·Wv; `mask` is an int64 attention mask (1 = keep).
+    `causal`: the mask is instead a constant (1, seq, seq) tensor of float32's lowest value
+    above the diagonal, as the dynamo exporter writes GPT-2's (and no mask input)."""
     from onnx import TensorProto, helper, numpy_helper
+
+    if causal:
+        return _causal_attention(tmp, name, seq, dim)
 
     rng = np.random.default_rng(2)
     inits = [numpy_helper.from_array((rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(
@@ -138,6 +144,32 @@ def masked_attention(tmp: Path, name: str, seq: int = 8, dim: int = 16) -> Model
     np.savez(cal, x=x, mask=masks)  # covers the reference inputs' range
     return ModelFiles(name, (InputSpec("x", (1, seq, dim)),
                              InputSpec("mask", (1, seq), "int64")), path, path, ref, cal)
+
+
+def _causal_attention(tmp: Path, name: str, seq: int, dim: int) -> ModelFiles:
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array((rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(
+        np.float32), w) for w in ("wq", "wk", "wv")]
+    lowest = np.triu(np.full((seq, seq), np.finfo(np.float32).min, np.float32), 1)
+    inits.append(numpy_helper.from_array(lowest[None], "causal"))
+    nodes = [helper.make_node("MatMul", ["x", w], [w + "_out"], name=w + "_proj")
+             for w in ("wq", "wk", "wv")]
+    nodes += [helper.make_node("Transpose", ["wk_out"], ["kt"], name="kt", perm=[0, 2, 1]),
+              helper.make_node("MatMul", ["wq_out", "kt"], ["scores"], name="qk"),
+              helper.make_node("Add", ["scores", "causal"], ["masked"], name="mask_add"),
+              helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["probs", "wv_out"], ["y"], name="attend")]
+    path = onnx_model(tmp / f"{name}.onnx", nodes,
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, dim])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])],
+                      inits)
+    x = rng.standard_normal((16, 1, seq, dim)).astype(np.float32)
+    ref, cal = tmp / f"{name}.ref.npz", tmp / f"{name}.cal.npz"
+    np.savez(ref, x=x[:2])
+    np.savez(cal, x=x)
+    return ModelFiles(name, (InputSpec("x", (1, seq, dim)),), path, path, ref, cal)
 
 
 def embedding_lookup(tmp: Path, name: str, vocab: int = 64, dim: int = 16, seq: int = 8
