@@ -119,6 +119,16 @@ def _float_inputs(qdq: Any, floats: dict[str, Any]) -> dict[int, dict[int, str]]
     return out
 
 
+def spread(items: list[Any], n: int) -> list[Any]:
+    """At most `n` of `items`, evenly spaced from the first to the last: when not every node
+    can be measured, the ones measured cover the whole graph, not its first layers."""
+    if len(items) <= n:
+        return items
+    if n <= 1:
+        return items[:n]
+    return [items[round(j * (len(items) - 1) / (n - 1))] for j in range(n)]
+
+
 def _source_name(name: str, known: set[str]) -> str | None:
     """The uploaded node a QDQ-graph node stands for: itself, or the node a fusion named it
     after ("<node>/MatMulAddFusion"), which is what `keep_float_nodes` takes."""
@@ -147,8 +157,9 @@ def qdq_output_losses(source: Path, quantized: Path, feeds: list[dict[str, Any]]
     """Nodes of the QDQ graph `quantized`, as nodes of `source`, most output noise removed
     first when that node alone reads float weights (from `quantizer_input`); the outputs
     are judged against `expected` (the FP32 source's, per sample) by their worst SNR, as
-    the gate judges them. Nodes left when `seconds` are spent, or past
-    `OUTPUT_MEASURE_NODES`, are not ranked."""
+    the gate judges them. At most `OUTPUT_MEASURE_NODES` nodes, and as many as `seconds`
+    allow at the time one run took, are measured, evenly spread over the graph when that
+    is not all of them (`spread`)."""
     import onnx
 
     from server.compile.gates.layers import cpu_session
@@ -166,11 +177,15 @@ def qdq_output_losses(source: Path, quantized: Path, feeds: list[dict[str, Any]]
                    for exp, out in zip(expected, got, strict=True)
                    for e, g in zip(exp, out, strict=True))
 
+    started = time.monotonic()
     base = _noise(worst_snr())
-    deadline = time.monotonic() + seconds
+    run = max(time.monotonic() - started, 1e-3)
+    deadline = started + seconds
+    cands = [(i, slots) for i, slots in _float_inputs(model, floats).items()
+             if _source_name(model.graph.node[i].name, known) is not None]
     added: set[str] = set()
     out = []
-    for i, slots in list(_float_inputs(model, floats).items())[:OUTPUT_MEASURE_NODES]:
+    for i, slots in spread(cands, min(OUTPUT_MEASURE_NODES, max(int(seconds / run) - 1, 1))):
         node = model.graph.node[i]
         name = _source_name(node.name, known)
         if name is None or time.monotonic() > deadline:

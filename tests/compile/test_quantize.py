@@ -488,6 +488,15 @@ def test_qnn_keeping_one_reader_of_a_shared_bias_float_still_compiles_on_the_htp
     assert types["w1_quantized"] == 5 and types["w0_quantized"] in (2, 3), types  # INT16; 8-bit
 
 
+def test_output_sensitivity_measures_an_even_spread_when_it_cannot_measure_every_node():
+    from server.compile.sensitivity import spread
+
+    nodes = list(range(100))
+    assert spread(nodes, 100) == nodes and spread(nodes, 200) == nodes
+    assert spread(nodes, 5) == [0, 25, 50, 74, 99]  # the whole graph, not its first five
+    assert spread(nodes, 1) == [0] and spread([], 3) == []
+
+
 def _dead_branch_net(tmp: Path) -> ModelFiles:
     """y = fc(x) + relu(dead(x) - 40): `dead` holds one huge weight per output column (its
     INT8 output is far from FP32: the worst layer tensor by tensor), but its bias keeps the
