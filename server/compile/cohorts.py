@@ -31,7 +31,10 @@ strength stays 1.
 
 A QNN artifact's weights are compiled into its context binary, so its copies are not
 re-marked files but the HTP's source graph marked in the HTP's precision and compiled again
-(server/compile/qnn_marks.py): one HTP compile per cohort, each gated like the others.
+(server/compile/qnn_marks.py): one HTP compile per cohort, each gated like the others. Its
+reader needs every cohort marked on the same weights: QNN copies get no per-tensor plan,
+and only the probe thins the share (the mask's subsets are the same draws for every
+cohort); a later cohort that would need a thinner one fails the build.
 
 The key is the release's (server/watermark.release_key), never the server's secret: this
 runs inside the compile sandbox.
@@ -206,8 +209,8 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         copy = marked.path
         if unmarked is not None:
             psnr = output_psnr_db(unmarked, compiler.run(marked, ref.feeds))
-            retry = planned(_retry(k, share, psnr, c == 0, base * share, graph is None,
-                                   spec.cohorts))
+            retry = planned(_retry(k, share, psnr, c == 0, base * share,
+                                   graph is None or c == 0, spec.cohorts))
             if retry is not None:
                 log(f"{tag} cohort {c}'s watermark at strength {k}, share {share:g} costs "
                     f"the outputs {psnr:.1f} dB PSNR; trying strength {retry[0]}, share "
@@ -224,8 +227,8 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
                                     f"(PSNR {psnr:.1f} dB < {MIN_PSNR_DB:.0f} dB, even at "
                                     f"strength {k} on {share:g} of the marked weights)")
         num = numeric_gate(compiler, marked, _marked_request(request), ref, pdir.parent)
-        halved = planned(_halved(k, share, base * share, graph is None, spec.cohorts)) \
-            if num.status == "failed" else None
+        halved = planned(_halved(k, share, base * share, graph is None or c == 0,
+                                 spec.cohorts)) if num.status == "failed" else None
         if num.status == "failed" and halved is not None:
             log(f"{tag} cohort {c}'s artifact at strength {k}, share {share:g} failed the "
                 f"numeric gate ({num.reason[:120]}); trying strength {halved[0]}, share "
@@ -259,10 +262,10 @@ def _retry(strength: int, share: float, psnr: float, probe: bool, marked: float,
            thinnable: bool, cohorts: int) -> tuple[int, float] | None:
     """A weaker (strength, share) for a cohort whose copy costs the outputs `psnr`, or None
     to keep it: under `MIN_PSNR_DB` (the probe, cohort 0: under it + `PSNR_MARGIN_DB`) the
-    strength drops by the excess; at strength 1 a tensor-marked copy (not QNN: its reader
-    needs every cohort on the same weights) marks fewer weights — halved once per 3 dB of
-    the excess — while they still name the cohort as shipped with room (`THINNEST` ×
-    `min_marked`)."""
+    strength drops by the excess; at strength 1 a copy marks fewer weights — halved once per
+    3 dB of the excess — while they still name the cohort as shipped with room (`THINNEST`
+    × `min_marked`). `thinnable` is False for a QNN cohort after the probe: its reader needs
+    every cohort on the same weights, so all take the share the probe found."""
     if not psnr < MIN_PSNR_DB + (PSNR_MARGIN_DB if probe else 0):
         return None
     if strength > 1:
@@ -302,7 +305,8 @@ def _cohort_artifact(art: CompiledArtifact, graph: Path | None, where: Path,
     if graph is None:
         return replace(art, path=mark_copy(art.path, where / art.path.name, spec.key, c,
                                            strength, share, share_of))
-    qnn_marks.mark_graph(graph, where / "graph.onnx", spec.key, c, art.precision, strength)
+    qnn_marks.mark_graph(graph, where / "graph.onnx", spec.key, c, art.precision, strength,
+                         share)
     return qnn_marks.compile_cohort(art, where / "graph.onnx", where / art.path.name)
 
 
