@@ -33,8 +33,8 @@ A QNN artifact's weights are compiled into its context binary, so its copies are
 re-marked files but the HTP's source graph marked in the HTP's precision and compiled again
 (server/compile/qnn_marks.py): one HTP compile per cohort, each gated like the others. Its
 reader needs every cohort marked on the same weights: QNN copies get no per-tensor plan,
-and only the probe thins the share (the mask's subsets are the same draws for every
-cohort); a later cohort that would need a thinner one fails the build.
+and they share one share (the mask's subsets are the same draws for every cohort): a later
+cohort that needs a thinner one makes every cohort again at it.
 
 The key is the release's (server/watermark.release_key), never the server's secret: this
 runs inside the compile sandbox.
@@ -166,7 +166,7 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
                                  "marked_weights": moved})
     unmarked = compiler.run(art, ref.feeds) if ref.outputs is not None and \
         art.runnable_here else None
-    worst_psnr, packed = math.inf, []
+    worst_psnr, packed = math.inf, list[PackedArtifact]()
     strength = wm.strength_for(moved) if unmarked is not None else 1
     marks: list[tuple[int, float]] = []  # each packed cohort's (strength, share)
     tag = f"[{art.target.variant}/{art.target.platform}]"
@@ -199,6 +199,19 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         plan, base = made, made.marked
         return 1, 1.0
 
+    def start_over(weaker: tuple[int, float] | None) -> bool:
+        """A QNN cohort after the probe that needs a thinner share: every cohort must be on
+        the same positions, so all start again at it (the packed ones are dropped)."""
+        nonlocal c, k, share, strength, start_share, worst_psnr, packed, marks
+        if graph is None or c == 0 or weaker is None or weaker[1] >= share:
+            return False
+        log(f"{tag} cohort {c} needs share {weaker[1]:g}; every cohort is made again at it "
+            "(a QNN binary's reader needs them all on the same weights)")
+        c, (k, share) = 0, weaker
+        strength, start_share = weaker
+        worst_psnr, packed, marks = math.inf, [], []
+        return True
+
     while c < spec.cohorts:
         try:
             marked = _cohort_artifact(art, graph, pdir / "cohorts" / str(c), spec, c, k, share,
@@ -209,8 +222,11 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         copy = marked.path
         if unmarked is not None:
             psnr = output_psnr_db(unmarked, compiler.run(marked, ref.feeds))
-            retry = planned(_retry(k, share, psnr, c == 0, base * share,
-                                   graph is None or c == 0, spec.cohorts))
+            retry = planned(_retry(k, share, psnr, c == 0, base * share, True,
+                                   spec.cohorts))
+            if start_over(retry):
+                shutil.rmtree(copy.parent)
+                continue
             if retry is not None:
                 log(f"{tag} cohort {c}'s watermark at strength {k}, share {share:g} costs "
                     f"the outputs {psnr:.1f} dB PSNR; trying strength {retry[0]}, share "
@@ -227,8 +243,11 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
                                     f"(PSNR {psnr:.1f} dB < {MIN_PSNR_DB:.0f} dB, even at "
                                     f"strength {k} on {share:g} of the marked weights)")
         num = numeric_gate(compiler, marked, _marked_request(request), ref, pdir.parent)
-        halved = planned(_halved(k, share, base * share, graph is None or c == 0,
-                                 spec.cohorts)) if num.status == "failed" else None
+        halved = planned(_halved(k, share, base * share, True, spec.cohorts)) \
+            if num.status == "failed" else None
+        if start_over(halved):
+            shutil.rmtree(copy.parent)
+            continue
         if num.status == "failed" and halved is not None:
             log(f"{tag} cohort {c}'s artifact at strength {k}, share {share:g} failed the "
                 f"numeric gate ({num.reason[:120]}); trying strength {halved[0]}, share "
@@ -264,8 +283,7 @@ def _retry(strength: int, share: float, psnr: float, probe: bool, marked: float,
     to keep it: under `MIN_PSNR_DB` (the probe, cohort 0: under it + `PSNR_MARGIN_DB`) the
     strength drops by the excess; at strength 1 a copy marks fewer weights — halved once per
     3 dB of the excess — while they still name the cohort as shipped with room (`THINNEST`
-    × `min_marked`). `thinnable` is False for a QNN cohort after the probe: its reader needs
-    every cohort on the same weights, so all take the share the probe found."""
+    × `min_marked`) (a QNN cohort after the probe that needs it: `start_over`)."""
     if not psnr < MIN_PSNR_DB + (PSNR_MARGIN_DB if probe else 0):
         return None
     if strength > 1:
