@@ -18,7 +18,7 @@ weights — what scores z ≈ 12 after 1% weight noise — capped by the outputs
 probe: when its PSNR is under `MIN_PSNR_DB` + `PSNR_MARGIN_DB` the strength drops by the
 excess (PSNR falls by 20·log10 of the strength) and cohort 0 is made again, down to 1 (the
 scheme before strengths). A copy still under `MIN_PSNR_DB` at strength 1, or failing the
-numeric gate, is made again weaker: at strength 1 an ONNX or Core ML copy first gets a
+numeric gate, is made again weaker: at strength 1 a copy first gets a
 per-tensor plan (mark_plan.py: the tensors the outputs cannot afford left unmarked, which
 ppocr-det needs: 53 dB marked alike), then marks only a share (1/2, 1/4, …: 3 dB each) of
 the marked positions — the detector scores all of them, so its statistic and bound do not
@@ -32,9 +32,10 @@ strength stays 1.
 A QNN artifact's weights are compiled into its context binary, so its copies are not
 re-marked files but the HTP's source graph marked in the HTP's precision and compiled again
 (server/compile/qnn_marks.py): one HTP compile per cohort, each gated like the others. Its
-reader needs every cohort marked on the same weights: QNN copies get no per-tensor plan,
-and they share one share (the mask's subsets are the same draws for every cohort): a later
-cohort that needs a thinner one makes every cohort again at it.
+reader needs every cohort marked on the same weights, so all of a build's cohorts mark one
+plan and one share (the mask's subsets are the same draws for every cohort): a later cohort
+that needs a thinner share or the plan makes every cohort again at it. The QNN plan compiles
+each tensor's mark alone.
 
 The key is the release's (server/watermark.release_key), never the server's secret: this
 runs inside the compile sandbox.
@@ -130,17 +131,23 @@ def marked_weights(art: CompiledArtifact, graph: Path | None, probe: Path,
                    spec: WatermarkSpec) -> int:
     """How many weights cohort 0's mark moves in `art` (in the HTP's source `graph` for a
     QNN artifact), from a marked probe copy."""
+    return sum(_marked_per_tensor(art, graph, probe, spec).values())
+
+
+def _marked_per_tensor(art: CompiledArtifact, graph: Path | None, probe: Path,
+                       spec: WatermarkSpec) -> dict[str, int]:
     if graph is not None:
         if not graph.is_file():
-            return 0
+            return {}
         src, copy = graph, probe / "graph.onnx"
         qnn_marks.mark_graph(src, copy, spec.key, 0, art.precision)
     else:
         src, copy = art.path, mark_copy(art.path, probe / art.path.name, spec.key, 0)
     try:
         before = {t.name: t.values for t in weights.read(src)}
-        return sum(mark_plan.changed(before[t.name], t.values) for t in weights.read(copy)
-                   if t.name in before)
+        moved = {t.name: mark_plan.changed(before[t.name], t.values)
+                 for t in weights.read(copy) if t.name in before}
+        return {n: k for n, k in moved.items() if k}
     finally:
         shutil.rmtree(probe, ignore_errors=True)
 
@@ -173,22 +180,32 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
     start_share = 1.0
     c, k, share = 0, strength, start_share
     plan: mark_plan.MarkPlan | None = None  # per-tensor shares, once thinning alike is due
-    plan_tried = False
+    plan_tried = replanned = False
     base = moved  # the weights marked at share 1 (fewer under a plan)
 
+    def qnn_probe(_: Path, dest: Path, share_of: Callable[[str], float]) -> Path:
+        """Cohort 0's mark on the `share_of` tensors of the HTP's graph, compiled."""
+        assert graph is not None
+        qnn_marks.mark_graph(graph, dest.parent / "graph.onnx", spec.key, 0, art.precision,
+                             1, 1.0, share_of)
+        return qnn_marks.compile_cohort(art, dest.parent / "graph.onnx", dest).path
+
     def planned(proposal: tuple[int, float] | None) -> tuple[int, float] | None:
-        """In place of the first thinning of a tensor-marked copy: the per-tensor plan
-        (mark_plan.py), when it still names the cohort with room; else `proposal`."""
-        nonlocal plan, base, plan_tried
-        if plan_tried or graph is not None or unmarked is None or proposal is None \
+        """In place of the first thinning at strength 1: the per-tensor plan (mark_plan.py;
+        for QNN each tensor's mark compiled alone), when it still names the cohort with
+        room; else `proposal`."""
+        nonlocal plan, base, plan_tried, replanned
+        if plan_tried or unmarked is None or proposal is None \
                 or proposal[0] != 1 or k != 1 or proposal[1] >= share:
             return proposal
         plan_tried = True
         made = mark_plan.plan(
             compiler, art, ref.feeds, unmarked, spec.key, pdir / "cohorts" / "plan",
             MIN_PSNR_DB + PSNR_MARGIN_DB,
-            lambda src, dest, share_of: mark_copy(src, dest, spec.key, 0, 1, 1.0, share_of),
-            log)
+            (lambda src, dest, share_of: mark_copy(src, dest, spec.key, 0, 1, 1.0, share_of))
+            if graph is None else qnn_probe, log,
+            None if graph is None else _marked_per_tensor(art, graph,
+                                                          pdir / "cohorts" / "counts", spec))
         if made.marked < THINNEST * min_marked(spec.cohorts):
             log(f"{tag} mark plan: the outputs afford {made.marked} marked weight(s), too "
                 "few to name a cohort; thinning every tensor alike")
@@ -196,14 +213,16 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         log(f"{tag} mark plan: {made.marked} of {moved} marked weights, "
             f"{len(made.unmarked)} tensor(s) left unmarked (the most costly: "
             f"{', '.join(made.unmarked[:3]) or 'none'})")
-        plan, base = made, made.marked
+        plan, base, replanned = made, made.marked, True
         return 1, 1.0
 
     def start_over(weaker: tuple[int, float] | None) -> bool:
-        """A QNN cohort after the probe that needs a thinner share: every cohort must be on
-        the same positions, so all start again at it (the packed ones are dropped)."""
-        nonlocal c, k, share, strength, start_share, worst_psnr, packed, marks
-        if graph is None or c == 0 or weaker is None or weaker[1] >= share:
+        """A QNN cohort after the probe that needs a thinner share or a new plan: every
+        cohort must be on the same positions, so all start again at it (the packed ones
+        are dropped)."""
+        nonlocal c, k, share, strength, start_share, worst_psnr, packed, marks, replanned
+        fresh, replanned = replanned, False
+        if graph is None or c == 0 or weaker is None or (weaker[1] >= share and not fresh):
             return False
         log(f"{tag} cohort {c} needs share {weaker[1]:g}; every cohort is made again at it "
             "(a QNN binary's reader needs them all on the same weights)")
@@ -324,7 +343,7 @@ def _cohort_artifact(art: CompiledArtifact, graph: Path | None, where: Path,
         return replace(art, path=mark_copy(art.path, where / art.path.name, spec.key, c,
                                            strength, share, share_of))
     qnn_marks.mark_graph(graph, where / "graph.onnx", spec.key, c, art.precision, strength,
-                         share)
+                         share, share_of)
     return qnn_marks.compile_cohort(art, where / "graph.onnx", where / art.path.name)
 
 

@@ -125,10 +125,13 @@ def knapsack(counts: dict[str, int], cost: dict[str, np.ndarray[Any, Any]],
 def plan(compiler: Compiler, art: CompiledArtifact, feeds: Any, unmarked: Any, key: bytes,
          where: Path, min_db: float,
          mark: Callable[[Path, Path, Callable[[str], float]], Path],
-         log: Callable[[str], None] = lambda _: None) -> MarkPlan:
+         log: Callable[[str], None] = lambda _: None,
+         counts: dict[str, int] | None = None) -> MarkPlan:
     """Cohort 0's mark at strength 1 on each tensor alone (`mark(src, dest, share_of)`
-    makes the copy), and the shares that keep the outputs at `min_db`."""
-    counts = marked_counts(art.path, key)
+    makes the copy: for a QNN artifact, the marked graph compiled), and the shares that
+    keep the outputs at `min_db`; `counts`: the weights the mark moves per tensor (default:
+    read from the artifact)."""
+    counts = marked_counts(art.path, key) if counts is None else counts
     order = sorted(counts, key=lambda n: (-counts[n], n))[:MAX_PROBED]
     cost: dict[str, np.ndarray[Any, Any]] = {}
     started = time.monotonic()

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -53,11 +53,13 @@ def word_bytes(precision: str) -> int:
 
 
 def mark_graph(src: Path, dest: Path, key: bytes, cohort: int, precision: Precision,
-               strength: int = 1, share: float = 1.0) -> int:
+               strength: int = 1, share: float = 1.0,
+               share_of: Callable[[str], float] = lambda _: 1.0) -> int:
     """A copy of the HTP's source graph `src` at `dest` with cohort `cohort`'s mark in the
     precision the HTP uses for each weight (FP16 weights `strength` steps off, quantized
-    ones one step), on a `share` of the mask's positions (the same ones for every cohort,
-    as `identify_binary` needs); returns how many tensors were marked."""
+    ones one step), tensor t on `share` × `share_of(t)` of the mask's positions (the same
+    ones for every cohort, as `identify_binary` needs); returns how many tensors were
+    marked."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dest)
     marked = 0
@@ -65,15 +67,16 @@ def mark_graph(src: Path, dest: Path, key: bytes, cohort: int, precision: Precis
 
     def change(name: str, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         nonlocal marked
-        if quantized != (values.dtype.name in weights.INTS):
+        part = share * share_of(name)
+        if quantized != (values.dtype.name in weights.INTS) or part <= 0:
             return values  # an FP16 build's integers, a QDQ build's unquantized floats
         marked += 1
         if quantized:
-            return wm.embed(values, key, cohort, name=name, share=share)
+            return wm.embed(values, key, cohort, name=name, share=part)
         # FP16 on the HTP: a marked weight is stored at its FP16 value `strength` steps off,
         # which the HTP's FP16 conversion keeps exactly; the others stay as they were.
         fp16 = np.clip(values, -65504, 65504).astype(np.float16)
-        moved = wm.embed(fp16, key, cohort, strength, name=name, share=share)
+        moved = wm.embed(fp16, key, cohort, strength, name=name, share=part)
         out = values.copy()
         changed = moved.view(np.uint16) != fp16.view(np.uint16)
         out[changed] = moved[changed].astype(values.dtype)
