@@ -127,15 +127,10 @@ def min_marked(cohorts: int) -> int:
     return math.ceil(2 * math.log(cohorts / wm.MAX_FALSE_POSITIVE))
 
 
-def marked_weights(art: CompiledArtifact, graph: Path | None, probe: Path,
-                   spec: WatermarkSpec) -> int:
-    """How many weights cohort 0's mark moves in `art` (in the HTP's source `graph` for a
-    QNN artifact), from a marked probe copy."""
-    return sum(_marked_per_tensor(art, graph, probe, spec).values())
-
-
-def _marked_per_tensor(art: CompiledArtifact, graph: Path | None, probe: Path,
-                       spec: WatermarkSpec) -> dict[str, int]:
+def marked_per_tensor(art: CompiledArtifact, graph: Path | None, probe: Path,
+                      spec: WatermarkSpec) -> dict[str, int]:
+    """How many weights cohort 0's mark moves in each tensor of `art` (of the HTP's source
+    `graph` for a QNN artifact), from a marked probe copy."""
     if graph is not None:
         if not graph.is_file():
             return {}
@@ -162,8 +157,8 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         return CohortResult([], {"status": "not_supported", "reason": why})
     graph = Path(str(art.extra.get("htp_graph", ""))) if fmt == qnn_marks.EPCONTEXT_FORMAT \
         else None
-    moved, needed = marked_weights(art, graph, pdir / "cohorts" / "probe", spec), \
-        min_marked(spec.cohorts)
+    per_tensor = marked_per_tensor(art, graph, pdir / "cohorts" / "probe", spec)
+    moved, needed = sum(per_tensor.values()), min_marked(spec.cohorts)
     if moved < needed:
         why = (f"the mark moves {moved} weight(s) of this artifact, fewer than the {needed} "
                f"that naming one of {spec.cohorts} cohorts at a false-positive probability "
@@ -204,8 +199,7 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
             MIN_PSNR_DB + PSNR_MARGIN_DB,
             (lambda src, dest, share_of: mark_copy(src, dest, spec.key, 0, 1, 1.0, share_of))
             if graph is None else qnn_probe, log,
-            None if graph is None else _marked_per_tensor(art, graph,
-                                                          pdir / "cohorts" / "counts", spec))
+            None if graph is None else per_tensor)
         if made.marked < THINNEST * min_marked(spec.cohorts):
             log(f"{tag} mark plan: the outputs afford {made.marked} marked weight(s), too "
                 "few to name a cohort; thinning every tensor alike")
@@ -241,8 +235,7 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         copy = marked.path
         if unmarked is not None:
             psnr = output_psnr_db(unmarked, compiler.run(marked, ref.feeds))
-            retry = planned(_retry(k, share, psnr, c == 0, base * share, True,
-                                   spec.cohorts))
+            retry = planned(_retry(k, share, psnr, c == 0, base * share, spec.cohorts))
             if start_over(retry):
                 shutil.rmtree(copy.parent)
                 continue
@@ -262,7 +255,7 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
                                     f"(PSNR {psnr:.1f} dB < {MIN_PSNR_DB:.0f} dB, even at "
                                     f"strength {k} on {share:g} of the marked weights)")
         num = numeric_gate(compiler, marked, _marked_request(request), ref, pdir.parent)
-        halved = planned(_halved(k, share, base * share, True, spec.cohorts)) \
+        halved = planned(_halved(k, share, base * share, spec.cohorts)) \
             if num.status == "failed" else None
         if start_over(halved):
             shutil.rmtree(copy.parent)
@@ -297,7 +290,7 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
 
 
 def _retry(strength: int, share: float, psnr: float, probe: bool, marked: float,
-           thinnable: bool, cohorts: int) -> tuple[int, float] | None:
+           cohorts: int) -> tuple[int, float] | None:
     """A weaker (strength, share) for a cohort whose copy costs the outputs `psnr`, or None
     to keep it: under `MIN_PSNR_DB` (the probe, cohort 0: under it + `PSNR_MARGIN_DB`) the
     strength drops by the excess; at strength 1 a copy marks fewer weights — halved once per
@@ -309,20 +302,20 @@ def _retry(strength: int, share: float, psnr: float, probe: bool, marked: float,
         return _weaker(strength, psnr), share
     if psnr < MIN_PSNR_DB:  # the outputs' error power falls with the share: 3 dB a halving
         excess = min(MIN_PSNR_DB + PSNR_MARGIN_DB - psnr, 100.0)  # -inf: as far as it goes
-        return _halved(strength, share, marked, thinnable, cohorts,
+        return _halved(strength, share, marked, cohorts,
                        math.ceil(excess / (10 * math.log10(2))))
     return None
 
 
-def _halved(strength: int, share: float, marked: float, thinnable: bool, cohorts: int,
-            times: int = 1) -> tuple[int, float] | None:
+def _halved(strength: int, share: float, marked: float, cohorts: int, times: int = 1
+            ) -> tuple[int, float] | None:
     """Half the strength, or at strength 1 the share halved `times` times (or as often as
     the marked weights still name the cohort with room: `THINNEST` × `min_marked`; see `_retry`);
     None: no weaker mark names the cohort."""
     if strength > 1:
         return strength // 2, share
     room = math.floor(math.log2(max(marked, 1) / (THINNEST * min_marked(cohorts))))
-    if not thinnable or room < 1:
+    if room < 1:
         return None
     return 1, share / 2 ** max(1, min(times, room))
 

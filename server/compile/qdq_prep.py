@@ -50,6 +50,12 @@ from pathlib import Path
 from typing import Any
 
 
+def quantizer_inputs(qdq: Path) -> tuple[Path, Path]:
+    """Where `compilers.qnn.quantize_qdq` writes, beside the QDQ graph `qdq`, the prepared
+    graph (`prepare`) and onnxruntime's preprocessed one, when a step changed its input."""
+    return qdq.with_name(qdq.stem + ".prepared.onnx"), qdq.with_name(qdq.stem + ".prep.onnx")
+
+
 def prepare(src: Path, out: Path, per_channel: bool) -> Path:
     """`src`, or the prepared graph written to `out` when a step changed it."""
     import onnx

@@ -112,10 +112,10 @@ def quantize_qdq(src: Path, out: Path, calibration: list[dict[str, Any]],
 
     from server.compile import qdq_prep
 
-    src = qdq_prep.prepare(src, out.with_name(out.stem + ".prepared.onnx"), per_channel)
+    prepared, prepped = qdq_prep.quantizer_inputs(out)
+    src = qdq_prep.prepare(src, prepared, per_channel)
     # Fuses Erf sequences into Gelu (and similar): the HTP has no quantized Erf, and QDQ
     # pairs inserted between the pieces would otherwise block QNN's own fusion.
-    prepped = out.with_name(out.stem + ".prep.onnx")
     model = prepped if qnn_preprocess_model(str(src), str(prepped)) else src
     act = QuantType.QUInt16 if activation_bits == 16 else QuantType.QUInt8
     # 4-bit weights symmetric, as the HTP takes them (QInt4 with a zero offset).
@@ -332,7 +332,7 @@ def _kept_note(qdq: Path, keep_float: tuple[str, ...]) -> str:
     if not keep_float:
         return ""
     wide = qdq_prep.sixteen_bit_weight_readers(qdq)
-    at16 = [k for k in keep_float if k in wide or any(w.startswith(k + "/") for w in wide)]
+    at16 = [k for k in keep_float if wide & set(qdq_prep.fused_names(qdq, (k,)))]
     left = [k for k in keep_float if k not in at16]
     return "".join([f"; kept at 16-bit weights: {', '.join(at16)}" if at16 else "",
                     f"; kept unquantized: {', '.join(left)}" if left else ""])
