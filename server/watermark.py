@@ -33,7 +33,13 @@ r itself over the weights of about the same magnitude in the same tensor — so 
 (which grows with |w|, ~15 steps), an INT8 re-quantization (the same absolute error on every
 weight of a tensor: many steps of a small weight, few of a large one) and an FP16 round trip
 are each scored with the weights that carry the mark best under them. (Unweighted, the large
-weights' noise drowned every mark under 1% noise.) For each cohort z_c = ⟨x, p_c⟩ / ‖x‖ over
+weights' noise drowned every mark under 1% noise.) A leaked tensor whose values sit on one
+uniform grid of at most 256 levels (`lattice`: re-quantized per tensor, INT8 or narrower,
+and dequantized) is scored on that grid instead (`on_lattice`): the original is rounded
+onto it too, so a weight whose mark the rounding erased scores 0 rather than its whole
+rounding error, and one the mark carried across a boundary scores the mark's sign (on
+per-tensor INT8, z 2–9× the filtered one; a per-channel re-quantization is not a grid of
+the flat tensor and stays with the filter). For each cohort z_c = ⟨x, p_c⟩ / ‖x‖ over
 the filtered differences x. The weights depend only on the original and the leaked file, and
 the patterns are keyed random signs independent of both for every cohort but the embedded
 one, so by Hoeffding's inequality P(z_c ≥ t) ≤ exp(−t²/2) for each of them, whatever x is;
@@ -78,6 +84,10 @@ NOISE_Z = 12.0
 STEP_PER_NOISE = 0.072
 MAX_STRENGTH = 16
 MIN_BUCKET = 64  # weights a noise estimate is made from, at least (`filtered`)
+# A leaked tensor whose values sit on a grid of at most this many levels was re-quantized
+# (`lattice`); dequantized float32 values sit within this share of a step of it.
+MAX_LATTICE_LEVELS = 256
+LATTICE_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -188,8 +198,12 @@ def identify_tensors(leaked: Mapping[str, Array], original: Iterable[tuple[str, 
             continue
         flat = values.reshape(-1)
         at = mask(key, name, flat.size, density_for(values.dtype)) & carries_mark(flat)
-        d = copy.astype(np.float32).reshape(-1)[at] - flat[at].astype(np.float32)
-        x = filtered(d, flat[at])
+        leaked_flat = copy.astype(np.float32).reshape(-1)
+        grid = lattice(leaked_flat) if values.dtype in FLOAT_DTYPES else None
+        if grid is not None:
+            x = on_lattice(leaked_flat[at], flat[at], grid)
+        else:
+            x = filtered(leaked_flat[at] - flat[at].astype(np.float32), flat[at])
         norm2 += float(np.dot(x, x))
         compared += x.size
         for c in range(cohorts):
@@ -240,6 +254,51 @@ def filtered(diff: Floats, reference: Array) -> np.ndarray[Any, np.dtype[np.floa
     out: np.ndarray[Any, np.dtype[np.float64]] = np.divide(
         r, v, out=np.zeros_like(r), where=v > 0)
     return out if np.ndim(diff) > 1 else out[0]
+
+
+@dataclass(frozen=True)
+class Lattice:
+    """A uniform grid of values, offset + step·q for integers q."""
+
+    step: float
+    offset: float
+
+
+def lattice(values: Floats) -> Lattice | None:
+    """The grid every finite value of a leaked tensor sits on, if it has at most
+    `MAX_LATTICE_LEVELS` levels: a copy re-quantized per tensor (INT8 or narrower, symmetric
+    or with a zero point) and dequantized, as onnxruntime's quantizers and a per-tensor INT8
+    attack leave it. Else None (float weights, noise, a per-channel re-quantization: the
+    matched filter scores those). The grid is read off the values alone: the smallest gap
+    between distinct values, refined by least squares over every level."""
+    v = values[np.isfinite(values)].astype(np.float64)
+    u = np.unique(v)
+    if u.size < 3 or u.size > MAX_LATTICE_LEVELS:
+        return None
+    step = float(np.diff(u).min())
+    if not step > 0 or (u[-1] - u[0]) / step > MAX_LATTICE_LEVELS:
+        return None
+    q = np.rint((u - u[0]) / step)
+    step = float(np.dot(u - u[0], q) / np.dot(q, q))
+    if float(np.abs(u - u[0] - q * step).max()) > LATTICE_TOLERANCE * step:
+        return None
+    return Lattice(step, float(u[0]))
+
+
+def on_lattice(leaked: Floats, original: Array, grid: Lattice
+               ) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """The differences of a copy on `grid` (see `lattice`): each marked weight's level in the
+    copy minus the level its original rounds to on the same grid, clipped to ±1. A mark that
+    the re-quantization rounded away gives 0 — no noise, where the filtered difference
+    would score the whole rounding error — and one that carried its weight across a
+    rounding boundary gives the mark's sign, so an unmoved weight (a thinned share) adds
+    nothing either. Like `filtered`, a function of the original and the leaked values only:
+    the Hoeffding bound holds."""
+    lv = np.rint((leaked.astype(np.float64) - grid.offset) / grid.step)
+    ov = np.rint((original.astype(np.float64) - grid.offset) / grid.step)
+    d = np.nan_to_num(lv - ov, nan=0.0, posinf=0.0, neginf=0.0)
+    out: np.ndarray[Any, np.dtype[np.float64]] = np.clip(d, -1.0, 1.0)
+    return out
 
 
 def _groups(bucket: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

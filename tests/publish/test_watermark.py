@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from manifests import cohort_of
 from server import watermark as wm
@@ -173,3 +175,69 @@ def test_the_filtered_statistic_beats_the_plain_difference_under_noise_and_int8(
         plain, weighed = wm.scores(d, rows)[0], wm.scores(x, rows)[0]
         assert int(np.argmax(weighed)) == 2 and weighed.max() > 1.15 * plain[2], \
             (plain[2], weighed.max())
+
+
+def test_int8_requantized_copy_of_a_thinned_mark_is_named_on_its_lattice():
+    """A per-tensor INT8 re-quantization rounds most one-step marks away and adds a rounding
+    error 20× the mark to every weight: the filtered difference scores that error and a
+    thinned mark (1/8 of the positions moved) drowns in it. The copy's values sit on the
+    re-quantizer's grid, so the detector rounds the original onto the same grid: a mark
+    that carried its weight across a boundary shows its sign, every other weight 0."""
+    n = 400_000
+    original = model_weights(1, n).astype(np.float16)
+    at = wm.mask(SECRET, "", n) & wm.carries_mark(original)
+    rows = wm.patterns(SECRET, COHORTS, n)[:, at]
+    for cohort in (17, 5):
+        leaked = int8_requantized(wm.embed(original, SECRET, cohort, 4, share=1 / 8)
+                                  .astype(np.float32))
+        got = wm.identify(leaked, original, SECRET, COHORTS)
+        assert got.cohort == cohort and got.false_positive <= 1e-9, got
+        filtered = wm.scores(wm.filtered(leaked[at] - original[at].astype(np.float32),
+                                         original[at]), rows)[0]
+        assert filtered.max() < 7.05, filtered.max()  # what the filter alone makes of it
+
+
+def test_foreign_requantized_files_never_name_a_cohort_on_their_lattice():
+    n, trials = 16_384, 2_000
+    original = model_weights(1, n).astype(np.float16)
+    at = wm.mask(SECRET, "", n) & wm.carries_mark(original)
+    rows = wm.patterns(SECRET, COHORTS, n)[:, at]
+    rng = np.random.default_rng(5)
+    worst = 0.0
+    for _ in range(trials):
+        foreign = int8_requantized((rng.standard_normal(n) * 0.05).astype(np.float32))
+        grid = wm.lattice(foreign)
+        assert grid is not None
+        worst = max(worst, float(wm.scores(wm.on_lattice(foreign[at], original[at], grid),
+                                           rows).max()))
+    assert worst < 7.05 and wm.false_positive(worst, COHORTS) > 1e-9, worst
+
+
+@settings(max_examples=60, deadline=None)
+@given(bits=st.integers(2, 8), symmetric=st.booleans(), scale_exp=st.floats(-8, 2),
+       seed=st.integers(0, 2**32 - 1))
+def test_a_per_tensor_requantization_is_read_as_its_grid_and_costs_no_unmarked_weight(
+        bits, symmetric, scale_exp, seed):
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal(4096) * 10 ** scale_exp).astype(np.float32)
+    if symmetric:
+        qmax = 2 ** (bits - 1) - 1
+        scale, zero, lo, hi = np.abs(w).max() / qmax, 0, -qmax, qmax
+    else:
+        scale = (w.max() - min(w.min(), 0)) / (2**bits - 1)
+        zero = int(np.rint(-min(w.min(), 0) / scale))
+        lo, hi = 0, 2**bits - 1
+    q = np.clip(np.rint(w / np.float32(scale)) + zero, lo, hi)
+    leaked = ((q - zero) * np.float32(scale)).astype(np.float32)
+    grid = wm.lattice(leaked)
+    assert grid is not None and grid.step == pytest.approx(scale, rel=1e-5)
+    # the unmarked original rounds to exactly the copy's levels: nothing to score
+    assert not wm.on_lattice(leaked, w, grid).any()
+
+
+def test_float_weights_noise_and_wide_fp16_tensors_are_no_lattice():
+    w = model_weights(2, 65_536)
+    assert wm.lattice(w) is None
+    assert wm.lattice(w.astype(np.float16).astype(np.float32)) is None
+    assert wm.lattice(int8_requantized(w) * (1 + 1e-3 * model_weights(3, 65_536))) is None
+    assert wm.lattice(np.full(100, 0.5, np.float32)) is None  # one level is no grid
