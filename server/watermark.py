@@ -186,10 +186,13 @@ def identify(leaked: Floats, original: Floats, secret: bytes, cohorts: int, *,
 
 def identify_tensors(leaked: Mapping[str, Array], original: Iterable[tuple[str, Array]],
                      key: bytes, cohorts: int, *,
-                     max_false_positive: float = MAX_FALSE_POSITIVE) -> Identified:
+                     max_false_positive: float = MAX_FALSE_POSITIVE,
+                     grids: Mapping[str, Lattice] | None = None) -> Identified:
     """`identify` over a model's tensors: the original's (name, values as marked — float or
     quantized integers) against the leaked copy's values by name; a tensor the copy lacks,
-    or holds with another size, is left out of both sides."""
+    or holds with another size, is left out of both sides. `grids`: the grid a re-quantized
+    copy tensor sits on, where its file says (server/compile/requantized.py); else it is
+    read off the values (`lattice`)."""
     dots = np.zeros(cohorts, dtype=np.float64)
     norm2, compared = 0.0, 0
     for name, values in original:
@@ -199,9 +202,11 @@ def identify_tensors(leaked: Mapping[str, Array], original: Iterable[tuple[str, 
         flat = values.reshape(-1)
         at = mask(key, name, flat.size, density_for(values.dtype)) & carries_mark(flat)
         leaked_flat = copy.astype(np.float32).reshape(-1)
-        grid = lattice(leaked_flat) if values.dtype in FLOAT_DTYPES else None
+        grid = None
+        if values.dtype in FLOAT_DTYPES:
+            grid = (grids or {}).get(name) or lattice(leaked_flat)
         if grid is not None:
-            x = on_lattice(leaked_flat[at], flat[at], grid)
+            x = on_lattice(leaked_flat[at], flat[at], grid.at(at))
         else:
             x = filtered(leaked_flat[at] - flat[at].astype(np.float32), flat[at])
         norm2 += float(np.dot(x, x))
@@ -258,10 +263,18 @@ def filtered(diff: Floats, reference: Array) -> np.ndarray[Any, np.dtype[np.floa
 
 @dataclass(frozen=True)
 class Lattice:
-    """A uniform grid of values, offset + step·q for integers q."""
+    """A grid of values, offset + step·q for integers q: one for a tensor, or one per weight
+    (arrays over the flat tensor: a per-channel or per-block re-quantization's)."""
 
-    step: float
-    offset: float
+    step: float | Floats
+    offset: float | Floats
+
+    def at(self, where: np.ndarray[Any, np.dtype[np.bool_]]) -> Lattice:
+        """The grid of the weights at `where`."""
+        if np.ndim(self.step) == 0 and np.ndim(self.offset) == 0:
+            return self
+        return Lattice(np.broadcast_to(self.step, where.shape)[where],
+                       np.broadcast_to(self.offset, where.shape)[where])
 
 
 def lattice(values: Floats) -> Lattice | None:

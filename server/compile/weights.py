@@ -86,7 +86,7 @@ def read(path: Path) -> list[Tensor]:
     """The model's tensors (ONNX or Core ML, see `kind_of`), in a stable order."""
     if kind_of(path) == "onnx":
         return _onnx_tensors(_load_onnx(path))
-    with _package_dir(path) as pkg:
+    with package_dir(path) as pkg:
         return [Tensor(ref.name, ref.read(), ref.weight) for ref in _blob_refs(pkg)[1]]
 
 
@@ -323,7 +323,7 @@ def _rewrite_mlpackage(pkg: Path, change: Rewrite) -> None:
 
 
 @contextmanager
-def _package_dir(path: Path) -> Iterator[Path]:
+def package_dir(path: Path) -> Iterator[Path]:
     """An .mlpackage as a directory: itself, or unpacked from its tar or zip to a temporary
     directory (names checked: nothing outside it)."""
     if path.is_dir():

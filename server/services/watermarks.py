@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from client_sdk import compression
 from server import watermark as wm
 from server.blobstore import BlobStore
-from server.compile import qnn_marks, weights
+from server.compile import qnn_marks, requantized, weights
 from server.db import models as db
 from server.publish.protection import ContentKeys, WatermarkSecret, unseal_path
 
@@ -94,7 +94,7 @@ def _inflated(leaked: Path, tmp: Path) -> Path:
 def _identify(session: Session, store: BlobStore, secret: WatermarkSecret,
               content_keys: ContentKeys | None, leaked: Path, tmp: Path) -> Finding:
     binary = qnn_marks.context_binary(leaked) if _is_qnn(leaked) else None
-    copy = weights.by_name(weights.read(leaked)) if binary is None else {}
+    copy, grids = requantized.leaked_copy(leaked) if binary is None else ({}, {})
     best = NONE
     rows = session.execute(
         select(db.Artifact, db.ModelVersion.version, db.Model.name)
@@ -116,7 +116,7 @@ def _identify(session: Session, store: BlobStore, secret: WatermarkSecret,
             if not any(name in copy for name, _ in tensors):
                 continue  # another model: nothing in common
             got = wm.identify_tensors(copy, tensors, secret.release_key(model, version),
-                                      len(art.cohorts))
+                                      len(art.cohorts), grids=grids)
         if got is None:
             continue
         compared += 1

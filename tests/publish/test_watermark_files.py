@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from server import watermark as wm
-from server.compile import weights
+from server.compile import requantized, weights
 from server.compile.cohorts import mark_copy
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,8 @@ def mlp_onnx(path: Path, seed: int = 5) -> Path:
     return path
 
 
-def coreml_package(path: Path, *, int8: bool = False, compress: str = "") -> Path:
+def coreml_package(path: Path, *, int8: bool = False, compress: str = "",
+                   target: str = "") -> Path:
     """A 1024 × 1024 linear layer as an FP16 ML Program (or its weights INT8-quantized)."""
     import coremltools as ct
     import coremltools.optimize.coreml as cto
@@ -60,8 +61,8 @@ def coreml_package(path: Path, *, int8: bool = False, compress: str = "") -> Pat
         return mb.linear(x=x, weight=w)
 
     model = ct.convert(prog, convert_to="mlprogram", compute_precision=ct.precision.FLOAT16,
-                       minimum_deployment_target=ct.target.iOS18 if compress
-                       else ct.target.iOS17)
+                       minimum_deployment_target=getattr(ct.target, target) if target
+                       else ct.target.iOS18 if compress else ct.target.iOS17)
     if compress == "palettize8":
         model = cto.palettize_weights(model, cto.OptimizationConfig(
             global_config=cto.OpPalettizerConfig(nbits=8, weight_threshold=0)))
@@ -173,6 +174,42 @@ def test_coreml_package_names_its_cohort_as_a_directory_tar_zip_and_after_noise(
         got = named(path)
         assert got.cohort == 5 and got.false_positive <= 1e-9, (path.name, got)
     assert named(coreml_files["orig"]).cohort is None
+
+
+def requantized_by_coremltools(src: Path, dest: Path, **config: object) -> Path:
+    import coremltools as ct
+    import coremltools.optimize.coreml as cto
+
+    model = ct.models.MLModel(str(src), skip_model_load=True)
+    cto.linear_quantize_weights(model, cto.OptimizationConfig(
+        global_config=cto.OpLinearQuantizerConfig(weight_threshold=0, **config))).save(
+            str(dest))
+    return dest
+
+
+@pytest.mark.parametrize("target,config", [
+    ("iOS17", {"mode": "linear_symmetric", "granularity": "per_channel"}),
+    ("iOS17", {"mode": "linear", "granularity": "per_tensor"}),
+    ("iOS18", {"mode": "linear", "granularity": "per_block", "block_size": 32}),
+])
+def test_coreml_package_requantized_by_coremltools_names_its_cohort_on_its_grid(
+        target, config, tmp_path):
+    """coremltools' own re-quantization — the obvious attack on a leaked package — stores W
+    as W_quantized, a constexpr op of int8 data and scales: nothing kept the name W, so
+    such a copy compared no weight at all and read "none". It is now dequantized under W's
+    name with the grid it sits on, and scored there."""
+    orig = coreml_package(tmp_path / "orig.mlpackage", target=target)
+    against(orig)
+    marked = mark_copy(orig, tmp_path / "c5.mlpackage", KEY, 5)
+    leaked = requantized_by_coremltools(marked, tmp_path / "q.mlpackage", **config)
+    assert named(leaked).weights == 0  # what a plain read of the copy pairs: no weight
+    copy, grids = requantized.leaked_copy(leaked)
+    got = wm.identify_tensors(copy, original_tensors, KEY, COHORTS, grids=grids)
+    assert got.cohort == 5 and got.false_positive <= 1e-9, got
+    unmarked = requantized_by_coremltools(orig, tmp_path / "u.mlpackage", **config)
+    copy, grids = requantized.leaked_copy(unmarked)
+    assert wm.identify_tensors(copy, original_tensors, KEY, COHORTS,
+                               grids=grids).cohort is None
 
 
 def test_int8_coreml_package_is_marked_in_its_int8_weights(tmp_path):
