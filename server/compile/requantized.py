@@ -5,14 +5,15 @@ grid each value sits on (server/watermark.py scores a weight on its grid: a mark
 rounding erased scores 0, one it carried across a boundary its sign).
 
 Re-quantizers read here, each by its own format's rule:
-- onnxruntime's quantizers, one scale per tensor: X → X_quantized, X_scale, X_zero_point
-  (`by_name` dequantizes; the grid is the scale and zero point);
+- onnxruntime's quantizers, static (QDQ) or dynamic, per tensor or per channel:
+  X → X_quantized, X_scale, X_zero_point, dequantized along the axis of the op that reads
+  it (`DequantizeLinear`'s own axis and block size, `MatMulInteger`, `ConvInteger`);
 - coremltools.optimize (`linear_quantize_weights`), per tensor, per channel or per block:
   a weight const `W` becomes `W_quantized`, a `constexpr_affine_dequantize` (iOS16/17) or
   `constexpr_blockwise_shift_scale` (iOS18) op, decompressed by coremltools' own
   `decompress` of that op, the grid's step and offset by the same call on ones and zeros.
 
-Anything else (palettized tables, per-channel ONNX scales) is compared as its values are:
+Anything else (palettized tables, another quantizer's names) is compared as its values are:
 the matched filter, or a per-tensor grid read off the values (`watermark.lattice`).
 """
 
@@ -34,9 +35,10 @@ Values = np.ndarray[Any, Any]
 def leaked_copy(path: Path) -> tuple[dict[str, Values], dict[str, Lattice]]:
     """The leaked file's tensors by name and the grids of its re-quantized ones (see the
     module docstring). Raises weights.WeightsError for a file that is not a model."""
-    tensors = weights.read(path)
-    copy = weights.by_name(tensors)
-    grids = _onnx_grids(tensors, copy)
+    copy = weights.by_name(weights.read(path))
+    if weights.kind_of(path) == "onnx":
+        return copy, _onnx_dequantized(path, copy)
+    grids: dict[str, Lattice] = {}
     if weights.kind_of(path) == "mlpackage":
         with weights.package_dir(path) as pkg:
             for name, values, grid in _core_ml_dequantized(pkg):
@@ -45,18 +47,61 @@ def leaked_copy(path: Path) -> tuple[dict[str, Values], dict[str, Lattice]]:
     return copy, grids
 
 
-def _onnx_grids(tensors: list[weights.Tensor], copy: dict[str, Values]
-                ) -> dict[str, Lattice]:
-    out = {}
-    for t in tensors:
-        base = t.name.removesuffix(weights.QUANTIZED_SUFFIX)
-        scale, zero = copy.get(f"{base}_scale"), copy.get(f"{base}_zero_point")
-        if base == t.name or scale is None or scale.size != 1:
+def _onnx_dequantized(path: Path, copy: dict[str, Values]) -> dict[str, Lattice]:
+    """Adds to `copy` each weight onnxruntime's quantizers stored as X_quantized under its
+    float name X, dequantized along the axis its consumer names, and returns the grids.
+    Per tensor, per channel (QDQ `DequantizeLinear` axis, blocks too; `MatMulInteger`'s
+    weight per column, `ConvInteger`'s per output channel, as the ops define them)."""
+    graph = weights.load_onnx(path).graph
+    dims = {init.name: tuple(init.dims) for init in graph.initializer}  # `read` flattens
+    grids = {}
+    for node in graph.node:
+        if node.op_type not in CHANNEL_AXIS or len(node.input) < 2:
             continue
-        s = float(scale.reshape(-1)[0])
-        zp = 0.0 if zero is None or zero.size != 1 else float(zero.reshape(-1)[0])
-        out[base] = Lattice(s, -zp * s)
-    return out
+        at = 0 if node.op_type == "DequantizeLinear" else 1
+        q_name = node.input[at]
+        base = q_name.removesuffix(weights.QUANTIZED_SUFFIX)
+        q, scale = copy.get(q_name), copy.get(f"{base}_scale")
+        if base == q_name or q is None or scale is None or q.dtype.kind not in "iu":
+            continue
+        q = q.reshape(dims[q_name])
+        zero = copy.get(f"{base}_zero_point", np.zeros(1))
+        attrs = {a.name: a.i for a in node.attribute}
+        axis = attrs.get("axis", CHANNEL_AXIS[node.op_type]) % max(q.ndim, 1)
+        block = attrs.get("block_size", 0)
+        step = _along(scale.reshape(dims[f"{base}_scale"]), q.shape, axis, block)
+        zp = _along(zero.reshape(dims.get(f"{base}_zero_point", (1,))), q.shape, axis, block)
+        if step is None or zp is None:
+            continue
+        offset = -zp * step
+        copy.setdefault(base, (q * step + offset).astype(np.float32).reshape(-1))
+        if scale.size == 1 and zero.size == 1:  # one grid for the tensor: two numbers
+            grids[base] = Lattice(float(step.flat[0]), float(offset.flat[0]))
+        else:
+            grids[base] = Lattice(step.reshape(-1), offset.reshape(-1))
+    return grids
+
+
+# The axis each consumer's per-channel parameters run along when it names none: ONNX's
+# DequantizeLinear default (1), MatMulInteger's B per column (last), ConvInteger's W per
+# output channel (0).
+CHANNEL_AXIS = {"DequantizeLinear": 1, "MatMulInteger": -1, "ConvInteger": 0}
+
+
+def _along(p: Values, shape: tuple[int, ...], axis: int, block: int) -> Values | None:
+    """Per-tensor, per-channel or per-block parameters `p` broadcast to `shape` (None: a
+    layout this file does not have)."""
+    p = p.astype(np.float64)
+    if p.size == 1:
+        return np.full(shape, float(p.reshape(-1)[0]))
+    if block and p.ndim == len(shape):
+        return np.repeat(p, block, axis=axis)[tuple(slice(0, n) for n in shape)] \
+            if p.shape[axis] * block >= shape[axis] else None
+    if p.ndim != 1 or not shape or p.size != shape[axis]:
+        return None
+    view = [1] * len(shape)
+    view[axis] = p.size
+    return np.broadcast_to(p.reshape(view), shape)
 
 
 def _core_ml_dequantized(pkg: Path) -> list[tuple[str, Values, Lattice]]:

@@ -85,7 +85,7 @@ def kind_of(path: Path) -> str:
 def read(path: Path) -> list[Tensor]:
     """The model's tensors (ONNX or Core ML, see `kind_of`), in a stable order."""
     if kind_of(path) == "onnx":
-        return _onnx_tensors(_load_onnx(path))
+        return _onnx_tensors(load_onnx(path))
     with package_dir(path) as pkg:
         return [Tensor(ref.name, ref.read(), ref.weight) for ref in _blob_refs(pkg)[1]]
 
@@ -126,7 +126,7 @@ def _checked(name: str, old: np.ndarray[Any, Any], new: np.ndarray[Any, Any]
 
 # ---- ONNX -------------------------------------------------------------------------------
 
-def _load_onnx(path: Path) -> Any:
+def load_onnx(path: Path) -> Any:
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -167,7 +167,7 @@ def _rewrite_onnx(path: Path, change: Rewrite) -> None:
     import onnx
     from onnx import numpy_helper
 
-    model = _load_onnx(path)
+    model = load_onnx(path)
     by_name = {t.name: t for t in _onnx_tensors(model)}
     for i, init in enumerate(model.graph.initializer):
         t = by_name.get(init.name)

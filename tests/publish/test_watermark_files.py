@@ -154,6 +154,49 @@ def test_unmarked_foreign_and_other_servers_onnx_files_give_none(onnx_files):
     assert named(other).cohort is None
 
 
+class _Calibration:
+    """onnxruntime's CalibrationDataReader protocol: four random inputs for the MLP."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(3)
+        self.batches = iter([{"x": rng.standard_normal((1, 64)).astype(np.float32)}
+                             for _ in range(4)])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self.batches, None)
+
+
+def requantized_by_onnxruntime(src: Path, dest: Path, how: str) -> Path:
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    if how == "dynamic":  # MatMulInteger reads W_quantized; scales per column of W
+        quantize_dynamic(str(src), str(dest), weight_type=QuantType.QInt8, per_channel=True)
+    else:  # DequantizeLinear(W_quantized, W_scale, W_zero_point, axis=1)
+        quantize_static(str(src), str(dest), _Calibration(), quant_format=QuantFormat.QDQ,
+                        per_channel=True, weight_type=QuantType.QInt8)
+    return dest
+
+
+@pytest.mark.parametrize("how", ["dynamic", "static-qdq"])
+def test_onnx_file_requantized_per_channel_names_its_cohort_on_its_grid(how, onnx_files):
+    """Per-channel re-quantization by onnxruntime (one scale per column): by_name left such
+    a copy's weights as integers with a scale vector it could not place, so it compared
+    nothing and read "none". The scale runs along the axis of the op that reads the
+    weight; dequantized there, the copy is scored on its own grid."""
+    against(onnx_files["orig"])
+    tmp = onnx_files["tmp"]
+    leaked = requantized_by_onnxruntime(onnx_files["marked"], tmp / f"pc-{how}.onnx", how)
+    assert named(leaked).weights == 0  # what a plain read of the copy pairs: no weight
+    copy, grids = requantized.leaked_copy(leaked)
+    assert {grids[n].step.size for n in ("w0", "w1", "w2")} == {64 * 1024, 1024 * 1024, 10240}
+    got = wm.identify_tensors(copy, original_tensors, KEY, COHORTS, grids=grids)
+    assert got.cohort == 17 and got.false_positive <= 1e-9, got
+    unmarked = requantized_by_onnxruntime(onnx_files["orig"], tmp / f"pc-u-{how}.onnx", how)
+    copy, grids = requantized.leaked_copy(unmarked)
+    assert wm.identify_tensors(copy, original_tensors, KEY, COHORTS,
+                               grids=grids).cohort is None
+
+
 @pytest.fixture(scope="module")
 def coreml_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("wmcoreml")
