@@ -38,8 +38,12 @@ uniform grid of at most 256 levels (`lattice`: re-quantized per tensor, INT8 or 
 and dequantized) is scored on that grid instead (`on_lattice`): the original is rounded
 onto it too, so a weight whose mark the rounding erased scores 0 rather than its whole
 rounding error, and one the mark carried across a boundary scores the mark's sign (on
-per-tensor INT8, z 2–9× the filtered one; a per-channel re-quantization is not a grid of
-the flat tensor and stays with the filter). For each cohort z_c = ⟨x, p_c⟩ / ‖x‖ over
+per-tensor INT8, z 2–9× the filtered one; a per-channel or per-block grid is not one of
+the flat tensor's values: it is read from the re-quantized file, server/compile/requantized.py).
+Where the server knows which positions a mark moved (`moved`: any cohort's shipped copy
+against the unmarked artifact — the same for every cohort), only those are scored: a
+thinned mark (`share` < 1) or a tensor the mark plan left unmarked otherwise adds only
+noise, and z under noise gains 1/√share. For each cohort z_c = ⟨x, p_c⟩ / ‖x‖ over
 the filtered differences x. The weights depend only on the original and the leaked file, and
 the patterns are keyed random signs independent of both for every cohort but the embedded
 one, so by Hoeffding's inequality P(z_c ≥ t) ≤ exp(−t²/2) for each of them, whatever x is;
@@ -187,12 +191,14 @@ def identify(leaked: Floats, original: Floats, secret: bytes, cohorts: int, *,
 def identify_tensors(leaked: Mapping[str, Array], original: Iterable[tuple[str, Array]],
                      key: bytes, cohorts: int, *,
                      max_false_positive: float = MAX_FALSE_POSITIVE,
-                     grids: Mapping[str, Lattice] | None = None) -> Identified:
+                     grids: Mapping[str, Lattice] | None = None,
+                     moved: Mapping[str, Array] | None = None) -> Identified:
     """`identify` over a model's tensors: the original's (name, values as marked — float or
     quantized integers) against the leaked copy's values by name; a tensor the copy lacks,
     or holds with another size, is left out of both sides. `grids`: the grid a re-quantized
     copy tensor sits on, where its file says (server/compile/requantized.py); else it is
-    read off the values (`lattice`)."""
+    read off the values (`lattice`). `moved` (`moved_positions`): where the marks sit, by
+    tensor; a tensor it leaves out carries none and is not scored."""
     dots = np.zeros(cohorts, dtype=np.float64)
     norm2, compared = 0.0, 0
     for name, values in original:
@@ -201,6 +207,8 @@ def identify_tensors(leaked: Mapping[str, Array], original: Iterable[tuple[str, 
             continue
         flat = values.reshape(-1)
         at = mask(key, name, flat.size, density_for(values.dtype)) & carries_mark(flat)
+        if moved is not None:
+            at &= moved.get(name, False)
         leaked_flat = copy.astype(np.float32).reshape(-1)
         grid = None
         if values.dtype in FLOAT_DTYPES:
@@ -219,6 +227,20 @@ def identify_tensors(leaked: Mapping[str, Array], original: Iterable[tuple[str, 
     best = int(np.argmax(z))
     p = false_positive(float(z[best]), cohorts)
     return Identified(best if p <= max_false_positive else None, float(z[best]), p, compared)
+
+
+def moved_positions(original: Iterable[tuple[str, Array]], marked: Mapping[str, Array]
+                    ) -> dict[str, Array]:
+    """Per tensor of the unmarked `original`, where a cohort's `marked` copy differs from
+    it: the positions `embed` moved, the same for every cohort (its mask and share do not
+    depend on the cohort, and a move is never zero), so the scores' null distribution is
+    unchanged. A tensor the copy does not hold at that size is left out."""
+    out = {}
+    for name, values in original:
+        copy = marked.get(name)
+        if copy is not None and copy.size == values.size:
+            out[name] = copy.reshape(-1) != values.reshape(-1)
+    return out
 
 
 def carries_mark(values: Array) -> np.ndarray[Any, np.dtype[np.bool_]]:

@@ -116,12 +116,14 @@ def _identify(art: Path, copies: list[Path], c: int, cohorts: int, precision: st
         return out
     original = [(t.name, t.values) for t in _tensors(art, workdir / "orig") if t.markable]
     shipped = _tensors(copies[c], workdir / "copy")
+    # where the marks sit, as identify reads them off the first cohort's copy
+    moved = wm.moved_positions(original, weights.by_name(_tensors(copies[0], workdir / "c0")))
     for attack in ATTACKS:
         with np.errstate(all="ignore"):
             copy = {t.name: _attacked(t.values, attack, rng) for t in shipped}
         got = wm.identify_tensors(weights.by_name([weights.Tensor(n, v)
                                                    for n, v in copy.items()]),
-                                  original, KEY, cohorts)
+                                  original, KEY, cohorts, moved=moved)
         out[attack] = (got.cohort, got.z)
     return out
 

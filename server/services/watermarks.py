@@ -9,8 +9,10 @@ Identification reads the leaked file's weights (server/compile/weights.py: ONNX,
 watermarked artifact whose tensors it shares (same name and size), cohort by cohort. A QNN
 leak (an EPContext file, or its bare context binary) is compared with every watermarked QNN
 artifact whose context binary has its length, through that artifact's unmarked and cohort
-binaries (server/compile/qnn_marks.py). The best match is named only when its false-positive
-bound — over every cohort of every artifact compared — is ≤ 1e-9, else "none".
+binaries (server/compile/qnn_marks.py). Only the positions a mark moved are scored (read off
+the artifact's first cohort copy: the same positions in every cohort). The best match is
+named only when its false-positive bound — over every cohort of every artifact compared —
+is ≤ 1e-9, else "none".
 """
 
 from __future__ import annotations
@@ -116,7 +118,9 @@ def _identify(session: Session, store: BlobStore, secret: WatermarkSecret,
             if not any(name in copy for name, _ in tensors):
                 continue  # another model: nothing in common
             got = wm.identify_tensors(copy, tensors, secret.release_key(model, version),
-                                      len(art.cohorts), grids=grids)
+                                      len(art.cohorts), grids=grids,
+                                      moved=_moved(session, store, content_keys, art,
+                                                   tensors, tmp))
         if got is None:
             continue
         compared += 1
@@ -127,6 +131,22 @@ def _identify(session: Session, store: BlobStore, secret: WatermarkSecret,
     bound = min(1.0, best.false_positive * max(compared, 1))
     cohort = best.cohort if bound <= wm.MAX_FALSE_POSITIVE else None
     return replace(best, cohort=cohort, false_positive=bound)
+
+
+def _moved(session: Session, store: BlobStore, content_keys: ContentKeys | None,
+           art: db.Artifact, tensors: list[tuple[str, wm.Array]], tmp: Path
+           ) -> dict[str, wm.Array] | None:
+    """Where the artifact's marks sit (`watermark.moved_positions`), from its first cohort's
+    copy; None (every masked position scored) when it has none."""
+    if not art.cohorts:
+        return None
+    first = art.cohorts[0]
+    path = _plain(session, store, content_keys, art.version_id, first.blob_key,
+                  first.plain_sha256 is not None, tmp / f"cohort-{first.id}")
+    try:
+        return wm.moved_positions(tensors, weights.by_name(weights.read(path)))
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _is_qnn(path: Path) -> bool:

@@ -209,3 +209,47 @@ def test_a_qnn_release_ships_per_cohort_binaries_that_identify_names_as_download
     junk.write_bytes(b"QNNX" + bytes(200))
     code, found = _identify(marked, junk)
     assert code == 1 and found["cohort"] is None, found
+
+
+def cancelling_model(seed: int) -> bytes:
+    """y = x @ W1 − x @ W2 with W2 = 1.05·W1: outputs 1/20 of each product's, so one FP16
+    step on 1/32 of the weights costs them ~26 dB more than on `matmul_model` — the
+    compile marks a thinned share (or a plan), not every masked position."""
+    w1 = (np.random.default_rng(seed).standard_normal((256, 256)) / 16).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W1"], ["a"]),
+         helper.make_node("MatMul", ["x", "W2"], ["b"]),
+         helper.make_node("Sub", ["a", "b"], ["y"])], "cancel",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w1 * 1.05, "W2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_identify_scores_a_thinned_mark_only_where_it_moved_weights(marked, tmp_path):
+    """A thinned mark moves a share of the masked positions; identify reads which ones off a
+    cohort's stored copy and scores only those (the rest add only noise: under 1% noise
+    z falls by √share), and names the cohort from the file as downloaded."""
+    from server.compile import weights
+
+    client = marked["client"]
+    assert client.post("/v1/models", json={"name": "wmthin"}).status_code == 201
+    _upload(client, "1.0.0", cancelling_model(7), name="wmthin")
+    (build,) = client.get("/v1/models/wmthin/versions/1.0.0/builds").json()
+    gate = build["gates"]["watermark"]
+    doc = json.loads(base64.b64decode(
+        httpx.get(f"{marked['base']}/v1/channels/prod/manifest").json()["payload"]))
+    (art,) = doc["models"]["wmthin"]["releases"][0]["artifacts"]
+    leak = tmp_path / "c2.onnx"
+    leak.write_bytes(httpx.get(httpx.URL(marked["base"]).join(
+        art["cohorts"]["artifacts"][2]["url"])).content)
+    upload = onnx.load_from_string(cancelling_model(7)).graph.initializer
+    shipped = weights.by_name(weights.read(leak))
+    moved = sum(int((shipped[t.name] != numpy_helper.to_array(t).reshape(-1)).sum())
+                for t in upload)
+    assert 0 < moved < gate["marked_weights"], gate  # thinned: fewer moved than masked
+    code, found = _identify(marked, leak)
+    assert code == 0 and found["cohort"] == 2, found
+    assert found["weights_compared"] == moved, (found, gate)

@@ -241,3 +241,53 @@ def test_float_weights_noise_and_wide_fp16_tensors_are_no_lattice():
     assert wm.lattice(w.astype(np.float16).astype(np.float32)) is None
     assert wm.lattice(int8_requantized(w) * (1 + 1e-3 * model_weights(3, 65_536))) is None
     assert wm.lattice(np.full(100, 0.5, np.float32)) is None  # one level is no grid
+
+
+def test_thinned_mark_after_noise_is_named_on_the_positions_it_moved():
+    """A mark thinned to 1/16 of its positions (a model whose outputs cannot afford more),
+    at strength 4, after 1% noise: scored over every masked position, the 15/16 it never
+    moved add only noise and the copy reads "none"; scored over the positions the server
+    knows it moved (any cohort's copy against the unmarked one), the same copy names its
+    cohort. A tensor the plan left unmarked is not scored at all."""
+    n = 1_000_000
+    original = {"w": model_weights(1, n).astype(np.float16), "head": model_weights(2, 4096)}
+    plan = {"w": 1 / 16, "head": 0.0}  # share per tensor; head left unmarked
+
+    def copy_of(cohort: int) -> dict[str, np.ndarray]:
+        return {k: wm.embed(v, SECRET, cohort, 4, name=k, share=plan[k]) if plan[k] else v
+                for k, v in original.items()}
+
+    moved = wm.moved_positions(original.items(), copy_of(0))
+    assert moved["w"].sum() == pytest.approx(n / 32 / 16, rel=0.05) and not moved["head"].any()
+    rng = np.random.default_rng(6)
+    for cohort in (17, 40):
+        leaked = {k: v.astype(np.float32) * (1 + 0.01 * rng.standard_normal(v.size)
+                                             ).astype(np.float32)
+                  for k, v in copy_of(cohort).items()}
+        blind = wm.identify_tensors(leaked, original.items(), SECRET, COHORTS)
+        assert blind.cohort is None, blind
+        got = wm.identify_tensors(leaked, original.items(), SECRET, COHORTS, moved=moved)
+        assert got.cohort == cohort and got.false_positive <= 1e-9, got
+        assert got.weights == moved["w"].sum() - (~wm.carries_mark(original["w"])
+                                                  & moved["w"]).sum()
+
+
+def test_foreign_files_never_name_a_cohort_on_the_moved_positions():
+    """The moved positions depend on the key and the original only, never on a cohort's
+    signs: foreign files scored there stay under the bound (2,000 trials)."""
+    n = 262_144
+    original = {"w": model_weights(1, n).astype(np.float16)}
+    moved = wm.moved_positions(original.items(), {
+        "w": wm.embed(original["w"], SECRET, 0, 1, name="w", share=1 / 4)})
+    at = wm.mask(SECRET, "w", n) & wm.carries_mark(original["w"]) & moved["w"]
+    rows = wm.patterns(SECRET, COHORTS, n, "w")[:, at]
+    rng = np.random.default_rng(7)
+    worst = 0.0
+    for _ in range(trials := 2_000):
+        foreign = (rng.standard_normal(at.sum()) * 0.05).astype(np.float32)
+        x = wm.filtered(foreign - original["w"][at].astype(np.float32), original["w"][at])
+        worst = max(worst, float(wm.scores(x, rows).max()))
+    assert trials == 2_000 and worst < 7.05 and wm.false_positive(worst, COHORTS) > 1e-9, worst
+    leaked = {"w": (rng.standard_normal(n) * 0.05).astype(np.float32)}
+    assert wm.identify_tensors(leaked, original.items(), SECRET, COHORTS,
+                               moved=moved).cohort is None
