@@ -252,11 +252,19 @@ class Pipeline:
                                 gates)]
         if settings_for(request, platform).get("precision") == "auto":
             return self._search(platform, request, pdir, gates, ref, budget, watermark)
+        return self._as_set(platform, request, pdir, gates, ref, watermark)
+
+    def _as_set(self, platform: str, request: CompileRequest, pdir: Path,
+                gates: dict[str, Any], ref: _Reference, watermark: WatermarkSpec | None
+                ) -> list[BuildOutcome]:
+        """The build at the precision the settings name; with none named, FP16 and — where
+        FP16 loses the model — an FP32 package (fp32_default.py) or QNN precision islands."""
         outcomes = self._compile_and_check(platform, request, pdir, gates, ref, watermark)
         retry = fp32_default.retry_request(platform, request, outcomes)
         if retry is None:
             return self._islands(platform, request, pdir, gates, ref, watermark, outcomes)
-        log(f"[{variant}/{platform}] {fp32_default.why(outcomes[0])}; building at FP32")
+        self._log(f"[{request.shape_variant}/{platform}] {fp32_default.why(outcomes[0])}; "
+                  "building at FP32")
         again = self._compile_and_check(platform, retry, pdir / "fp32", gates, ref, watermark)
         return [fp32_default.chosen(outcomes[0], o) for o in again]
 
@@ -343,6 +351,10 @@ class Pipeline:
                 outcomes.append(_failed(platform, request.shape_variant, str(e), dict(gates)))
                 continue
             here = {**gates, "precision_search": found.frontier}
+            if found.artifact is None and found.frontier["tried"]:
+                outcomes += self._default_after_search(platform, req, tdir, here, ref,
+                                                       watermark, found)
+                continue
             if found.artifact is None:
                 outcomes.append(_failed(platform, request.shape_variant, found.error, here))
                 continue
@@ -354,6 +366,22 @@ class Pipeline:
                 compiler, found.artifact, here, ref, req, tdir,
                 float(chosen.get("compile_seconds", 0.0)), found.report, watermark))
         return outcomes
+
+    def _default_after_search(self, platform: str, request: CompileRequest, pdir: Path,
+                              gates: dict[str, Any], ref: _Reference,
+                              watermark: WatermarkSpec | None,
+                              found: precision_search.SearchResult) -> list[BuildOutcome]:
+        """No candidate passed its gate: the build the version gets with no precision set
+        (`_as_set`: FP16, then an FP32 package or precision islands where FP16 loses the
+        model), so `auto` never ships less than the default would. Outside the search's
+        budget: it is the build the version would have had anyway."""
+        opts = {k: v for k, v in settings_for(request, platform).items()
+                if k not in precision_search.SEARCH_SETTINGS}
+        found.frontier["fallback"] = {"to": "the default precision", "why": found.error[:900]}
+        self._log(f"[{request.shape_variant}/{platform}] {found.error[:300]}; building at the "
+                  "default precision instead")
+        plain = replace(request, settings={**request.settings, platform: opts})
+        return self._as_set(platform, plain, pdir / "default", gates, ref, watermark)
 
     def _check_and_pack(self, compiler: Compiler, art: CompiledArtifact, gates: dict[str, Any],
                         ref: _Reference, request: CompileRequest, pdir: Path, seconds: float,

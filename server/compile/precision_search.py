@@ -32,6 +32,12 @@ version sets it. The first candidate that passes wins; a failing one is recorded
   builds left, divided among the unfinished ones). A candidate is not started once it is
   spent.
 
+When no candidate passes (and the version has reference inputs to judge them), the build
+falls back to what the version gets with no precision set — FP16, then an FP32 Core ML
+package or QNN precision islands where FP16 loses the model (pipeline.py
+`_default_after_search`) — so `auto` never ships less than the default; the frontier says
+so under "fallback".
+
 The outcome's `gates["precision_search"]` is the frontier: every candidate tried (bytes,
 gate figures against FP32, compile and gate seconds, kept layers), every one skipped and why,
 and why the winner won.
@@ -57,6 +63,9 @@ from server.compile.gates.verdict import Reference, numeric_gate
 from server.compile.types import CompiledArtifact, CompileRequest, Precision
 
 DEFAULT_BUDGET_SECONDS = 900.0
+# The platform settings only the search reads (dropped when it falls back to the default).
+SEARCH_SETTINGS = ("precision", "mixed", "mixed_max_layers", "mixed_max_gap_db",
+                   "search_candidates")
 DEFAULT_MIXED_LAYERS = 8
 DEFAULT_MIXED_GAP_DB = 15
 INT8_SNR_DB = SEED_THRESHOLDS[Precision.INT8].min_snr_db

@@ -95,10 +95,33 @@ def test_each_qnn_target_gets_its_own_search(nets, tmp_path):
     assert v75.state == "ready" and v75.variant == "fp16-sm8650"
     assert _tried(v75) == ["w4a16", "w8a16", "fp16"]
     # v68 has neither INT4 weights nor FP16: only W8A16 is tried, and the build says why.
-    assert _tried(v68) == ["w8a16"] and v68.state == "failed"
+    assert _tried(v68) == ["w8a16"]
     skipped = {s["candidate"]: s["why"] for s in v68.gates["precision_search"]["skipped"]}
     assert "v73" in skipped["w4a16"] and "no FP16" in skipped["fp16"]
-    assert "no qnn candidate passed" in v68.error and "mixed=true" in v68.error
+    # It fails the INT8 thresholds, so the build falls back to what the version gets with
+    # no precision set (v68: W8A16 under the version's own INT8 gate), never less; the
+    # frontier says why.
+    fallback = v68.gates["precision_search"]["fallback"]
+    assert "no qnn candidate passed" in fallback["why"] and "mixed=true" in fallback["why"]
+    assert "winner" not in v68.gates["precision_search"]
+    assert v68.state == "ready" and v68.precision == "int8", v68.error
+    assert v68.gates["numeric"]["status"] == "passed"
+    assert v68.gates["numeric"]["thresholds"]["min_snr_db"] < 40  # the version's gate
+
+
+def test_auto_with_no_passing_candidate_ships_what_the_default_would(nets, tmp_path):
+    # Only int8 is a candidate, and the outlier MLP's INT8 misses the INT8 thresholds: no
+    # candidate passes. The build then gets what the version gets with no precision set —
+    # the FP16 package under the FP16 gate — rather than failing where the default ships.
+    only_int8 = {"coreml": {"precision": "auto", "weight_threshold": 0,
+                            "search_candidates": "int8"}}
+    (out,) = _build(nets["outlier"], "coreml", only_int8, tmp_path / "fallback")
+    frontier = out.gates["precision_search"]
+    assert _tried(out) == ["int8"] and frontier["tried"][0]["outcome"] == "gate failed"
+    assert "no coreml candidate passed" in frontier["fallback"]["why"]
+    assert "winner" not in frontier
+    assert out.state == "ready" and out.precision == "fp16" and out.variant == "fp16", out.error
+    assert out.gates["numeric"]["status"] == "passed"
 
 
 def test_mixed_keeps_the_measured_most_sensitive_layer_at_fp16_until_the_gate_passes(
@@ -203,10 +226,12 @@ def test_budget_stops_the_search_and_says_so(nets, tmp_path):
     (out,) = _build(nets["plain"], "coreml", settings, tmp_path)
     frontier = out.gates["precision_search"]
     # One candidate starts (the budget is checked before each), the rest are skipped.
-    assert _tried(out) == ["int4-block32"] and out.state == "failed"
+    assert _tried(out) == ["int4-block32"]
     skipped = [s["candidate"] for s in frontier["skipped"] if "budget" in s["why"]]
     assert skipped == ["int8", "int8-block32", "fp16"]
-    assert "search_budget_seconds" in out.error
+    assert "search_budget_seconds" in frontier["fallback"]["why"]
+    # The spent budget ends the search, not the build: the default FP16 package ships.
+    assert out.state == "ready" and out.precision == "fp16", out.error
 
 
 def test_auto_without_reference_inputs_fails_with_the_fix(nets, tmp_path):
