@@ -21,21 +21,26 @@ scheme before strengths). A copy still under `MIN_PSNR_DB` at strength 1, or fai
 numeric gate, is made again weaker: at strength 1 a copy first gets a
 per-tensor plan (mark_plan.py: the tensors the outputs cannot afford left unmarked, which
 ppocr-det needs: 53 dB marked alike), then marks only a share (1/2, 1/4, …: 3 dB each) of
-the marked positions — the detector scores all of them, so its statistic and bound do not
-change. The other cohorts start where cohort 0 ended (the cost varies by
-a few dB between cohorts, so each may still step down). The gate record holds the weakest
+the marked positions (a subset chosen by the key alone, whatever the cohort's signs). The
+other cohorts start where cohort 0 ended (the cost varies by a few dB between cohorts, so
+each may still step down in strength; one that needs a thinner share or the plan makes
+every cohort again at it, below). The gate record holds the weakest
 strength and share any cohort got, and `noise_z`: the z the copies are expected to score
 after 1% weight noise (`wm.noise_z`; ≥ 10 — 3 σ over the 7.05 that names one of 64 cohorts
 — is robust). Without reference outputs to measure (a target not runnable here) the
 strength stays 1.
 
+Every cohort of a build marks the same weights — one plan and one share (the mask's subsets
+are the same draws for every cohort): a later cohort that needs a thinner share or the plan
+makes every cohort again at it. identify scores only the positions a mark moved, read off
+one cohort's copy (server/services/watermarks.py), and a QNN binary's reader needs them all
+alike. (Before, ONNX and Core ML cohorts each kept their own: ppocr-rec's cohort 0 marked 45
+tensors its later cohorts' plan left alone, and scoring those diluted a noisy copy's z.)
+
 A QNN artifact's weights are compiled into its context binary, so its copies are not
 re-marked files but the HTP's source graph marked in the HTP's precision and compiled again
-(server/compile/qnn_marks.py): one HTP compile per cohort, each gated like the others. Its
-reader needs every cohort marked on the same weights, so all of a build's cohorts mark one
-plan and one share (the mask's subsets are the same draws for every cohort): a later cohort
-that needs a thinner share or the plan makes every cohort again at it. The QNN plan compiles
-each tensor's mark alone.
+(server/compile/qnn_marks.py): one HTP compile per cohort, each gated like the others. The
+QNN plan compiles each tensor's mark alone.
 
 The key is the release's (server/watermark.release_key), never the server's secret: this
 runs inside the compile sandbox.
@@ -211,15 +216,16 @@ def build_cohorts(compiler: Compiler, art: CompiledArtifact, request: CompileReq
         return 1, 1.0
 
     def start_over(weaker: tuple[int, float] | None) -> bool:
-        """A QNN cohort after the probe that needs a thinner share or a new plan: every
-        cohort must be on the same positions, so all start again at it (the packed ones
-        are dropped)."""
+        """A cohort after the probe that needs a thinner share or a new plan: every
+        cohort must be on the same positions (identify scores the positions a mark moved,
+        read off one cohort; a QNN binary's reader needs them all), so all start again at
+        it (the packed ones are dropped)."""
         nonlocal c, k, share, strength, start_share, worst_psnr, packed, marks, replanned
         fresh, replanned = replanned, False
-        if graph is None or c == 0 or weaker is None or (weaker[1] >= share and not fresh):
+        if c == 0 or weaker is None or (weaker[1] >= share and not fresh):
             return False
         log(f"{tag} cohort {c} needs share {weaker[1]:g}; every cohort is made again at it "
-            "(a QNN binary's reader needs them all on the same weights)")
+            "(they must all mark the same weights)")
         c, (k, share) = 0, weaker
         strength, start_share = weaker
         worst_psnr, packed, marks = math.inf, [], []
@@ -295,7 +301,7 @@ def _retry(strength: int, share: float, psnr: float, probe: bool, marked: float,
     to keep it: under `MIN_PSNR_DB` (the probe, cohort 0: under it + `PSNR_MARGIN_DB`) the
     strength drops by the excess; at strength 1 a copy marks fewer weights — halved once per
     3 dB of the excess — while they still name the cohort as shipped with room (`THINNEST`
-    × `min_marked`) (a QNN cohort after the probe that needs it: `start_over`)."""
+    × `min_marked`) (a cohort after the probe that needs it: `start_over`)."""
     if not psnr < MIN_PSNR_DB + (PSNR_MARGIN_DB if probe else 0):
         return None
     if strength > 1:

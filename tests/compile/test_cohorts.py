@@ -295,3 +295,45 @@ def test_the_plan_spends_the_budget_on_the_most_marks_per_unit_of_error():
     shares = mark_plan.knapsack(counts, cost, np.array([1.5, 1.0]))
     assert shares == {"free": 1.0, "a": 1.0, "c": 0.5, "b": 0.05}
     assert mark_plan.knapsack(counts, cost, np.array([0.0, 0.0])) == {"free": 1.0}
+
+
+def test_a_later_cohort_that_needs_a_thinner_share_makes_every_cohort_again_at_it(
+        small_mlp, tmp_path, monkeypatch):
+    """identify scores the positions a mark moved, read off one cohort's copy: every cohort
+    must mark the same ones. Cohort 1's first copy here costs the outputs more than the
+    gate allows (its measured PSNR replaced by 55 dB), so it needs a thinner share than
+    cohort 0 got: every cohort is made again at that share, on the same positions."""
+    monkeypatch.setattr(cohorts_mod.wm, "strength_for", lambda n: 1)
+    monkeypatch.setattr(mark_plan, "MAX_PROBED", 0)  # no plan: the share is what thins
+    current = {"cohort": -1}
+    made = cohorts_mod._cohort_artifact
+    measure = cohorts_mod.output_psnr_db
+    faked: list[int] = []
+
+    def cohort_artifact(art, graph, where, spec, c, *rest):  # type: ignore[no-untyped-def]
+        current["cohort"] = c
+        return made(art, graph, where, spec, c, *rest)
+
+    def psnr(*a):  # type: ignore[no-untyped-def]
+        if current["cohort"] == 1 and not faked:
+            faked.append(1)
+            return 55.0
+        return measure(*a)
+
+    monkeypatch.setattr(cohorts_mod, "_cohort_artifact", cohort_artifact)
+    monkeypatch.setattr(cohorts_mod, "output_psnr_db", psnr)
+    lines: list[str] = []
+    (o,) = Pipeline(log=lines.append).build(
+        mlp_spec(small_mlp, ("onnx",), WatermarkSpec(COHORTS, KEY)), tmp_path / "b")
+    assert o.state == "ready" and len(o.cohorts) == COHORTS, o.error
+    gate = o.gates["watermark"]
+    assert faked and gate["share"] < 1, gate
+    assert any("cohort 1 needs share" in line and "made again" in line for line in lines), \
+        lines
+    original = tensors(o.artifact.path, tmp_path / "orig")
+    moved = [{n: tensors(p.path, tmp_path / f"c{c}")[n] != v for n, v in original.items()}
+             for c, p in enumerate(o.cohorts)]
+    for later in moved[1:]:
+        for n in original:
+            assert np.array_equal(later[n], moved[0][n]), n
+    assert sum(int(m.sum()) for m in moved[0].values()) > 0
