@@ -371,15 +371,25 @@ class Pipeline:
                               gates: dict[str, Any], ref: _Reference,
                               watermark: WatermarkSpec | None,
                               found: precision_search.SearchResult) -> list[BuildOutcome]:
-        """No candidate passed its gate: the build the version gets with no precision set
-        (`_as_set`: FP16, then an FP32 package or precision islands where FP16 loses the
-        model), so `auto` never ships less than the default would. Outside the search's
-        budget: it is the build the version would have had anyway."""
+        """No candidate passed its gate: the float build the version gets with no precision
+        set (`_as_set`: FP16, then an FP32 Core ML package or QNN precision islands where
+        FP16 loses the model), so `auto` never fails where that default ships. Never the
+        default's INT8 (a QNN build with calibration inputs): the search has just measured
+        it against FP32 and turned it down; a target without FP16 (HTP v68) fails instead.
+        Outside the search's budget: it is the build the version would have had anyway."""
+        from server.compile.compilers.qnn import FP16_MIN_ARCH, targets_of
+
         opts = {k: v for k, v in settings_for(request, platform).items()
                 if k not in precision_search.SEARCH_SETTINGS}
-        found.frontier["fallback"] = {"to": "the default precision", "why": found.error[:900]}
+        if platform == "qnn":
+            (target,) = targets_of(opts)
+            if int(target.get("htp_arch", FP16_MIN_ARCH)) < FP16_MIN_ARCH:
+                return [_failed(platform, request.shape_variant, found.error, gates)]
+            opts["precision"] = "fp16"
+        found.frontier["fallback"] = {"to": "the default float precision",
+                                      "why": found.error[:900]}
         self._log(f"[{request.shape_variant}/{platform}] {found.error[:300]}; building at the "
-                  "default precision instead")
+                  "default float precision instead")
         plain = replace(request, settings={**request.settings, platform: opts})
         return self._as_set(platform, plain, pdir / "default", gates, ref, watermark)
 

@@ -33,10 +33,11 @@ version sets it. The first candidate that passes wins; a failing one is recorded
   spent.
 
 When no candidate passes (and the version has reference inputs to judge them), the build
-falls back to what the version gets with no precision set — FP16, then an FP32 Core ML
-package or QNN precision islands where FP16 loses the model (pipeline.py
-`_default_after_search`) — so `auto` never ships less than the default; the frontier says
-so under "fallback".
+falls back to the float build the version gets with no precision set — FP16, then an FP32
+Core ML package or QNN precision islands where FP16 loses the model (pipeline.py
+`_default_after_search`) — so `auto` never fails where that default ships; the frontier
+says so under "fallback". Never to an INT8 build the search turned down: a QNN target
+without FP16 (v68) fails with the search's reasons.
 
 The outcome's `gates["precision_search"]` is the frontier: every candidate tried (bytes,
 gate figures against FP32, compile and gate seconds, kept layers), every one skipped and why,

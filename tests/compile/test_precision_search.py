@@ -98,15 +98,10 @@ def test_each_qnn_target_gets_its_own_search(nets, tmp_path):
     assert _tried(v68) == ["w8a16"]
     skipped = {s["candidate"]: s["why"] for s in v68.gates["precision_search"]["skipped"]}
     assert "v73" in skipped["w4a16"] and "no FP16" in skipped["fp16"]
-    # It fails the INT8 thresholds, so the build falls back to what the version gets with
-    # no precision set (v68: W8A16 under the version's own INT8 gate), never less; the
-    # frontier says why.
-    fallback = v68.gates["precision_search"]["fallback"]
-    assert "no qnn candidate passed" in fallback["why"] and "mixed=true" in fallback["why"]
-    assert "winner" not in v68.gates["precision_search"]
-    assert v68.state == "ready" and v68.precision == "int8", v68.error
-    assert v68.gates["numeric"]["status"] == "passed"
-    assert v68.gates["numeric"]["thresholds"]["min_snr_db"] < 40  # the version's gate
+    # It fails the INT8 thresholds against FP32, and v68 has no float build to fall back
+    # to: the build fails with the search's reasons rather than ship that INT8 anyway.
+    assert v68.state == "failed" and "fallback" not in v68.gates["precision_search"]
+    assert "no qnn candidate passed" in v68.error and "mixed=true" in v68.error
 
 
 def test_auto_with_no_passing_candidate_ships_what_the_default_would(nets, tmp_path):
@@ -277,3 +272,15 @@ def test_qnn_candidates_put_each_per_tensor_scheme_behind_its_per_channel_twin()
     # Named alone, a per-tensor candidate is tried as it is.
     (alone,), _ = qnn_candidates({"search_candidates": "w8a16-pt"}, {"htp_arch": "75"}, True)
     assert alone.fallback_of == ""
+
+
+def test_a_qnn_fallback_is_the_float_build_never_the_int8_the_search_turned_down(
+        nets, tmp_path):
+    # With calibration inputs the default QNN build is W8A16 under the faithful gate (HTP vs
+    # its QDQ graph), which that W8A16 passes although it misses the INT8 thresholds
+    # against FP32: the fallback is the FP16 build.
+    settings = pipeline_settings("qnn", {"precision": "auto", "soc": "SM8650",
+                                         "search_candidates": "w8a16"})
+    (out,) = _build(nets["outlier"], "qnn", settings, tmp_path)
+    assert _tried(out) == ["w8a16"] and "fallback" in out.gates["precision_search"]
+    assert out.state == "ready" and out.precision == "fp16", out.error
