@@ -253,6 +253,11 @@ def _saved(paths: list[Path]) -> int:
 
     cells = [c for p in paths for c in json.loads(p.read_text())]
     seen = {c["model"] for c in cells}
+    if cells and all(c.get("auto") for c in cells):  # --precision auto runs: their table
+        order = {n: i for i, n in enumerate(names())}
+        print(auto_table(sorted(cells, key=lambda c: (order.get(c["model"], len(order)),
+                                                      c["platform"]))))
+        return 0
     models = corpus([n for n in names() if n in seen])
     plats = [p for p in PLATFORMS if any(c["platform"] == p for c in cells)]
     print(table(models, cells, plats))
