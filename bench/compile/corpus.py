@@ -177,8 +177,10 @@ def search_cell(model: str, plat: str, out: Any, seconds: float) -> dict[str, An
 
 
 def _gate_figures(out: Any) -> dict[str, Any]:
-    """The worst output's figures in the build's own numeric gate (against FP32)."""
-    outputs = (out.gates.get("numeric") or {}).get("outputs") or []
+    """The worst output's figures against FP32 (the numeric gate's `vs_fp32` where it ran
+    one, else its own comparison)."""
+    num = out.gates.get("numeric") or {}
+    outputs = num.get("vs_fp32") or num.get("outputs") or []
     if not outputs:
         return {}
     return {k: min((o[k] for o in outputs if o.get(k) is not None), default=None)
