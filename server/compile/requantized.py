@@ -35,24 +35,24 @@ Values = np.ndarray[Any, Any]
 def leaked_copy(path: Path) -> tuple[dict[str, Values], dict[str, Lattice]]:
     """The leaked file's tensors by name and the grids of its re-quantized ones (see the
     module docstring). Raises weights.WeightsError for a file that is not a model."""
-    copy = weights.by_name(weights.read(path))
     if weights.kind_of(path) == "onnx":
-        return copy, _onnx_dequantized(path, copy)
+        model = weights.load_onnx(path)  # once: its tensors and the ops that read them
+        copy = weights.by_name(weights.onnx_tensors(model))
+        return copy, _onnx_dequantized(model.graph, copy)
+    copy = weights.by_name(weights.read(path))
     grids: dict[str, Lattice] = {}
-    if weights.kind_of(path) == "mlpackage":
-        with weights.package_dir(path) as pkg:
-            for name, values, grid in _core_ml_dequantized(pkg):
-                copy.setdefault(name, values)
-                grids.setdefault(name, grid)
+    with weights.package_dir(path) as pkg:
+        for name, values, grid in _core_ml_dequantized(pkg):
+            copy.setdefault(name, values)
+            grids.setdefault(name, grid)
     return copy, grids
 
 
-def _onnx_dequantized(path: Path, copy: dict[str, Values]) -> dict[str, Lattice]:
+def _onnx_dequantized(graph: Any, copy: dict[str, Values]) -> dict[str, Lattice]:
     """Adds to `copy` each weight onnxruntime's quantizers stored as X_quantized under its
     float name X, dequantized along the axis its consumer names, and returns the grids.
     Per tensor, per channel (QDQ `DequantizeLinear` axis, blocks too; `MatMulInteger`'s
     weight per column, `ConvInteger`'s per output channel, as the ops define them)."""
-    graph = weights.load_onnx(path).graph
     dims = {init.name: tuple(init.dims) for init in graph.initializer}  # `read` flattens
     grids = {}
     for node in graph.node:
@@ -64,13 +64,18 @@ def _onnx_dequantized(path: Path, copy: dict[str, Values]) -> dict[str, Lattice]
         q, scale = copy.get(q_name), copy.get(f"{base}_scale")
         if base == q_name or q is None or scale is None or q.dtype.kind not in "iu":
             continue
-        q = q.reshape(dims[q_name])
         zero = copy.get(f"{base}_zero_point", np.zeros(1))
         attrs = {a.name: a.i for a in node.attribute}
-        axis = attrs.get("axis", CHANNEL_AXIS[node.op_type]) % max(q.ndim, 1)
-        block = attrs.get("block_size", 0)
-        step = _along(scale.reshape(dims[f"{base}_scale"]), q.shape, axis, block)
-        zp = _along(zero.reshape(dims.get(f"{base}_zero_point", (1,))), q.shape, axis, block)
+        try:  # the leak's dims and attributes: any of them may be forged
+            q = q.reshape(dims[q_name])
+            axis = attrs.get("axis", CHANNEL_AXIS[node.op_type]) % max(q.ndim, 1)
+            block = attrs.get("block_size", 0)
+            step = _along(scale.reshape(dims[f"{base}_scale"]), q.shape, axis, block)
+            zp = _along(zero.reshape(dims.get(f"{base}_zero_point", (1,))), q.shape, axis,
+                        block)
+        except (KeyError, ValueError) as e:
+            raise weights.WeightsError(f"{node.op_type} of {base!r}: its weights and "
+                                       f"parameters do not fit together ({e})") from None
         if step is None or zp is None:
             continue
         offset = -zp * step
@@ -94,9 +99,11 @@ def _along(p: Values, shape: tuple[int, ...], axis: int, block: int) -> Values |
     p = p.astype(np.float64)
     if p.size == 1:
         return np.full(shape, float(p.reshape(-1)[0]))
-    if block and p.ndim == len(shape):
-        return np.repeat(p, block, axis=axis)[tuple(slice(0, n) for n in shape)] \
-            if p.shape[axis] * block >= shape[axis] else None
+    if block > 0 and p.ndim == len(shape):  # ONNX's rule: ⌈shape/block⌉ along the axis
+        fits = all(n == (-(-d // block) if i == axis else d)
+                   for i, (n, d) in enumerate(zip(p.shape, shape, strict=True)))
+        # indexed, not np.repeat(p, block): a forged block size must not allocate
+        return np.take(p, np.arange(shape[axis]) // block, axis=axis) if fits else None
     if p.ndim != 1 or not shape or p.size != shape[axis]:
         return None
     view = [1] * len(shape)
@@ -107,26 +114,56 @@ def _along(p: Values, shape: tuple[int, ...], axis: int, block: int) -> Values |
 def _core_ml_dequantized(pkg: Path) -> list[tuple[str, Values, Lattice]]:
     """(original's name, dequantized float32 values, grid) of each weight that a
     coremltools re-quantization stored in a QUANTIZED_OPS op."""
-    from server.compile.milexec.program import ValueReader, load_function
+    from google.protobuf.message import DecodeError
 
-    _, fn, _ = load_function(pkg)
+    from server.compile.milexec.program import ValueReader, load_function
+    from server.compile.milexec.registry import MilExecError
+
+    try:
+        _, fn, _ = load_function(pkg)
+    except (MilExecError, DecodeError) as e:
+        raise weights.WeightsError(f"{pkg.name}: {e}") from None
     reader = ValueReader(pkg)
     out = []
     for op in fn.block_specializations[fn.opset].operations:
         if op.type not in QUANTIZED_OPS or not op.outputs:
             continue
-        v = {**{k: reader.read(a) for k, a in op.attributes.items() if k != "name"},
-             **{k: reader.read(arg.value) for k, a in op.inputs.items()
-                for arg in a.arguments if arg.WhichOneof("binding") == "value"}}
-        affine = op.type == "constexpr_affine_dequantize"
-        data = v["quantized_data" if affine else "data"]
-        zero = v["zero_point"] if affine else v.get("offset")
-        step = _dense(affine, v, np.ones_like(data), None).astype(np.float64).reshape(-1)
-        offset = _dense(affine, v, np.zeros_like(data), zero).astype(np.float64).reshape(-1)
-        values = _dense(affine, v, data, zero).astype(np.float32).reshape(-1)
         name = op.outputs[0].name.removesuffix(CORE_ML_SUFFIX)
-        out.append((f"{name}:val", values, Lattice(step, offset)))
+        try:  # the op's values and shapes are the leak's: any of them may be forged
+            values, grid = _dequantized(op, reader)
+        except (MilExecError, KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
+            raise weights.WeightsError(f"{pkg.name}: its {op.type} op {name!r} cannot be "
+                                       f"dequantized ({type(e).__name__}: {e})") from None
+        out.append((f"{name}:val", values, grid))
     return out
+
+
+def _dequantized(op: Any, reader: Any) -> tuple[Values, Lattice]:
+    v = {**{k: reader.read(a) for k, a in op.attributes.items() if k != "name"},
+         **{k: reader.read(arg.value) for k, a in op.inputs.items()
+            for arg in a.arguments if arg.WhichOneof("binding") == "value"}}
+    affine = op.type == "constexpr_affine_dequantize"
+    data = np.asarray(v["quantized_data" if affine else "data"])
+    zero = v["zero_point"] if affine else v.get("offset")
+    axis = int(np.asarray(v.get("axis", 0))) if affine else 0
+    for key in ("scale", "zero_point", "offset"):  # forged shapes could broadcast a
+        if key in v and not _fits(np.asarray(v[key]), data.shape, affine, axis):  # bomb
+            raise ValueError(f"{key} of shape {np.shape(v[key])} does not fit weights of "
+                             f"shape {data.shape}")
+    values = _dense(affine, v, data, zero).astype(np.float32).reshape(-1)
+    step = _dense(affine, v, np.ones_like(data), None).astype(np.float64).reshape(-1)
+    offset = _dense(affine, v, np.zeros_like(data), zero).astype(np.float64).reshape(-1)
+    return values, Lattice(step, offset)
+
+
+def _fits(p: Values, shape: tuple[int, ...], affine: bool, axis: int) -> bool:
+    """Whether the op's rule spreads parameter `p` over exactly `shape`: affine, one value
+    or one per slice along `axis`; blockwise, the data's rank, each dimension a divisor."""
+    if affine:
+        return p.size == 1 or (p.ndim == 1 and -len(shape) <= axis < len(shape)
+                               and p.size == shape[axis])
+    return p.ndim == len(shape) and all(0 < n <= d and d % n == 0
+                                        for n, d in zip(p.shape, shape, strict=True))
 
 
 def _dense(affine: bool, v: dict[str, Any], q: Values, zero: Values | None) -> Values:

@@ -85,7 +85,7 @@ def kind_of(path: Path) -> str:
 def read(path: Path) -> list[Tensor]:
     """The model's tensors (ONNX or Core ML, see `kind_of`), in a stable order."""
     if kind_of(path) == "onnx":
-        return _onnx_tensors(load_onnx(path))
+        return onnx_tensors(load_onnx(path))
     with package_dir(path) as pkg:
         return [Tensor(ref.name, ref.read(), ref.weight) for ref in _blob_refs(pkg)[1]]
 
@@ -146,7 +146,7 @@ def _dequantized_inputs(graph: Any) -> set[str]:
     return {n.input[0] for n in graph.node if n.op_type == "DequantizeLinear" and n.input}
 
 
-def _onnx_tensors(model: Any) -> list[Tensor]:
+def onnx_tensors(model: Any) -> list[Tensor]:
     from onnx import TensorProto, numpy_helper
 
     quantized = _dequantized_inputs(model.graph)
@@ -155,7 +155,11 @@ def _onnx_tensors(model: Any) -> list[Tensor]:
         if init.data_location == TensorProto.EXTERNAL:
             raise WeightsError(f"initializer {init.name} lives in external data; give the "
                                "self-contained model file")
-        arr = numpy_helper.to_array(init).reshape(-1)
+        try:
+            arr = numpy_helper.to_array(init).reshape(-1)
+        except (ValueError, TypeError) as e:  # dims the data does not fill: a cut or forgery
+            raise WeightsError(f"initializer {init.name}: its data does not fit its dims "
+                               f"{list(init.dims)} ({e})") from None
         if arr.dtype.name in INTS and init.name not in quantized \
                 and not init.name.endswith((QUANTIZED_SUFFIX, "_zero_point")):
             continue  # integers that are not quantized weights: shapes, indices
@@ -168,7 +172,7 @@ def _rewrite_onnx(path: Path, change: Rewrite) -> None:
     from onnx import numpy_helper
 
     model = load_onnx(path)
-    by_name = {t.name: t for t in _onnx_tensors(model)}
+    by_name = {t.name: t for t in onnx_tensors(model)}
     for i, init in enumerate(model.graph.initializer):
         t = by_name.get(init.name)
         if t is None or not t.markable:
@@ -223,7 +227,12 @@ class _BlobRef:
             raise WeightsError(f"weight {self.name} is stored as {self.dtype}, which is not "
                                "read here")
         method, _, np_type = _READ[self.dtype]
-        raw = np.asarray(getattr(self.reader, method)(self.offset)).reshape(-1)
+        try:
+            raw = np.asarray(getattr(self.reader, method)(self.offset)).reshape(-1)
+        except (ValueError, RuntimeError) as e:  # coremltools' reader checks the file's
+            # header and every blob's bounds: a forged or cut weight file lands here
+            raise WeightsError(f"weight {self.name}: its blob at offset {self.offset} cannot "
+                               f"be read from {Path(self.file).name} ({e})") from None
         # coremltools hands float16 blobs over as their uint16 bit patterns
         return raw.view(np.float16) if self.dtype == "FLOAT16" else raw.astype(np_type)
 
@@ -263,11 +272,10 @@ def _blob_values(op: Any) -> Iterator[tuple[str, Any]]:
 
 def _blob_refs(pkg: Path) -> tuple[Any, list[_BlobRef]]:
     from coremltools import libmilstoragepython as storage
-    from coremltools.proto import MIL_pb2, Model_pb2
+    from coremltools.proto import MIL_pb2
 
     model_file = _model_file(pkg)
-    spec = Model_pb2.Model()
-    spec.ParseFromString(model_file.read_bytes())
+    spec = parse_spec(model_file)
     if spec.WhichOneof("Type") != "mlProgram":
         raise WeightsError(f"{pkg.name} holds no ML Program; only ML Program weights are read")
     readers: dict[str, Any] = {}
@@ -280,13 +288,26 @@ def _blob_refs(pkg: Path) -> tuple[Any, list[_BlobRef]]:
                     blob = value.blobFileValue
                     file = _weight_file(pkg, model_file, blob.fileName)
                     if file not in readers:
-                        readers[file] = storage._BlobStorageReader(file)
+                        readers[file] = storage._BlobStorageReader(file)  # opened lazily
                     dtype = MIL_pb2.DataType.Name(value.type.tensorType.dataType)
                     name = f"{op.outputs[0].name if op.outputs else op.type}:{attr}"
                     ref = refs.setdefault((file, blob.offset), _BlobRef(
                         name, dtype, file, blob.offset, [], readers[file], (op.type, attr)))
                     ref.values.append(blob)
     return spec, sorted(refs.values(), key=lambda r: (r.file, r.offset))
+
+
+def parse_spec(model_file: Path) -> Any:
+    """The Core ML spec in `model_file`, else WeightsError (a leak may be cut or forged)."""
+    from coremltools.proto import Model_pb2
+    from google.protobuf.message import DecodeError
+
+    spec = Model_pb2.Model()
+    try:
+        spec.ParseFromString(model_file.read_bytes())
+    except DecodeError as e:
+        raise WeightsError(f"{model_file.name} is not a Core ML model spec ({e})") from None
+    return spec
 
 
 def _weight_file(pkg: Path, model_file: Path, name: str) -> str:
