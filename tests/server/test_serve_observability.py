@@ -46,6 +46,11 @@ def get_models(base: str) -> bool:
         return r.status == 200
 
 
+def scrape(base: str) -> str:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
 def test_serve_with_two_workers_sums_metrics_and_writes_json_logs(tmp_path: Path) -> None:
     port = free_port()
     parent = tmp_path / "tmp"
@@ -77,12 +82,17 @@ def test_serve_with_two_workers_sums_metrics_and_writes_json_logs(tmp_path: Path
                                              headers={"X-Request-Id": "trace-abc.1"})
             with urllib.request.urlopen(request, timeout=10) as r:
                 assert r.headers["X-Request-Id"] == "trace-abc.1"
-            # Whichever process answers the scrape sums both (a process-local registry would
-            # see only its own share of the requests).
+            # A worker counts a request after its last byte is sent, so the client can see
+            # its answer a moment before the count lands: wait for the total, then check
+            # that every scrape, whichever process answers it, sums both (a process-local
+            # registry would see only its own share of the requests).
+            counted = time.monotonic() + 10
+            while sample(scrape(base), "modelfleet_http_requests_total", method="GET",
+                         route="/v1/models", status="200") != sent + 1:
+                assert time.monotonic() < counted, "the requests were never all counted"
+                time.sleep(0.05)
             for _ in range(4):
-                with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
-                    text = r.read().decode()
-                assert sample(text, "modelfleet_http_requests_total", method="GET",
+                assert sample(scrape(base), "modelfleet_http_requests_total", method="GET",
                               route="/v1/models", status="200") == sent + 1
         finally:
             proc.terminate()
