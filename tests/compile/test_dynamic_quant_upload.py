@@ -11,12 +11,13 @@ LSTM whose weights sit on the quantization grid (quantizing them loses nothing).
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -67,11 +68,23 @@ def _grid_input(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     return (k * STEP).astype(np.float32)
 
 
+def _vnni() -> bool:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    return platform.machine() not in ("x86_64", "AMD64") or \
+        any(f in flags.split() for f in ("avx512_vnni", "avx_vnni"))
+
+
 def _options(data: st.DataObject) -> dict[str, object]:
     from onnxruntime.quantization import QuantType
 
-    return {"weight_type": data.draw(st.sampled_from([QuantType.QInt8, QuantType.QUInt8])),
-            "per_channel": data.draw(st.booleans()), "reduce_range": data.draw(st.booleans())}
+    options = {"weight_type": data.draw(st.sampled_from([QuantType.QInt8, QuantType.QUInt8])),
+               "per_channel": data.draw(st.booleans()),
+               "reduce_range": data.draw(st.booleans())}
+    # onnxruntime's u8·s8 kernel on x86 without VNNI (AVX2 vpmaddubsw) saturates pairs of
+    # products at int16, as its docs warn ("use reduce_range"): there its own result is off
+    # (0.57 of 4.03 once, on this machine) and the exact rewrite cannot match it.
+    assume(_vnni() or options["weight_type"] != QuantType.QInt8 or options["reduce_range"])
+    return options
 
 
 def _assert_same(a: np.ndarray, b: np.ndarray) -> None:
