@@ -326,7 +326,10 @@ def test_s3_failed_multipart_upload_is_aborted(s3_bucket) -> None:  # type: igno
 def test_s3_unreachable_endpoint_is_a_plain_backend_error() -> None:
     from server.blobstore import BlobBackendError
 
-    store = S3BlobStore("b", endpoint_url="http://127.0.0.1:9", access_key="x", secret_key="y")
+    # Two attempts, not the default five: the error is the point here, not botocore's backoff
+    # (which alone took ~20 s of the suite).
+    store = S3BlobStore("b", endpoint_url="http://127.0.0.1:9", access_key="x", secret_key="y",
+                        max_attempts=2)
     with pytest.raises(BlobBackendError, match="S3 head"):
         store.stat("k")
 
