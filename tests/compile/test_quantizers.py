@@ -148,17 +148,59 @@ def test_aimet_without_its_interpreter_says_not_installed_before_any_work(
     assert "not an executable" in missing.unavailable()
 
 
-def test_a_failing_aimet_run_is_a_conversion_error_with_its_reason(tmp_path: Path) -> None:
+def test_a_failing_aimet_run_is_a_conversion_error_with_its_reason(net: ModelFiles,
+                                                                   tmp_path: Path) -> None:
     # `python` here is the server's own interpreter: it has no aimet_onnx, so the worker
     # fails to import it, and the build error says so instead of hanging or passing.
     from server.compile.errors import ConversionError
 
-    src = tmp_path / "m.onnx"
-    src.write_bytes(b"")
     with pytest.raises(ConversionError, match=r"AIMET minmax w8a8 failed.*aimet_onnx"):
         AimetQuantizer(sys.executable).quantize(
-            src, tmp_path / "out.qdq.onnx", [{"x": np.zeros((1, 4), np.float32)}],
+            net.onnx, tmp_path / "out.qdq.onnx", [{"x": np.zeros((1, 4), np.float32)}],
             QdqScheme(8, 8))
+
+
+def _conv_then_batchnorm(path: Path) -> Path:
+    """paddle2onnx's pattern: a Conv without bias, then a BatchNormalization."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in (
+        ("w", rng.standard_normal((8, 3, 3, 3))), ("scale", rng.uniform(0.5, 2, 8)),
+        ("bias", rng.standard_normal(8)), ("mean", rng.standard_normal(8)),
+        ("var", rng.uniform(0.1, 1, 8)))]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["y"],
+                          name="bn")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+def test_aimet_quantizes_the_graph_prepared_for_the_htp(tmp_path: Path) -> None:
+    """Seen on PP-OCR's detector: AIMET given the raw graph kept each standalone
+    BatchNormalization as a QDQ op the HTP does not claim, and the compile failed; it gets
+    the graph onnxruntime's flow gets (BatchNormalization folded into the Conv)."""
+    from server.compile.errors import ConversionError
+
+    seen = tmp_path / "seen.onnx"
+    # An interpreter that keeps the graph the job names, then fails like a broken AIMET.
+    python = tmp_path / "python"
+    python.write_text(f"#!{sys.executable}\nimport json, shutil, sys\n"
+                      f"job = json.load(open(sys.argv[-1]))\n"
+                      f"shutil.copy(job['source'], {str(seen)!r})\nsys.exit(1)\n")
+    python.chmod(0o755)
+    src = _conv_then_batchnorm(tmp_path / "m.onnx")
+    with pytest.raises(ConversionError, match="AIMET minmax w8a16 failed"):
+        AimetQuantizer(str(python)).quantize(
+            src, tmp_path / "out.qdq.onnx",
+            [{"x": np.zeros((1, 3, 8, 8), np.float32)}], QdqScheme(8, 16))
+    got = onnx.load(str(seen))
+    assert [n.op_type for n in got.graph.node] == ["Conv"], got.graph.node
+    feeds = [{"x": np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype(np.float32)}]
+    assert snr_db(run_onnx_cpu(src, feeds)[0][0], run_onnx_cpu(seen, feeds)[0][0]) > 100
 
 
 def test_an_aimet_export_that_does_not_reproduce_its_simulation_is_caught(

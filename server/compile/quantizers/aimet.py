@@ -9,6 +9,12 @@ in a near-empty environment and with a wall-clock limit. In a build this runs in
 compile sandbox like every other step (the sandbox binds the AIMET venv read-only,
 server/compile/sandbox.py), so the hostile model AIMET opens is as confined as ever.
 
+AIMET quantizes the graph onnxruntime's flow would (server/compile/qdq_prep.py `prepare`:
+BatchNormalizations folded into their Convs, shared constants unshared, opset lifted for
+per-channel weights): the preparation is the HTP's need, not a backend's. Without it
+AIMET left PP-OCR's standalone BatchNormalizations (paddle2onnx writes each Conv without
+bias, then one) as QDQ ops the HTP does not claim, and its graph did not compile.
+
 Techniques: `minmax` (PTQ, min-max calibration), `adaround` (adaptive rounding of weights) and
 `seqmse` (sequential MSE weight-encoding search); each exports a QDQ ONNX
 (`QuantizationSimModel.to_onnx_qdq`) that the QNN compile consumes unchanged.
@@ -25,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from server.compile import qdq_prep
 from server.compile.errors import ConversionError
 from server.compile.quantizers.base import QdqScheme, Samples
 
@@ -61,6 +68,7 @@ class AimetQuantizer:
                  scheme: QdqScheme) -> Path:
         scratch = out.parent / f"{out.stem}.aimet"  # AIMET writes its own files here too
         scratch.mkdir(parents=True, exist_ok=True)
+        src = qdq_prep.prepare(src, scratch / "prepared.onnx", scheme.per_channel)
         calib, job, result = scratch / "calib.npz", scratch / "job.json", scratch / "result.json"
         names = list(calibration[0]) if calibration else []
         arrays: dict[str, Any] = {n: np.stack([s[n] for s in calibration]) for n in names}
