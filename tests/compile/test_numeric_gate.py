@@ -365,6 +365,28 @@ def test_layer_metrics_are_the_definitions_on_float32_and_float64_tensors():
     assert (same.cosine, same.snr_db, same.max_abs_diff) == (pytest.approx(1.0), np.inf, 0.0)
 
 
+def test_a_mask_of_infinities_both_sides_hold_is_not_a_failing_layer() -> None:
+    """An additive attention mask of -inf in the source and in the artifact still masks:
+    the tensor is compared on its finite values (it was SNR -inf through inf - inf and
+    became the first failing layer of every INT8 transformer build with such a mask)."""
+    rng = np.random.default_rng(5)
+    scores = rng.standard_normal((4, 16)).astype(np.float32)
+    masked = np.where(np.triu(np.ones((4, 16), bool), 1), -np.inf, scores)
+    close = np.where(np.isinf(masked), masked, masked + 0.001 * rng.standard_normal((4, 16)))
+    m = layers.layer_metrics(masked, close, "n", "Add", "t")
+    finite = np.isfinite(masked)
+    assert m.snr_db == pytest.approx(float(layers.snr_db(masked[finite], close[finite])))
+    assert 40 < m.snr_db < 80 and m.cosine > 0.9999 and m.max_abs_diff < 0.01
+    assert not m.below(0.995, 40.0)
+    assert layers.layer_metrics(masked, masked, "n", "Add", "t").snr_db == np.inf
+    # An infinity on one side only is still no agreement at all.
+    broken = close.copy()
+    broken[0, 0] = -np.inf
+    assert layers.layer_metrics(masked, broken, "n", "Add", "t").snr_db == -np.inf
+    flipped = np.where(np.isinf(masked), np.inf, close)
+    assert layers.layer_metrics(masked, flipped, "n", "Add", "t").snr_db == -np.inf
+
+
 def test_a_yardstick_left_with_less_signal_than_the_gate_asks_is_the_precisions_loss(
         tmp_path: Path) -> None:
     """Magika at FP16 before its sums were prescaled: the FP16 yardstick kept SNR -0.2 dB
