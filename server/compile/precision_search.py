@@ -18,8 +18,9 @@ version sets it. The first candidate that passes wins; a failing one is recorded
   more accurate, so it is skipped with that reason.
 - `search_candidates` (a platform setting, comma-separated labels) narrows and orders the list.
 - `mixed: true`: after the candidates as they are, each failed quantized one (smallest
-  first) is compiled again with the layer that added the most loss (sensitivity.py,
-  measured on the first reference sample) kept unquantized, then the next, up to
+  first) is compiled again with the layer whose weights cost the outputs the most
+  (sensitivity.py, measured at the outputs on the reference samples) kept unquantized,
+  then the next, up to
   `mixed_max_layers` (default 8), while it stays smaller than the plain winner (if any);
   a candidate more than `mixed_max_gap_db` (default 15) below the gate's 40 dB SNR is not
   mixed (INT4 at ~16 dB is not rescued by a few layers, and mixing it would spend the budget
@@ -313,7 +314,16 @@ class _Search:
             (art,) = self.compiler.compile(replace(self.request, settings=settings), pdir)
             self.budget.spent += time.monotonic() - started
             self.plain = art.path
-        return sensitivity.coreml_losses(self.plain, tried.artifact.path, feeds)
+        if self.ref.outputs is None:
+            return sensitivity.coreml_losses(self.plain, tried.artifact.path, feeds)
+        started = time.monotonic()
+        try:
+            return sensitivity.coreml_output_losses(
+                self.plain, tried.artifact.path, self.ref.feeds, self.ref.outputs,
+                seconds=min(sensitivity.OUTPUT_MEASURE_SECONDS,
+                            max(self.budget.seconds - self.budget.spent, 0.0)))
+        finally:
+            self.budget.spent += time.monotonic() - started
 
 
 def search(compiler: Compiler, platform: str, request: CompileRequest, ref: Reference,

@@ -560,6 +560,61 @@ def test_qnn_sensitivity_at_the_outputs_ignores_a_loss_the_graph_discards(tmp_pa
     assert ranked[0].snr_db > worst(qdq) + 10, (ranked[0].snr_db, worst(qdq))
 
 
+def test_core_ml_sensitivity_at_the_outputs_ignores_a_loss_the_graph_discards(tmp_path):
+    """The same at Core ML INT8: each op that reads a compressed weight is measured by the
+    outputs of the compressed package (MIL executor) with that op alone reading the
+    uncompressed weight. fc (MIL matmul `m_…`) ranks first, the dead branch (MIL linear
+    `s_…`, its Add fused) gains nothing, and the figure is the kept build's."""
+    from server.compile import sensitivity
+
+    net = _dead_branch_net(tmp_path)
+    packed = _coreml(net, tmp_path / "int8", weight_compression="int8")
+    plain = _coreml(net, tmp_path / "plain", weight_compression="none")
+    feeds = load_samples(net.reference, net.inputs)
+    expected = run_onnx_cpu(net.onnx, feeds)
+    ranked = sensitivity.coreml_output_losses(plain.path, packed.path, feeds, expected)
+    assert [(x.op, x.measured) for x in ranked] == [("matmul", "outputs"),
+                                                     ("linear", "outputs")], ranked
+    assert ranked[0].added_noise > 0 and ranked[1].added_noise < ranked[0].added_noise / 10
+
+    def worst(package: Path) -> float:
+        ex = MilExecutor(package)
+        return min(snr_db(e[0], np.asarray(ex.run(f)[ex.output_names[0]], np.float32))
+                   for e, f in zip(expected, feeds, strict=True))
+
+    kept = _coreml(net, tmp_path / "kept", weight_compression="int8",
+                   keep_ops=[ranked[0].name])
+    assert worst(kept.path) == pytest.approx(ranked[0].snr_db, abs=0.5)
+    assert ranked[0].snr_db > worst(packed.path) + 10
+    assert ranked[1].snr_db == pytest.approx(worst(packed.path), abs=0.5)
+
+
+@pytest.mark.slow
+def test_silero_core_ml_int8_passes_with_the_one_layer_measured_at_the_outputs(tmp_path):
+    """Silero VAD (real weights, its LSTM state an output): Core ML INT8 is 37 dB on the
+    state. Ranked tensor by tensor, keeping the first one, two and three layers at FP16 gave
+    35.4, 34.2 and 38.4 dB (four kept passed: 0.32× the FP32 file); ranked at the outputs,
+    one kept passes the INT8 thresholds."""
+    from server.compile.pipeline import BuildSpec, Pipeline
+    from server.compile.settings_map import pipeline_settings
+    from tests.corpus.models import corpus
+
+    (vad,) = corpus(["silero-vad-half-torchscript"])
+    flat = {**vad.platforms["coreml"], "precision": "auto", "mixed": "true",
+            "search_candidates": "int8,fp16"}
+    spec = BuildSpec(vad.path, vad.fmt, {"default": vad.inputs}, platforms=("coreml",),
+                     settings=pipeline_settings("coreml", flat), reference_path=vad.reference)
+    (out,) = Pipeline().build(spec, tmp_path)
+    assert out.state == "ready", out.error
+    tried = out.gates["precision_search"]["tried"]
+    assert [r["candidate"] for r in tried] == ["int8", "fp16", "int8+keep1"], tried
+    assert tried[2]["kept_because"]["measured"] == "outputs"
+    assert out.precision == "int8" and out.variant.endswith("keep1")
+    for output in out.gates["numeric"]["vs_fp32"]:  # speech probability and LSTM state
+        assert output["snr_db"] > 40.0 and output["cosine"] > 0.995, out.gates["numeric"]
+    assert tried[2]["bytes"] < tried[1]["bytes"] / 1.5  # far smaller than the FP16 package
+
+
 @pytest.mark.slow
 def test_ppocr_classifier_mixed_w8a16_meets_the_int8_thresholds_on_the_htp(tmp_path):
     """PP-OCR's direction classifier (real weights) at W8A16 is 37 dB from FP32. Measured at

@@ -17,7 +17,7 @@ accumulation.
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,9 @@ class BlockRunner:
         self._reader = reader
         self._weights: dict[str, Any] = {}  # const / constexpr outputs, decoded once
         self.trace: dict[str, Any] | None = None
+        # Weight values used instead of what the program's const / constexpr ops hold, by
+        # var name (a compressed weight put back to its float value: sensitivity.py).
+        self.weight_overrides: Mapping[str, Any] = {}
 
     def run_block(self, block: Any, env: Env, inputs: list[Any] | None = None) -> list[Any]:
         """Runs `block` with its block inputs bound to `inputs` (in order); returns the
@@ -62,6 +65,9 @@ class BlockRunner:
         specs = [tensor_spec(o) for o in op.outputs]
         name = specs[0].name if specs else op.type
         weight = op.type.startswith(_WEIGHT_OPS)
+        if weight and name in self.weight_overrides:
+            env[name] = self.weight_overrides[name]
+            return
         if weight and name in self._weights:
             for s in specs:
                 env[s.name] = self._weights[s.name]
@@ -161,11 +167,13 @@ class MilExecutor:
         self.output_names: list[str] = list(self._block.outputs)
         self._runner = BlockRunner(ValueReader(self.path))
 
-    def run(self, feeds: dict[str, Array], keep_intermediates: bool = False
-            ) -> dict[str, Array]:
+    def run(self, feeds: dict[str, Array], keep_intermediates: bool = False,
+            weights: Mapping[str, Array] | None = None) -> dict[str, Array]:
         """The program's outputs by name for one sample. Feeds are cast to the dtype each
         input declares (an FP16 program's inputs become float16). With
-        `keep_intermediates`, also every var a non-weight op computed, by name."""
+        `keep_intermediates`, also every var a non-weight op computed, by name. `weights`
+        replaces the values of the named const / constexpr vars for this run (a weight op
+        with more than one output is replaced whole only through its first)."""
         env: dict[str, Any] = {}
         for spec in self.inputs:
             if spec.name not in feeds:
@@ -173,10 +181,12 @@ class MilExecutor:
                                    f"{[s.name for s in self.inputs]}")
             env[spec.name] = _conform("input", spec, np.asarray(feeds[spec.name]))
         self._runner.trace = {} if keep_intermediates else None
+        self._runner.weight_overrides = weights or {}
         try:
             outs = self._runner.run_block(self._block, env)
         finally:
             trace, self._runner.trace = self._runner.trace, None
+            self._runner.weight_overrides = {}
         result = dict(trace or {})
         if keep_intermediates:
             result.update(env)
