@@ -297,6 +297,37 @@ def test_the_plan_spends_the_budget_on_the_most_marks_per_unit_of_error():
     assert mark_plan.knapsack(counts, cost, np.array([0.0, 0.0])) == {"free": 1.0}
 
 
+def test_the_plan_probes_as_many_tensors_on_a_busy_worker_as_on_an_idle_one(
+        small_mlp, tmp_path, monkeypatch):
+    """The probe's budget is CPU seconds of the build, not wall seconds: a worker that
+    other jobs slow down (here each marked copy waits 0.2 s, using no CPU) plans over the
+    same tensors. Counted in wall seconds, a 0.3 s budget stopped after two tensors."""
+    import time
+
+    from server.compile import InputSpec
+    from server.compile.compilers.onnx import OnnxCompiler
+    from server.compile.source import load_samples
+    from server.compile.types import CompileRequest
+
+    path, ref = small_mlp
+    compiler = OnnxCompiler()
+    (tmp_path / "art").mkdir()
+    (art,) = compiler.compile(CompileRequest(path, SourceFormat.ONNX, (InputSpec("x", (1, 64)),),
+                                             onnx_path=path), tmp_path / "art")
+    feeds = load_samples(ref, (InputSpec("x", (1, 64)),))
+    unmarked = compiler.run(art, feeds)
+
+    def slow_mark(src, dest, share_of):  # type: ignore[no-untyped-def]
+        time.sleep(0.2)
+        return cohorts_mod.mark_copy(src, dest, KEY, 0, 1, 1.0, share_of)
+
+    monkeypatch.setattr(mark_plan, "PROBE_SECONDS", 0.3)
+    made = mark_plan.plan(compiler, art, feeds, unmarked, KEY, tmp_path / "plan", 64.0,
+                          slow_mark)
+    counts = mark_plan.marked_counts(art.path, KEY)
+    assert len(counts) == 5 and made.probed == len(counts), (made, counts)  # 3 w, 2 b
+
+
 def test_a_later_cohort_that_needs_a_thinner_share_makes_every_cohort_again_at_it(
         small_mlp, tmp_path, monkeypatch):
     """identify scores the positions a mark moved, read off one cohort's copy: every cohort
