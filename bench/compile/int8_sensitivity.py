@@ -2,6 +2,7 @@
 
     python -m bench.compile.int8_sensitivity [--models ppocr-det,ppocr-rec,...]
         [--blocks 32,16,8,4,1] [--top 5] [--keep 25]
+        [--smoothquant-python PATH --alphas 0.5,0.75,1.0]
 
 Each model's weights (input 1 of every Conv, ConvTranspose, Gemm and MatMul, inputs 1–2 of
 LSTM / GRU / RNN, ≥ 64 values; Constant nodes count as initializers, as paddle2onnx writes
@@ -16,12 +17,21 @@ The baseline is FP16 (what ships when INT8 cannot); "most sensitive" lists the t
 that alone, INT8 per channel, cost the most; "kept float" keeps those in float, most
 sensitive first, until the rest at INT8 per channel reach 40 dB or `--keep` tensors are kept
 (a mixed-precision build's best case: its share of the weights and the SNR it reaches).
+
+With `--smoothquant-python` (a venv with neural-compressor 2.x, see smoothquant_worker.py)
+each α adds a column: the model after SmoothQuant's input-channel scaling (the
+activation-aware rescaling that moves range from large activations into their weights),
+then INT8 per channel as above, against the original FP32 outputs; "float" beside it is the
+smoothed model unrounded (the transform's own error, which must be negligible).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -120,7 +130,34 @@ class Runner:
         return float(worst)
 
 
-def measure(name: str, blocks: list[int], top: int, keep: int) -> dict[str, Any]:
+def smoothed_int8(runner: Runner, model: Any, samples: str, python: str,
+                  alpha: float) -> tuple[float, float] | str:
+    """(float SNR, INT8-per-channel SNR) of `model` after SmoothQuant at `alpha`, run by the
+    worker in the neural-compressor venv, against `runner`'s FP32 reference outputs; or
+    the worker's last error line when SmoothQuant fails on the model."""
+    import onnx
+    from onnx import numpy_helper
+
+    worker = Path(__file__).with_name("smoothquant_worker.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp, "src.onnx"), Path(tmp, "smoothed.onnx")
+        onnx.save(model, str(src))
+        done = subprocess.run([python, str(worker), str(src), samples, str(alpha), str(out)],
+                              check=False, capture_output=True, timeout=1800)
+        if done.returncode != 0:
+            lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+            return "failed: " + (lines[-1][:120] if lines else f"exit {done.returncode}")
+        smoothed = onnx.load(str(out))
+    other = Runner.__new__(Runner)
+    other.model, other.feeds, other.reference = smoothed, runner.feeds, runner.reference
+    axes = weight_axes(smoothed)
+    weights = {i.name: numpy_helper.to_array(i) for i in smoothed.graph.initializer
+               if i.name in axes}
+    return other.snr({}), other.snr({n: int8(w, axes[n]) for n, w in weights.items()})
+
+
+def measure(name: str, blocks: list[int], top: int, keep: int,
+            smoothquant: tuple[str, list[float]] | None = None) -> dict[str, Any]:
     import onnx
     from onnx import numpy_helper
 
@@ -141,6 +178,10 @@ def measure(name: str, blocks: list[int], top: int, keep: int) -> dict[str, Any]
                                            for n, w in weights.items()})
     alone = sorted((runner.snr({n: int8(w, axes[n])}), n, w.size) for n, w in weights.items())
     row["sensitive"] = alone[:top]
+    if smoothquant is not None:
+        python, alphas = smoothquant
+        row["smoothquant"] = [smoothed_int8(runner, model, str(entry.reference), python, a)
+                              for a in alphas]
     kept: set[str] = set()
     for _, worst, _ in alone[:keep]:
         kept.add(worst)
@@ -157,21 +198,29 @@ def main() -> None:
     parser.add_argument("--blocks", default="32,16,8,4,1")
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--keep", type=int, default=25)
+    parser.add_argument("--smoothquant-python", default=None,
+                        help="python of a venv with neural-compressor 2.x (adds SmoothQuant)")
+    parser.add_argument("--alphas", default="0.5,0.75,1.0")
     args = parser.parse_args()
     blocks = [int(b) for b in args.blocks.split(",") if b]
+    alphas = [float(a) for a in args.alphas.split(",") if a] if args.smoothquant_python else []
+    smoothquant = (args.smoothquant_python, alphas) if args.smoothquant_python else None
     print(f"INT8 weights (symmetric, activations float) vs FP32, worst output SNR dB, "
           f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")
     head = ["model", "weights", "FP16 (baseline)", "INT8 per channel",
-            *[f"block {b}" for b in blocks], "kept float: tensors (weights) → dB",
-            "most sensitive alone (per channel)"]
+            *[f"block {b}" for b in blocks],
+            *[f"SmoothQuant α {a} → INT8 per channel (float)" for a in alphas],
+            "kept float: tensors (weights) → dB", "most sensitive alone (per channel)"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for name in args.models.split(","):
-        row = measure(name, blocks, args.top, args.keep)
+        row = measure(name, blocks, args.top, args.keep, smoothquant)
         count, share, snr = row["kept"]
         worst = ", ".join(f"{n} ({size:,}) {snr:.1f}" for snr, n, size in row["sensitive"])
         cells = [name, f"{row['weights']:,}", f"{row['fp16']:.1f}", f"{row['block0']:.1f}",
                  *[f"{row[f'block{b}']:.1f}" for b in blocks],
+                 *[r if isinstance(r, str) else f"{r[1]:.1f} ({r[0]:.0f})"
+                   for r in row.get("smoothquant", [])],
                  f"{count} ({share:.0%}) → {snr:.1f}", worst]
         print("| " + " | ".join(cells) + " |", flush=True)
 
