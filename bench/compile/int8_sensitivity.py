@@ -98,9 +98,11 @@ def int8(w: np.ndarray, axis: int, block: int = 0) -> np.ndarray:
 
 
 class Runner:
-    def __init__(self, model: Any, feeds: dict[str, np.ndarray]) -> None:
+    def __init__(self, model: Any, feeds: dict[str, np.ndarray],
+                 reference: list[np.ndarray] | None = None) -> None:
+        """`reference`: the outputs to judge against (default: this model's own)."""
         self.model, self.feeds = model, feeds
-        self.reference = self.run({})
+        self.reference = self.run({}) if reference is None else reference
 
     def run(self, replaced: dict[str, np.ndarray]) -> list[np.ndarray]:
         import onnx
@@ -148,8 +150,7 @@ def smoothed_int8(runner: Runner, model: Any, samples: str, python: str,
             lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
             return "failed: " + (lines[-1][:120] if lines else f"exit {done.returncode}")
         smoothed = onnx.load(str(out))
-    other = Runner.__new__(Runner)
-    other.model, other.feeds, other.reference = smoothed, runner.feeds, runner.reference
+    other = Runner(smoothed, runner.feeds, runner.reference)
     axes = weight_axes(smoothed)
     weights = {i.name: numpy_helper.to_array(i) for i in smoothed.graph.initializer
                if i.name in axes}

@@ -205,6 +205,11 @@ def qdq_output_losses(source: Path, quantized: Path, feeds: list[dict[str, Any]]
     return _rank(out)
 
 
+def _compressed_vars(ops: list[Any]) -> set[str]:
+    """The vars of a MIL program that its `constexpr_*` ops (compressed weights) produce."""
+    return {o.name for op in ops if op.type.startswith("constexpr_") for o in op.outputs}
+
+
 def _weight_args(op: Any) -> list[tuple[str, int, str]]:
     """(input key, position, var name) of each named argument of a MIL op."""
     return [(key, i, a.name) for key, arg in op.inputs.items()
@@ -230,8 +235,7 @@ def coreml_output_losses(plain: Path, compressed: Path, feeds: list[dict[str, An
     plain_weights = plain_ex.weights()
     plain_ops = {_op_name(op, op.outputs[0].name if op.outputs else ""): op
                  for op in plain_ex.operations}
-    compressed_vars = {o.name for op in cand_ex.operations if op.type.startswith("constexpr_")
-                       for o in op.outputs}
+    compressed_vars = _compressed_vars(cand_ex.operations)
 
     def worst_snr(weights: dict[str, Any] | None = None) -> float:
         worst = math.inf
@@ -253,8 +257,8 @@ def coreml_output_losses(plain: Path, compressed: Path, feeds: list[dict[str, An
         twin = plain_ops.get(name)
         if twin is None:
             continue
-        floats = {key_pos: var for key, pos, var in _weight_args(twin)
-                  for key_pos in [(key, pos)] if var in plain_weights}
+        floats = {(key, pos): var for key, pos, var in _weight_args(twin)
+                  if var in plain_weights}
         swap = {var: plain_weights[floats[(key, pos)]] for key, pos, var in _weight_args(op)
                 if var in compressed_vars and (key, pos) in floats}
         if swap:
@@ -288,8 +292,7 @@ def coreml_losses(plain: Path, compressed: Path, feeds: dict[str, Any]) -> list[
     ref = ref_ex.run(feeds, keep_intermediates=True)
     cand = cand_ex.run(feeds, keep_intermediates=True)
     ops = cand_ex.operations
-    compressed_vars = {o.name for op in ops if op.type.startswith("constexpr_")
-                       for o in op.outputs}
+    compressed_vars = _compressed_vars(ops)
     snr: dict[str, float] = {}
     out = []
     for op in ops:
@@ -300,8 +303,7 @@ def coreml_losses(plain: Path, compressed: Path, feeds: dict[str, Any]) -> list[
             continue
         m = layer_metrics(np.asarray(ref[var]), np.asarray(cand[var]), var, op.type, var)
         snr[var] = m.snr_db
-        args = [a.name for arg in op.inputs.values() for a in arg.arguments
-                if a.WhichOneof("binding") == "name"]
+        args = [name for _, _, name in _weight_args(op)]
         if not any(a in compressed_vars for a in args):
             continue
         out.append(_loss(_op_name(op, var), op.type, snr[var], [snr[a] for a in args
