@@ -3,6 +3,7 @@
     python -m bench.compile.corpus [--models a,b] [--platforms onnx,coreml,qnn] [--markdown]
                                    [--json out.json] [--precision auto [--mixed]]
     python -m bench.compile.corpus --cells a.json b.json …   # the table of saved cells
+    (--log prints each build's log with the seconds since its cell began)
 
 Each cell runs the same pipeline a worker runs (operator gate, compile, numeric gate on 2
 reference samples, packing) and shows the outcome, compile seconds, cosine / SNR of the
@@ -40,8 +41,8 @@ from typing import Any
 PLATFORMS = ("onnx", "coreml", "qnn")
 
 
-def run_cell(model: Any, plat: str, workdir: Path, extra: dict[str, Any] | None = None
-             ) -> dict[str, Any]:
+def run_cell(model: Any, plat: str, workdir: Path, extra: dict[str, Any] | None = None,
+             log: Any = None) -> dict[str, Any]:
     from server.compile.pipeline import BuildSpec, Pipeline
     from server.compile.settings_map import pipeline_settings
 
@@ -55,7 +56,7 @@ def run_cell(model: Any, plat: str, workdir: Path, extra: dict[str, Any] | None 
                      calibration_path=model.reference if auto else None)
     started = time.monotonic()
     try:
-        outcomes = Pipeline().build(spec, workdir)
+        outcomes = Pipeline(log=log).build(spec, workdir)
     except Exception as e:  # a crash is a failed cell with its reason
         return {"model": model.name, "platform": plat, "state": "failed",
                 "error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - started}
@@ -279,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="auto: the precision search for coreml and qnn")
     ap.add_argument("--mixed", action="store_true", help="with auto: mixed precision")
     ap.add_argument("--coreml-target", default="iOS18", help="with auto: Core ML target")
+    ap.add_argument("--log", action="store_true",
+                    help="print each build's log to stderr, with seconds since the cell began")
     ap.add_argument("--cells", nargs="+", type=Path,
                     help="print the table of cells saved by earlier --json runs (one model "
                          "per run, say) instead of compiling")
@@ -298,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="corpus-bench-") as tmp:
         for m in models:
             for p in plats:
-                cell = run_cell(m, p, Path(tmp) / m.name / p, extra)
+                cell = run_cell(m, p, Path(tmp) / m.name / p, extra,
+                                _timed_log(f"{m.name}/{p}") if args.log else None)
                 cells.append(cell)
                 if not args.markdown:
                     print(f"{m.name:24} {p:7} " + (json.dumps(cell) if extra else _cell(cell)),
@@ -311,6 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(cells, indent=1))
     return 0
+
+
+def _timed_log(cell: str) -> Any:
+    started = time.monotonic()
+    return lambda msg: print(f"[{time.monotonic() - started:7.1f}s {cell}] {msg}",
+                             file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
