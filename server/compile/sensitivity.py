@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -168,27 +169,16 @@ def qdq_output_losses(source: Path, quantized: Path, feeds: list[dict[str, Any]]
               onnx.load(str(quantizer_input(quantized, source))).graph.initializer}
     known = {n.name for n in onnx.load(str(source), load_external_data=False).graph.node}
 
-    def worst_snr() -> float:
+    def run() -> float:
         sess = cpu_session(model)
         wanted = {i.name for i in sess.get_inputs()}
-        got = [sess.run(None, {k: v for k, v in f.items() if k in wanted}) for f in feeds]
-        return min(snr_db(np.asarray(e), np.asarray(g))
-                   for exp, out in zip(expected, got, strict=True)
-                   for e, g in zip(exp, out, strict=True))
+        return _worst(expected, [sess.run(None, {k: v for k, v in f.items() if k in wanted})
+                                 for f in feeds])
 
-    started = time.monotonic()
-    base = _noise(worst_snr())
-    run = max(time.monotonic() - started, 1e-3)
-    deadline = started + seconds
-    cands = [(i, slots) for i, slots in _float_inputs(model, floats).items()
-             if _source_name(model.graph.node[i].name, known) is not None]
-    added: set[str] = set()
-    out = []
-    for i, slots in spread(cands, min(OUTPUT_MEASURE_NODES, max(int(seconds / run) - 1, 1))):
-        node = model.graph.node[i]
-        name = _source_name(node.name, known)
-        if name is None or time.monotonic() > deadline:
-            continue
+    def worst_snr(change: tuple[Any, dict[int, str]] | None) -> float:
+        if change is None:
+            return run()
+        node, slots = change
         before = list(node.input)
         for k, f in slots.items():
             twin = f + "::float"  # a bias's DequantizeLinear output keeps the bias's name
@@ -197,11 +187,47 @@ def qdq_output_losses(source: Path, quantized: Path, feeds: list[dict[str, Any]]
                 model.graph.initializer[-1].name = twin
                 added.add(twin)
             node.input[k] = twin
-        snr = worst_snr()
-        del node.input[:]
-        node.input.extend(before)
-        out.append(LayerLoss(name, node.op_type, snr, max(base - _noise(snr), 0.0),
-                             "outputs"))
+        try:
+            return run()
+        finally:
+            del node.input[:]
+            node.input.extend(before)
+
+    added: set[str] = set()
+    cands = [(name, model.graph.node[i].op_type, (model.graph.node[i], slots))
+             for i, slots in _float_inputs(model, floats).items()
+             if (name := _source_name(model.graph.node[i].name, known)) is not None]
+    return _measured_at_outputs(cands, worst_snr, seconds)
+
+
+def _worst(expected: list[list[Any]], got: list[list[Any]]) -> float:
+    """The worst SNR of any output of any sample against the FP32 one (as the gate judges)."""
+    return min(snr_db(np.asarray(e), np.asarray(g, np.float32))
+               for exp, out in zip(expected, got, strict=True)
+               for e, g in zip(exp, out, strict=True))
+
+
+C = TypeVar("C")
+
+
+def _measured_at_outputs(cands: list[tuple[str, str, C]],
+                         worst_snr: Callable[[C | None], float], seconds: float
+                         ) -> list[LayerLoss]:
+    """Each candidate's (name, op type, change) gain at the outputs: `worst_snr(None)` is the
+    quantized build's, `worst_snr(change)` with that one layer at higher precision. At most
+    `OUTPUT_MEASURE_NODES`, and as many as `seconds` allow at the time the first run took,
+    evenly `spread` over the graph when that is not all of them; most gain first."""
+    started = time.monotonic()
+    base = _noise(worst_snr(None))
+    run = max(time.monotonic() - started, 1e-3)
+    deadline = started + seconds
+    out = []
+    for name, op_type, change in spread(cands, min(OUTPUT_MEASURE_NODES,
+                                                   max(int(seconds / run) - 1, 1))):
+        if time.monotonic() > deadline:
+            break
+        snr = worst_snr(change)
+        out.append(LayerLoss(name, op_type, snr, max(base - _noise(snr), 0.0), "outputs"))
     return _rank(out)
 
 
@@ -237,18 +263,10 @@ def coreml_output_losses(plain: Path, compressed: Path, feeds: list[dict[str, An
                  for op in plain_ex.operations}
     compressed_vars = _compressed_vars(cand_ex.operations)
 
-    def worst_snr(weights: dict[str, Any] | None = None) -> float:
-        worst = math.inf
-        for f, exp in zip(feeds, expected, strict=True):
-            out = cand_ex.run(f, weights=weights)
-            for name, e in zip(cand_ex.output_names, exp, strict=True):
-                worst = min(worst, snr_db(np.asarray(e), np.asarray(out[name], np.float32)))
-        return worst
+    def worst_snr(weights: dict[str, Any] | None) -> float:
+        got = [cand_ex.run(f, weights=weights) for f in feeds]
+        return _worst(expected, [[out[n] for n in cand_ex.output_names] for out in got])
 
-    started = time.monotonic()
-    base = _noise(worst_snr())
-    run = max(time.monotonic() - started, 1e-3)
-    deadline = started + seconds
     cands: list[tuple[str, str, dict[str, Any]]] = []
     for op in cand_ex.operations:
         if op.type == "const" or op.type.startswith("constexpr_") or not op.outputs:
@@ -263,14 +281,7 @@ def coreml_output_losses(plain: Path, compressed: Path, feeds: list[dict[str, An
                 if var in compressed_vars and (key, pos) in floats}
         if swap:
             cands.append((name, op.type, swap))
-    out = []
-    for name, op_type, swap in spread(cands, min(OUTPUT_MEASURE_NODES,
-                                                 max(int(seconds / run) - 1, 1))):
-        if time.monotonic() > deadline:
-            break
-        snr = worst_snr(swap)
-        out.append(LayerLoss(name, op_type, snr, max(base - _noise(snr), 0.0), "outputs"))
-    return _rank(out)
+    return _measured_at_outputs(cands, worst_snr, seconds)
 
 
 def _op_name(op: Any, fallback: str) -> str:
