@@ -22,7 +22,6 @@ the next layer really reads: that graph, all 70 tensors, prepared in 1.8 CPU sec
 from __future__ import annotations
 
 import json
-import os
 import resource
 import signal
 import subprocess
@@ -79,9 +78,10 @@ class ChildSession:
             "model": str(self.model), "outputs": [self.aliases.get(n, n) for n in names],
             "provider_options": self.provider_options,
             "allow_cpu_fallback": self.allow_cpu_fallback}))
-        root = str(Path(server.__file__).resolve().parents[1])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+        # Only what the child needs, as for AIMET's worker: not the server's variables.
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(job), "TMPDIR": str(job),
+               "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+               "PYTHONPATH": str(Path(server.__file__).resolve().parents[1])}
         limit = self.cpu_seconds
 
         def cap() -> None:  # in the child, before exec
