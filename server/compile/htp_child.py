@@ -70,6 +70,14 @@ class ChildSession:
 
     def run(self, names: list[str], feeds: dict[str, NDArray[Any]]) -> list[NDArray[Any]]:
         job = self.model.with_suffix(".job")
+        try:
+            return self._run(job, names, feeds)
+        finally:  # up to HTP_BYTES of tensors: not left in the build's directory
+            for name in ("out.npz", "feeds.npz"):
+                (job / name).unlink(missing_ok=True)
+
+    def _run(self, job: Path, names: list[str], feeds: dict[str, NDArray[Any]]
+             ) -> list[NDArray[Any]]:
         job.mkdir(exist_ok=True)
         (job / "out.npz").unlink(missing_ok=True)
         arrays: dict[str, Any] = dict(feeds)
