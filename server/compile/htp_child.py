@@ -79,7 +79,6 @@ class ChildSession:
     def _run(self, job: Path, names: list[str], feeds: dict[str, NDArray[Any]]
              ) -> list[NDArray[Any]]:
         job.mkdir(exist_ok=True)
-        (job / "out.npz").unlink(missing_ok=True)
         arrays: dict[str, Any] = dict(feeds)
         np.savez(job / "feeds.npz", **arrays)
         (job / "job.json").write_text(json.dumps({
@@ -125,14 +124,14 @@ def tap_quantized(model: Any) -> dict[str, str]:
     the others stay. Returns {tensor: its tap's name} (nothing for a float graph)."""
     import onnx
 
-    quantizers: dict[str, Any] = {}
-    for node in model.graph.node:
-        if node.op_type == "QuantizeLinear":
-            quantizers.setdefault(node.input[0], node)
-    outputs = [o.name for o in model.graph.output]
+    from server.compile.qdq_prep import readers
+
+    reading = readers(model)
     aliases: dict[str, str] = {}
-    for name in [n for n in outputs if n in quantizers]:
-        q = quantizers[name]
+    for name in [o.name for o in model.graph.output]:
+        q = next((r for r in reading.get(name, []) if r.op_type == "QuantizeLinear"), None)
+        if q is None:
+            continue
         tap = f"{name}__mf_tap"
         axis = [a for a in q.attribute if a.name in ("axis", "block_size")]
         node = onnx.helper.make_node("DequantizeLinear", [q.output[0], *q.input[1:3]], [tap],
