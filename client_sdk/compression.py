@@ -22,9 +22,17 @@ from typing import IO, BinaryIO, Protocol, cast
 import zstandard
 
 CODEC = "zstd"
+# The level follows the size alone (so the same content still gives the same bytes). Level 19
+# finds the layout redundancy of small quantized packages (a QNN context binary: 0.35 of its
+# content at 19, 0.385 at 9) at 4-8 MB/s of one core; on large packages, whose bytes are
+# mostly weights, it gains nothing over level 3 (float weights 0.916 vs 0.917, INT8 0.638 vs
+# 0.643) at a hundredth of the speed: all-MiniLM-L6-v2's three artifacts took 62 s of server
+# CPU at 19, under 1 s at 3 (docs/benchmarks.md "Compressed artifact copies: the level").
 LEVEL = 19
-# Level 19 picks an 8 MiB window for inputs this large; the decoder refuses more, so a device
-# never allocates more than that (plus buffers) for one artifact.
+LARGE_LEVEL = 3
+LARGE = 8 * 1024**2  # bytes of content from which LARGE_LEVEL is used (19 costs <= ~2 s below)
+# An 8 MiB window, set explicitly at either level; the decoder refuses more, so a device never
+# allocates more than that (plus buffers) for one artifact.
 WINDOW_LOG = 23
 MAX_WINDOW = 1 << WINDOW_LOG
 PIECE = 1 << 20  # bytes of output per read: the most held at once
@@ -42,14 +50,21 @@ class DecompressionError(ValueError):
     """The compressed copy does not inflate to the signed content (bomb, damage, wrong codec)."""
 
 
-def compress(src: BinaryIO, dst: BinaryIO, size: int) -> None:
-    """``size`` bytes of ``src`` as one zstd frame into ``dst``, reproducibly: fixed level and
-    window, content size in the header, no checksum (the manifest signs sha256s), one thread
-    (the output does not depend on the machine)."""
+def compress(src: BinaryIO, dst: BinaryIO, size: int, level: int | None = None) -> None:
+    """``size`` bytes of ``src`` as one zstd frame into ``dst``, reproducibly: a level fixed
+    by the size (`level_for`; ``level`` overrides it, for benchmarks), a fixed window, content
+    size in the header, no checksum (the manifest signs sha256s), one thread (the output does
+    not depend on the machine)."""
     params = zstandard.ZstdCompressionParameters.from_level(
-        LEVEL, source_size=size, window_log=WINDOW_LOG, write_content_size=True,
-        write_checksum=False, threads=0)
+        level_for(size) if level is None else level, source_size=size,
+        window_log=WINDOW_LOG, write_content_size=True, write_checksum=False, threads=0)
     zstandard.ZstdCompressor(compression_params=params).copy_stream(src, dst, size=size)
+
+
+def level_for(size: int) -> int:
+    """The zstd level for ``size`` bytes of content: ``LEVEL`` below ``LARGE``, else
+    ``LARGE_LEVEL``."""
+    return LEVEL if size < LARGE else LARGE_LEVEL
 
 
 def is_compressed(head: bytes) -> bool:

@@ -4,13 +4,17 @@
     python -m bench.compile.compressed --dir DIR [--markdown]
 
 Table 1, per artifact: the content (what shipped before copies: the baseline) against our
-codec (client_sdk/compression.py: zstd 19, 8 MiB window, one frame) and the two stdlib
-alternatives an SDK could use without a wheel (zlib 9, xz preset 9); bytes, the server's
-compress seconds and the device-side inflate speed (MB of content per second, best of 3,
-this machine), and what inflating adds to a full update next to the download time it saves
-at 10 Mbit/s.
+codec (client_sdk/compression.py: zstd at `level_for(size)`, 8 MiB window, one frame) and
+the two stdlib alternatives an SDK could use without a wheel (zlib 9, xz preset 9); bytes,
+the server's compress seconds and the device-side inflate speed (MB of content per second,
+best of 3, this machine), and what inflating adds to a full update next to the download time
+it saves at 10 Mbit/s.
 
-Table 2, per Core ML package: a small update of its weights — a fine-tune (every float
+Table 2, per artifact: our level against level 19 for every size (the baseline: what copies
+used until 2026-12-07) and level 3: bytes and the server's compress CPU seconds
+(process time, so a loaded machine inflates them less than wall time).
+
+Table 3, per Core ML package: a small update of its weights — a fine-tune (every float
 weight moved by 1e-3 of its magnitude, one INT8 step on a random tenth of the weights) — as patch
 bytes: mfdelta1 and bsdiff4 between contents (publishing ships the smaller: patches stay
 between contents) against bsdiff4 between the compressed copies, zstd --patch-from (the base
@@ -52,10 +56,26 @@ def _best(fn: Any, runs: int = 3) -> float:
     return best
 
 
-def _zstd(data: bytes) -> bytes:
+def _zstd(data: bytes, level: int | None = None) -> bytes:
     out = io.BytesIO()
-    compression.compress(io.BytesIO(data), out, len(data))
+    compression.compress(io.BytesIO(data), out, len(data), level)
     return out.getvalue()
+
+
+def _cpu(fn: Any) -> tuple[Any, float]:
+    t = time.process_time()
+    out = fn()
+    return out, time.process_time() - t
+
+
+def levels_row(path: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    ours, ours_s = _cpu(lambda: _zstd(data))
+    l19, l19_s = _cpu(lambda: _zstd(data, 19))
+    l3, l3_s = _cpu(lambda: _zstd(data, 3))
+    return {"file": path.name, "content": len(data), "level": compression.level_for(len(data)),
+            "ours": len(ours), "ours_s": ours_s, "l19": len(l19), "l19_s": l19_s,
+            "l3": len(l3), "l3_s": l3_s}
 
 
 def codecs_row(path: Path) -> dict[str, Any]:
@@ -123,8 +143,9 @@ def _pct(part: int, whole: int) -> str:
     return f"{part:,} ({100 * part / whole:.1f}%)"
 
 
-def tables(rows: list[dict[str, Any]], patches: list[dict[str, Any]]) -> str:
-    lines = ["| artifact | content (baseline) | zstd 19 (ours) | compress s | inflate MB/s | "
+def tables(rows: list[dict[str, Any]], levels: list[dict[str, Any]],
+           patches: list[dict[str, Any]]) -> str:
+    lines = ["| artifact | content (baseline) | zstd (ours) | compress s | inflate MB/s | "
              "zlib 9 | inflate MB/s | xz 9 | inflate MB/s | inflate s / download s saved "
              f"at {LINK_MBIT} Mbit/s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -134,6 +155,15 @@ def tables(rows: list[dict[str, Any]], patches: list[dict[str, Any]]) -> str:
             f"{r['zstd_mb_s']:.0f} | {_pct(r['zlib'], c)} | {r['zlib_mb_s']:.0f} | "
             f"{_pct(r['xz'], c)} | {r['xz_mb_s']:.0f} | "
             f"{r['inflate_s'] * 1000:.1f} ms / {r['saved_s']:.2f} s |")
+    lines += ["", "| artifact | content | ours: level | bytes | CPU s | level 19 (baseline) | "
+              "CPU s | level 3 | CPU s | ours / level 19: bytes, CPU |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in levels:
+        c = r["content"]
+        lines.append(
+            f"| {r['file']} | {c:,} | {r['level']} | {_pct(r['ours'], c)} | {r['ours_s']:.2f} | "
+            f"{_pct(r['l19'], c)} | {r['l19_s']:.2f} | {_pct(r['l3'], c)} | {r['l3_s']:.2f} | "
+            f"{r['ours'] / r['l19']:.3f}, {r['ours_s'] / max(r['l19_s'], 1e-9):.3f} |")
     if patches:
         lines += ["", "| Core ML package, fine-tuned | new content | new compressed copy | "
                   "mfdelta1 on content | bsdiff4 on content | shipped (the smaller) | "
@@ -155,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     files = sorted(p for p in args.dir.iterdir() if p.is_file() and p.suffix != ".zst")
     rows = [codecs_row(p) for p in files]
+    levels = [levels_row(p) for p in files]
     patches = []
     for tar in (p for p in files if p.name.endswith(".mlpackage.tar")):
         with tempfile.TemporaryDirectory() as tmp:
@@ -163,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Compressed copies, {datetime.date.today()}, {platform.machine()} "
               f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, "
               f"zstandard {zstandard.__version__}\n")
-    print(tables(rows, patches))
+    print(tables(rows, levels, patches))
     return 0
 
 

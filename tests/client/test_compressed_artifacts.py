@@ -26,9 +26,9 @@ from tests.client.simulator import RepositorySimulator
 X = np.arange(4, dtype=np.float32).reshape(1, 4)
 
 
-def _zstd(data: bytes) -> bytes:
+def _zstd(data: bytes, level: int | None = None) -> bytes:
     out = io.BytesIO()
-    compression.compress(io.BytesIO(data), out, len(data))
+    compression.compress(io.BytesIO(data), out, len(data), level)
     return out.getvalue()
 
 
@@ -44,6 +44,25 @@ def test_compression_is_reproducible_and_round_trips() -> None:
     out = io.BytesIO()
     digest = compression.decompress(io.BytesIO(first), out, len(data))
     assert out.getvalue() == data and digest == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("size", [compression.LARGE - 1, compression.LARGE])
+def test_the_level_follows_the_size_and_large_content_stays_reproducible(size) -> None:
+    """Level 19 below `LARGE` (small quantized packages gain from it), the fast level from it
+    on (level 19 cost a MiniLM build 62 s of server CPU for nothing); both within the window
+    a device accepts, and the same bytes every time."""
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal(size // 4 + 1).astype(np.float32).tobytes()
+    data = (scaled_model(1.0) + weights)[:size]
+    copy = _zstd(data)
+    assert copy == _zstd(data)
+    level = compression.LEVEL if size < compression.LARGE else compression.LARGE_LEVEL
+    assert compression.level_for(size) == level
+    assert copy == _zstd(data, level) != _zstd(data, 19 if level != 19 else 3)
+    assert zstandard.get_frame_parameters(copy).window_size <= compression.MAX_WINDOW
+    out = io.BytesIO()
+    compression.decompress(io.BytesIO(copy), out, size)
+    assert out.getvalue() == data
 
 
 def test_device_downloads_the_compressed_copy_and_keeps_the_content(make_updater, sim, runtime):
