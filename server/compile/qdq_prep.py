@@ -325,3 +325,34 @@ def unshare_identity_constants(model: Any) -> int:
     # The original stays even when nothing reads it now (a subgraph still may); the EPContext
     # model carries no initializers, so it costs the artifact nothing.
     return len(done)
+
+
+def tap_quantized(model: Any) -> dict[str, str]:
+    """Makes `model` (edited in place) output each of its graph outputs that feeds a
+    QuantizeLinear through a DequantizeLinear tap of that QuantizeLinear's output instead;
+    the others stay. Returns {tensor: its tap's name} (nothing for a float graph).
+
+    The layer walk reads a QDQ graph's tensors this way on both sides (server/compile/
+    htp_child.py has why the HTP needs it; gates/layers.py `tapped_cpu_session`): the value
+    the next layer reads, quantized, rather than the float that only exists before the
+    QuantizeLinear."""
+    import onnx
+
+    reading = readers(model)
+    aliases: dict[str, str] = {}
+    for name in [o.name for o in model.graph.output]:
+        q = next((r for r in reading.get(name, []) if r.op_type == "QuantizeLinear"), None)
+        if q is None:
+            continue
+        tap = f"{name}__mf_tap"
+        axis = [a for a in q.attribute if a.name in ("axis", "block_size")]
+        node = onnx.helper.make_node("DequantizeLinear", [q.output[0], *q.input[1:3]], [tap],
+                                     name=tap)
+        node.attribute.extend(axis)
+        model.graph.node.append(node)
+        aliases[name] = tap
+    kept = [o for o in model.graph.output if o.name not in aliases]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
+    model.graph.output.extend(onnx.ValueInfoProto(name=t) for t in aliases.values())
+    return aliases

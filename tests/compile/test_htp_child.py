@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from server.compile import htp_child
+from server.compile import htp_child, qdq_prep
 from server.compile.gates.metrics import snr_db
 from server.compile.qnn_runtime import open_session
 from tests.compile.compile_models import ModelFiles
@@ -65,10 +65,10 @@ def test_a_child_that_fails_says_how(convnet: ModelFiles, tmp_path: Path) -> Non
         htp_child.ChildSession(path).run(["no_such_tensor"], _feeds(convnet))
 
 
-def _qdq_graph() -> onnx.ModelProto:
+def _qdq_graph(step: float = 0.05) -> onnx.ModelProto:
     """x -> Mul -> t -> Q -> DQ -> Relu -> y: `t` is a quantized node's output."""
     h = onnx.helper
-    scale = onnx.numpy_helper.from_array(np.array(0.05, np.float32), "s")
+    scale = onnx.numpy_helper.from_array(np.array(step, np.float32), "s")
     zero = onnx.numpy_helper.from_array(np.array(0, np.uint8), "z")
     k = onnx.numpy_helper.from_array(np.array(1.37, np.float32), "k")
     nodes = [h.make_node("Mul", ["x", "k"], ["t"], name="mul"),
@@ -88,7 +88,7 @@ def test_a_quantized_nodes_output_is_read_through_a_tap_that_keeps_its_unit_whol
 
     model = _qdq_graph()
     model.graph.output.append(onnx.ValueInfoProto(name="t"))
-    aliases = htp_child.tap_quantized(model)
+    aliases = qdq_prep.tap_quantized(model)
     assert aliases == {"t": "t__mf_tap"}
     outs = [o.name for o in model.graph.output]
     assert outs == ["y", "t__mf_tap"]
@@ -102,4 +102,22 @@ def test_a_quantized_nodes_output_is_read_through_a_tap_that_keeps_its_unit_whol
     assert np.allclose(tap, expected, atol=1e-6) and not np.allclose(tap, x * 1.37)
     # A float graph is left as it is.
     plain = _qdq_graph()
-    assert htp_child.tap_quantized(plain) == {} and [o.name for o in plain.graph.output] == ["y"]
+    assert qdq_prep.tap_quantized(plain) == {} and [o.name for o in plain.graph.output] == ["y"]
+
+
+def test_an_int8_walk_reads_the_reference_through_the_same_taps_as_the_artifact() -> None:
+    """The faithful walk of a QDQ artifact compares like for like: its tapped (quantized)
+    tensors against the yardstick's tapped ones, not against the float before rounding,
+    which differs by the activation's own quantization noise (here a coarse step makes that
+    noise fail the thresholds, so reading the yardstick raw would name `t`)."""
+    from server.compile.gates import layers
+
+    coarse = _qdq_graph(step=0.5)
+    feeds = {"x": np.linspace(-1, 3, 8, dtype=np.float32).reshape(1, 8)}
+    # The artifact: the same graph, read through taps (an HTP that computes exactly so).
+    artifact = layers.Candidate.onnx(coarse, feeds, layers.tapped_cpu_session, tapped=True)
+    found = layers.first_divergence(coarse, artifact, feeds, 0.999, 30.0, "yardstick vs artifact")
+    assert found.first is None and found.compared >= 2, found
+    raw_reference = layers.Candidate.onnx(coarse, feeds, layers.tapped_cpu_session)
+    control = layers.first_divergence(coarse, raw_reference, feeds, 0.999, 30.0, "raw")
+    assert control.first is not None and control.first.tensor == "t", control

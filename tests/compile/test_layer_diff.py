@@ -140,7 +140,7 @@ def test_qnn_layer_diff_compiles_the_graph_once_per_htp_byte_budget(
 def test_qnn_int8_layer_diff_reads_each_quantized_unit_whole_through_taps(
         convnet: ModelFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The W8A16 artifact's walk: the graph compiled for it holds every quantized unit the
-    artifact holds (no graph output feeds a QuantizeLinear, htp_child.tap_quantized), and
+    artifact holds (no graph output feeds a QuantizeLinear, qdq_prep.tap_quantized), and
     each layer is reported under its own source tensor name."""
     graphs: list[tuple[onnx.ModelProto, dict[str, str]]] = []
 

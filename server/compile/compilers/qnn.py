@@ -57,9 +57,10 @@ from server.compile.errors import (
     ConversionError,
     InvalidSourceError,
 )
-from server.compile.htp_child import ChildSession, tap_quantized
+from server.compile.htp_child import ChildSession
 from server.compile.htp_plan import htp_graph_path, plan_htp
 from server.compile.htp_support import HtpAssignment
+from server.compile.qdq_prep import tap_quantized
 from server.compile.qnn_runtime import open_session, qnn_version
 from server.compile.quantizers.base import QdqScheme, Quantizer
 from server.compile.types import CompiledArtifact, CompileRequest, Precision, Target

@@ -6,6 +6,9 @@ Where the artifact's intermediates come from (`candidate_for`):
 - an ONNX artifact: the artifact itself on onnxruntime's CPU provider;
 - a compiler offering `intermediates(artifact)` (QNN): the graph it compiled, compiled again on
   the same (emulated) HTP with the tensors as outputs, as few times as `HTP_BYTES` allows;
+  a QDQ graph's quantized tensors are read through taps (qdq_prep.tap_quantized), and the
+  reference is read the same way (`Candidate.tapped`), so an INT8 walk compares the value
+  each layer passes on with the same value on the CPU, not with the float before rounding;
 - a Core ML package: our MIL executor (server/compile/milexec), one run keeping every var;
   the converter names a MIL var after the ONNX tensor it computes (`mil_name`), and
   coremltools' FP16 pass appends `_cast_fp16`.
@@ -76,7 +79,7 @@ def candidate_for(compiler: Compiler, art: CompiledArtifact, feeds: dict[str, ND
     found = diag(art) if callable(diag) else None
     if found is not None:
         graph, opener = found
-        return (layers.Candidate.onnx(graph, feeds, opener, max_bytes=HTP_BYTES),
+        return (layers.Candidate.onnx(graph, feeds, opener, max_bytes=HTP_BYTES, tapped=True),
                 f"the artifact's graph on {art.target.runtime}", MAX_LAYERS)
     if art.path.suffix == ".mlpackage" and art.path.is_dir():
         return mil_candidate(art.path, feeds), "the artifact on the MIL executor", MAX_LAYERS
@@ -101,11 +104,11 @@ def layer_diff(source: Path, candidate: layers.Candidate, where: str, chunk: int
                                      if n in candidate.names})
     t = thresholds(precision)
     sizes = layers.tensor_bytes(src) if candidate.max_bytes is not None else None
+    opener = candidate.reference_opener()
     rows: list[list[Any]] = []
     first: dict[str, Any] | None = None
     for m in layers.compare_layers(order[:MAX_LAYERS],
-                                   lambda names: layers.run_tensors(src, names, feeds,
-                                                             layers.cpu_session),
+                                   lambda names: layers.run_tensors(src, names, feeds, opener),
                                    candidate.fetch,
                                    clip=emulate.FP16_MAX if precision is Precision.FP16
                                    else None, chunk=chunk, sizes=sizes,

@@ -134,6 +134,30 @@ def cpu_session(model: Any) -> Any:
                                 providers=["CPUExecutionProvider"])
 
 
+class _Aliased:
+    """A session whose `run` reads each asked-for tensor from the graph output `aliases`
+    names for it (a tap), or from the tensor itself."""
+
+    def __init__(self, session: Any, aliases: dict[str, str]) -> None:
+        self.session, self.aliases = session, aliases
+
+    def get_inputs(self) -> Any:
+        return self.session.get_inputs()
+
+    def run(self, names: list[str], feeds: dict[str, NDArray[Any]]) -> Any:
+        return self.session.run([self.aliases.get(n, n) for n in names], feeds)
+
+
+def tapped_cpu_session(model: Any) -> Any:
+    """`cpu_session` on `model` (edited in place) with each quantized tensor read through a
+    tap (qdq_prep.tap_quantized): the value the next layer reads, as a tapped candidate
+    (the QNN compiler's HTP sessions) reads it, so the two sides compare like for like."""
+    from server.compile.qdq_prep import tap_quantized
+
+    aliases = tap_quantized(model)
+    return _Aliased(cpu_session(model), aliases)
+
+
 def run_tensors(model: Any, tensors: list[str], feeds: dict[str, NDArray[Any]], opener: Opener
          ) -> dict[str, NDArray[Any]]:
     import onnx
@@ -161,15 +185,21 @@ class Candidate:
     names: Container[str]
     fetch: Fetch
     max_bytes: int | None = None
+    tapped: bool = False  # reads a QDQ graph's quantized tensors through taps
 
     @classmethod
     def onnx(cls, model: Path | Any, feeds: dict[str, NDArray[Any]],
-             opener: Opener = cpu_session, max_bytes: int | None = None) -> Candidate:
+             opener: Opener = cpu_session, max_bytes: int | None = None,
+             tapped: bool = False) -> Candidate:
         import onnx
 
         m = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
         return cls(available_tensors(m), lambda names: run_tensors(m, names, feeds, opener),
-                   max_bytes)
+                   max_bytes, tapped)
+
+    def reference_opener(self) -> Opener:
+        """How to run the reference so that it is read the way this candidate is."""
+        return tapped_cpu_session if self.tapped else cpu_session
 
 
 def graph_order(names_from: Path | Any, common: Container[str]
@@ -256,7 +286,8 @@ def first_divergence(reference: Path | Any, candidate: Path | Any | Candidate,
                         {n for n in available_tensors(ref) if n in cand.names})
     sizes = tensor_bytes(ref) if cand.max_bytes is not None else None
     compared, last_ok = 0, None
-    for m in compare_layers(order, lambda names: run_tensors(ref, names, feeds, cpu_session),
+    opener = cand.reference_opener()
+    for m in compare_layers(order, lambda names: run_tensors(ref, names, feeds, opener),
                             cand.fetch, clip, chunk, sizes, cand.max_bytes):
         compared += 1
         if m.below(min_cosine, min_snr_db):
