@@ -51,15 +51,13 @@ class ChildSession:
     module = "server.compile.htp_child"  # what the child runs: `python -m module JOB`
 
     def __init__(self, model: Path, provider_options: dict[str, str] | None = None,
-                 allow_cpu_fallback: bool = True, cpu_seconds: int | None = None,
-                 aliases: dict[str, str] | None = None) -> None:
+                 allow_cpu_fallback: bool = True, cpu_seconds: int | None = None) -> None:
         import onnx
 
         self.model = model
         self.provider_options = dict(provider_options or {})
         self.allow_cpu_fallback = allow_cpu_fallback
         self.cpu_seconds = cpu_seconds or DIAGNOSTIC_CPU_SECONDS
-        self.aliases = dict(aliases or {})  # tensor asked for -> graph output that holds it
         graph = onnx.load(str(model), load_external_data=False).graph
         constants = {t.name for t in graph.initializer}
         self._inputs = [SimpleNamespace(name=i.name) for i in graph.input
@@ -82,7 +80,7 @@ class ChildSession:
         arrays: dict[str, Any] = dict(feeds)
         np.savez(job / "feeds.npz", **arrays)
         (job / "job.json").write_text(json.dumps({
-            "model": str(self.model), "outputs": [self.aliases.get(n, n) for n in names],
+            "model": str(self.model), "outputs": names,
             "provider_options": self.provider_options,
             "allow_cpu_fallback": self.allow_cpu_fallback}))
         # Only what the child needs, as for AIMET's worker: not the server's variables.

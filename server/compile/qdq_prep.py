@@ -327,6 +327,9 @@ def unshare_identity_constants(model: Any) -> int:
     return len(done)
 
 
+TAP_SUFFIX = "__mf_tap"  # a tap's name: the tensor's, with this suffix
+
+
 def tap_quantized(model: Any) -> dict[str, str]:
     """Makes `model` (edited in place) output each of its graph outputs that feeds a
     QuantizeLinear through a DequantizeLinear tap of that QuantizeLinear's output instead;
@@ -344,7 +347,7 @@ def tap_quantized(model: Any) -> dict[str, str]:
         q = next((r for r in reading.get(name, []) if r.op_type == "QuantizeLinear"), None)
         if q is None:
             continue
-        tap = f"{name}__mf_tap"
+        tap = name + TAP_SUFFIX
         axis = [a for a in q.attribute if a.name in ("axis", "block_size")]
         node = onnx.helper.make_node("DequantizeLinear", [q.output[0], *q.input[1:3]], [tap],
                                      name=tap)

@@ -11,7 +11,7 @@ from typing import Any
 import onnx
 import pytest
 
-from server.compile import SourceFormat, htp_child
+from server.compile import SourceFormat, htp_child, qdq_prep
 from server.compile.compilers import qnn
 from server.compile.compilers.coreml import CoreMLCompiler
 from server.compile.gates import layerdiff, layers
@@ -142,11 +142,11 @@ def test_qnn_int8_layer_diff_reads_each_quantized_unit_whole_through_taps(
     """The W8A16 artifact's walk: the graph compiled for it holds every quantized unit the
     artifact holds (no graph output feeds a QuantizeLinear, qdq_prep.tap_quantized), and
     each layer is reported under its own source tensor name."""
-    graphs: list[tuple[onnx.ModelProto, dict[str, str]]] = []
+    graphs: list[tuple[onnx.ModelProto, list[str]]] = []
 
     class Recording(htp_child.ChildSession):
         def run(self, names: list[str], feeds: dict[str, Any]) -> list[Any]:
-            graphs.append((onnx.load(str(self.model)), dict(self.aliases)))
+            graphs.append((onnx.load(str(self.model)), list(names)))
             return super().run(names, feeds)
 
     monkeypatch.setattr(qnn, "ChildSession", Recording)
@@ -157,15 +157,18 @@ def test_qnn_int8_layer_diff_reads_each_quantized_unit_whole_through_taps(
     (out,) = Pipeline().build(spec, tmp_path)
     assert out.state == "ready" and out.precision == "int8", out.error
     assert graphs
-    for graph, aliases in graphs:
+    taps: list[str] = []
+    for graph, asked in graphs:
         quantized = {n.input[0] for n in graph.graph.node if n.op_type == "QuantizeLinear"}
         outputs = {o.name for o in graph.graph.output}
-        assert aliases and not quantized & outputs
-        assert set(aliases.values()) <= outputs
+        taps = [n.removesuffix(qdq_prep.TAP_SUFFIX) for n in asked
+                if n.endswith(qdq_prep.TAP_SUFFIX)]
+        assert taps and not quantized & outputs
+        assert set(asked) <= outputs  # every tensor asked for, tapped or not, is an output
     diff = out.layer_diff
     rows = [r[0] for r in diff["layers"]]
     assert "unavailable" not in diff and len(rows) == diff["total"] >= 4
-    assert set(graphs[0][1]) <= set(rows)  # each tapped tensor reported by its own name
+    assert set(taps) <= set(rows)  # each tapped tensor reported by its own name
 
 
 def test_qnn_layer_walk_children_run_inside_the_compile_sandbox(

@@ -57,10 +57,10 @@ from server.compile.errors import (
     ConversionError,
     InvalidSourceError,
 )
+from server.compile.gates.layers import tapped
 from server.compile.htp_child import ChildSession
 from server.compile.htp_plan import htp_graph_path, plan_htp
 from server.compile.htp_support import HtpAssignment
-from server.compile.qdq_prep import tap_quantized
 from server.compile.qnn_runtime import open_session, qnn_version
 from server.compile.quantizers.base import QdqScheme, Quantizer
 from server.compile.types import CompiledArtifact, CompileRequest, Precision, Target
@@ -321,15 +321,13 @@ class QnnCompiler:
             import onnx
 
             path = workdir / "layers.htp.onnx"
-            tapped = onnx.ModelProto()
-            tapped.CopyFrom(model)
-            aliases = tap_quantized(tapped)  # quantized units stay whole (htp_child.py)
-            onnx.save(tapped, str(path))
+            onnx.save(model, str(path))
             # In a child bounded in CPU seconds: the HTP's prepare of a graph does not
             # always end (htp_child.py).
             return ChildSession(path, provider_options=artifact.extra.get("provider_options"),
-                                allow_cpu_fallback=True, aliases=aliases)
-        return Path(str(graph)), opener
+                                allow_cpu_fallback=True)
+        # Quantized units stay whole: their outputs are read through taps (htp_child.py).
+        return Path(str(graph)), tapped(opener)
 
 
 def _kept_note(qdq: Path, keep_float: tuple[str, ...]) -> str:

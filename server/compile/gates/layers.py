@@ -148,14 +148,20 @@ class _Aliased:
         return self.session.run([self.aliases.get(n, n) for n in names], feeds)
 
 
-def tapped_cpu_session(model: Any) -> Any:
-    """`cpu_session` on `model` (edited in place) with each quantized tensor read through a
-    tap (qdq_prep.tap_quantized): the value the next layer reads, as a tapped candidate
-    (the QNN compiler's HTP sessions) reads it, so the two sides compare like for like."""
-    from server.compile.qdq_prep import tap_quantized
+def tapped(opener: Opener) -> Opener:
+    """`opener` on the model (edited in place) with each quantized tensor read through a tap
+    (qdq_prep.tap_quantized): the value the next layer reads. The QNN compiler's HTP
+    sessions are opened so, and the reference of such a candidate too (`tapped_cpu_session`),
+    so the two sides compare like for like."""
+    def open_tapped(model: Any) -> Any:
+        from server.compile.qdq_prep import tap_quantized
 
-    aliases = tap_quantized(model)
-    return _Aliased(cpu_session(model), aliases)
+        aliases = tap_quantized(model)
+        return _Aliased(opener(model), aliases)
+    return open_tapped
+
+
+tapped_cpu_session = tapped(cpu_session)
 
 
 def run_tensors(model: Any, tensors: list[str], feeds: dict[str, NDArray[Any]], opener: Opener
