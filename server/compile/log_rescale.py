@@ -11,8 +11,9 @@ vary by more than the 10 dB left.
 P is homogeneous of degree 2, so `log P(x) = log P(x·s) − 2 log s` for any s > 0. The rewrite
 picks s at run time, from the values themselves, in two steps:
 
-1. the input is divided by its largest magnitude (at least 2^-10), so the linear maps before
-   the square stay within their weights' L1 norms;
+1. the input is divided by the power of two at or above its largest magnitude (at least
+   2^-10), so the linear maps before the square stay within their weights' L1 norms, and the
+   samples they read are the plain graph's FP16 values, not rounded once more;
 2. the amplitudes the squares read are multiplied by `A / max |amplitude|` (A = 128 for two
    squares: their sum stays under 32,768), so the largest power sits at the top of FP16's
    range and 80 dB below it is still a normal FP16 number;
@@ -236,7 +237,9 @@ def _rewrite(model: Any, chain: _Chain) -> str:
     inits: list[Any] = []
 
     def const(name: str, value: float | np.ndarray) -> str:
-        inits.append(numpy_helper.from_array(np.asarray(value, np.float32), f"{tag}/{name}"))
+        if all(t.name != f"{tag}/{name}" for t in inits):  # one initializer per name
+            inits.append(numpy_helper.from_array(np.asarray(value, np.float32),
+                                                 f"{tag}/{name}"))
         return f"{tag}/{name}"
 
     def node(op: str, ins: Iterable[str], out: str, **attrs: Any) -> str:
@@ -247,9 +250,16 @@ def _rewrite(model: Any, chain: _Chain) -> str:
     def peak(name: str, out: str) -> str:
         return node("ReduceMax", [node("Abs", [name], f"{out}_abs")], out, keepdims=0)
 
-    # 1. the input over its largest magnitude
-    m = node("Max", [peak(chain.source, "input_peak"), const("input_floor", INPUT_FLOOR)],
-             "input_scale")
+    # 1. the input over the power of two at or above its largest magnitude, 2^ceil(log2 peak):
+    # dividing by it only moves the exponent, so the STFT reads the very FP16 samples the
+    # plain graph reads (divided by the exact peak, each sample was rounded once more, which
+    # cost quiet audio ~2 dB: its bins near zero come from cancelling sums)
+    top = node("Max", [peak(chain.source, "input_peak"), const("input_floor", INPUT_FLOOR)],
+               "input_peak_floored")
+    exponent = node("Ceil", [node("Mul", [node("Log", [top], "input_peak_log"),
+                                          const("inv_ln2", 1 / math.log(2))],
+                                  "input_peak_log2")], "input_exponent")
+    m = node("Pow", [const("two", 2.0), exponent], "input_scale")
     x = node("Div", [chain.source, m], "input")
     for k in chain.amplitude_nodes:
         n = g.nodes[k]
