@@ -34,6 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 import server
+from server.compile.child_env import minimal_env
 
 DIAGNOSTIC_CPU_SECONDS = 300
 WALL_FACTOR = 4  # the wall-clock kill, in multiples of the CPU allowance
@@ -83,10 +84,7 @@ class ChildSession:
             "model": str(self.model), "outputs": names,
             "provider_options": self.provider_options,
             "allow_cpu_fallback": self.allow_cpu_fallback}))
-        # Only what the child needs, as for AIMET's worker: not the server's variables.
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(job), "TMPDIR": str(job),
-               "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-               "PYTHONPATH": str(Path(server.__file__).resolve().parents[1])}
+        env = minimal_env(job, PYTHONPATH=str(Path(server.__file__).resolve().parents[1]))
         limit = self.cpu_seconds
 
         def cap() -> None:  # in the child, before exec

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 import server
+from server.compile.child_env import minimal_env
 from server.compile.compilers.registry import default_compilers
 from server.compile.errors import CompileError, TransientCompileError
 from server.compile.pipeline import BuildOutcome, BuildSpec, Pipeline
@@ -207,10 +208,10 @@ def bwrap_command(policy: SandboxPolicy, job: JobDirs, *, network: bool = False,
         cmd.append("--unshare-net")
     if not root:
         cmd.append("--unshare-user")
-    cmd += ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", f"{JOB}/tmp",
-            "--setenv", "TMPDIR", f"{JOB}/tmp", "--setenv", "LANG", "C.UTF-8",
-            "--setenv", "PYTHONPATH", SANDBOX_CODE, "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-            "--setenv", "PYTHONUNBUFFERED", "1"]
+    cmd.append("--clearenv")
+    for name, value in minimal_env(f"{JOB}/tmp", PYTHONPATH=SANDBOX_CODE,
+                                   PYTHONUNBUFFERED="1").items():
+        cmd += ["--setenv", name, value]
     # tmpfs /tmp first: a venv or checkout under /tmp (CI clones) is bound over it afterwards.
     cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(64 * 1024 * 1024),
             "--tmpfs", "/tmp"]

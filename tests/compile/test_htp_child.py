@@ -65,6 +65,27 @@ def test_a_child_that_fails_says_how(convnet: ModelFiles, tmp_path: Path) -> Non
         htp_child.ChildSession(path).run(["no_such_tensor"], _feeds(convnet))
 
 
+class _ShowsItsEnvironment(htp_child.ChildSession):
+    module = "tests.compile.env_child"
+
+
+def test_the_htp_child_gets_no_secrets_from_the_servers_environment(
+        convnet: ModelFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child prepares a graph from an upload on the HTP's own code: a server variable
+    (the token pepper, storage credentials, the database URL) must not reach it."""
+    secrets = {"MODELFLEET_TOKEN_PEPPER": "pepper-4f1c", "AWS_SECRET_ACCESS_KEY": "aws-9d2e",
+               "MODELFLEET_DATABASE_URL": "postgresql://u:pw-77@db/x"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    path, names = _with_intermediates(convnet, tmp_path)
+    keys, values = _ShowsItsEnvironment(path).run(names[:2], _feeds(convnet))
+    env = dict(zip(keys.tolist(), values.tolist(), strict=True))
+    assert not set(secrets) & set(env)
+    assert not any(v in value for v in secrets.values() for value in env.values())
+    assert set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONDONTWRITEBYTECODE",
+                        "PYTHONPATH", "LC_CTYPE"}, env
+
+
 def _qdq_graph(step: float = 0.05) -> onnx.ModelProto:
     """x -> Mul -> t -> Q -> DQ -> Relu -> y: `t` is a quantized node's output."""
     h = onnx.helper

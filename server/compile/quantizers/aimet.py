@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from server.compile import qdq_prep
+from server.compile.child_env import minimal_env
 from server.compile.errors import ConversionError
 from server.compile.quantizers.base import QdqScheme, Samples
 
@@ -79,9 +80,7 @@ class AimetQuantizer:
             "weight_bits": scheme.weight_bits, "activation_bits": scheme.activation_bits,
             "per_channel": scheme.per_channel, "keep_float": list(scheme.keep_float),
             "htp_arch": scheme.htp_arch, "adaround_iterations": self.adaround_iterations}))
-        # Only what the interpreter needs: not the server's variables, not its PYTHONPATH.
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch),
-               "LANG": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1"}
+        env = minimal_env(scratch, CUDA_VISIBLE_DEVICES="")  # not the server's PYTHONPATH
         started = time.monotonic()
         try:
             proc = subprocess.run([self.python, "-s", "-B", str(WORKER), str(job)],
