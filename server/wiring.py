@@ -165,6 +165,7 @@ def make_fleet(settings: Settings, factory: sessionmaker[Session],
     ingest = TelemetryIngest(factory, rate_per_s=settings.telemetry_rate_per_second,
                              burst=settings.telemetry_burst,
                              max_skew_s=settings.telemetry_max_skew_seconds)
+    publisher.subscribe(lambda _published: ingest.forget())
     guard = FleetGuard(factory, publisher, webhook_url=settings.halt_webhook_url)
     dsn = libpq_dsn(settings.resolved_database_url) if settings.telemetry_group_commit else None
     grants = None if publisher.content_keys is None else KeyGrants(

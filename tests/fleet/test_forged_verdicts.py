@@ -9,9 +9,11 @@ import itertools
 import time
 from typing import Any
 
+from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 import manifests
+from server.app import create_app
 from server.db import models as db
 from server.rollouts.rules import release_salt
 from tests.fleet.conftest import Fleet
@@ -310,14 +312,35 @@ def test_resuming_an_active_rollout_is_refused(fleet: Fleet) -> None:
 
 
 def test_a_device_the_rule_offered_seconds_ago_is_counted_at_once(fleet: Fleet) -> None:
+    """The pin is published by another replica (a second app on the same database): this
+    process's cached rule is not dropped, and the report is judged against the rule read
+    afresh."""
     rollout = fleet.rollout("2.0", percentage=1, mode="shadow", shadow=SHADOW,
                             guard={"min_devices": 1, "max_fail_share": 0.5})
     (device,) = enrol(fleet, ids(1, inside=False, share_ppm=10_000, prefix="late"))
     fleet.send(device, [shadow_report("clf", "2.0", "pending", samples=10)])  # rule cached
     assert stored(fleet, rollout["id"]) == {device.device_id: "not_offered"}
+    with TestClient(create_app(fleet.settings)) as replica:
+        r = replica.post(f"/v1/rollouts/{rollout['id']}/pin",
+                         json={"device_ids": [device.device_id]}, headers=fleet.ops)
+    assert r.status_code == 200, r.text
+    time.sleep(0.6)  # past the recheck interval, well within the rule cache's 5 s
+    fleet.send(device, [shadow_report("clf", "2.0", "failed", kl=BAD_KL)])
+    assert rollout_state(fleet, rollout["id"])["state"] == "halted"
+
+
+def test_a_device_the_rule_offered_a_moment_ago_is_counted_without_waiting(fleet: Fleet
+                                                                          ) -> None:
+    """The pin is published by this process: its rule cache is dropped with the publish, so
+    the device's next report counts even inside the recheck interval (the rule was loaded
+    just before; the test above covers a change this process did not publish)."""
+    rollout = fleet.rollout("2.0", percentage=1, mode="shadow", shadow=SHADOW,
+                            guard={"min_devices": 1, "max_fail_share": 0.5})
+    (device,) = enrol(fleet, ids(1, inside=False, share_ppm=10_000, prefix="now"))
+    fleet.send(device, [shadow_report("clf", "2.0", "pending", samples=10)])  # rule cached
+    assert stored(fleet, rollout["id"]) == {device.device_id: "not_offered"}
     r = fleet.client.post(f"/v1/rollouts/{rollout['id']}/pin",
                           json={"device_ids": [device.device_id]}, headers=fleet.ops)
     assert r.status_code == 200, r.text
-    time.sleep(0.6)  # past the recheck interval, well within the rule cache's 5 s
     fleet.send(device, [shadow_report("clf", "2.0", "failed", kl=BAD_KL)])
     assert rollout_state(fleet, rollout["id"])["state"] == "halted"

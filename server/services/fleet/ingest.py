@@ -158,6 +158,13 @@ class TelemetryIngest:
         self.clock = clock
         self._releases: dict[tuple[str, str], tuple[float, list[tuple[str, int, bool]]]] = {}
 
+    def forget(self) -> None:
+        """Drop the cached report → release map and rules: called after every manifest this
+        process publishes (server/wiring.py), so a device that acts on the new manifest is
+        judged by it at once, not by a rule cached a moment before the change."""
+        self._releases.clear()
+        self.offers.forget()
+
     def ingest(self, device_id: str | None, signature: str | None, body: bytes) -> IngestResult:
         """The whole request on the calling thread: `admit`, then one transaction."""
         batch, received = self.admit(device_id, signature, body)

@@ -4,10 +4,13 @@ RULE_CACHE_SECONDS, like the report → release map) and each device's enrolled 
 attestation (cached for good: they are written once, at enrolment, and never change).
 
 A cached rule can be older than the manifest a device just received (a ramp step, a new
-pin, in this process or another replica). So a report the cached rule does not offer is
-judged again against the rule read afresh (at most once per RECHECK_SECONDS per release,
-so a device that is really not offered costs no more than that): a device is never
-refused a vote because this process had not yet seen the change that offered it."""
+pin, in this process or another replica). A publish in this process drops the cache
+(`TelemetryIngest.forget`, subscribed to the publisher). For a change published elsewhere, a
+report the cached rule does not offer is judged again against the rule read afresh (at most
+once per RECHECK_SECONDS per release, so a device that is really not offered costs no more
+than that): a device is not refused a vote because this process had not yet seen the change
+that offered it, except in the RECHECK_SECONDS after a load when another process published
+the change."""
 
 from __future__ import annotations
 
