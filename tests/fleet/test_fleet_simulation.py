@@ -88,7 +88,12 @@ class Device:
         finally:
             runtime.close()
         self.reporter.collect()
-        self.reporter.flush()
+        sent = self.reporter.flush()
+        # Every report must reach the server in its own cycle: the health counts below read
+        # them. A refusal or a retry here is a server answer to explain, not to wait out.
+        backoff = self.data_dir / "telemetry" / "backoff.json"
+        assert (sent.status, sent.pending) == ("ok", 0), (
+            self.profile.device_id, sent, backoff.read_text() if backoff.exists() else None)
 
     def active(self) -> str | None:
         runtime = ModelRuntime(self.data_dir)
@@ -178,6 +183,31 @@ def make_devices(server: Server, root: bytes, enroll: str, base: Path) -> list[D
     return devices
 
 
+def not_active(server: Server, release_id: int, devices: list[Device]) -> dict[str, Any]:
+    """What the server stored for each device it does not count active on the release:
+    the standing row and every report, to tell a lost report from a misjudged one."""
+    from sqlalchemy import select
+
+    from server.db import models as db
+
+    out: dict[str, Any] = {}
+    with server.app.state.session_factory() as s:
+        for d in devices:
+            dev = d.profile.device_id
+            row = s.get(db.DeviceRelease, (dev, release_id))
+            if row is not None and row.event == "activated":
+                continue
+            events = s.execute(select(
+                db.TelemetryEvent.kind, db.TelemetryEvent.standing, db.TelemetryEvent.payload,
+                db.TelemetryEvent.received_at).where(
+                db.TelemetryEvent.device_id == dev, db.TelemetryEvent.release_id == release_id)
+                .order_by(db.TelemetryEvent.id)).all()
+            out[dev] = {"row": None if row is None else (row.event, row.event_at, row.verdict),
+                        "reports": [(k, st, p.get("event"), p.get("at"), str(at))
+                                    for k, st, p, at in events]}
+    return out
+
+
 @dataclass
 class Figures:
     """What a run measured (docs/benchmarks.md "Fleet simulation")."""
@@ -261,7 +291,7 @@ def run_fleet(server: Server, ops: str, enroll: str, base: Path,
     assert {d.active() for d in devices} == {"2.0.0"}
     health = api("GET", f"/v1/rollouts/{good['id']}")["health"]
     assert health["devices"]["failed"] == 0 and health["devices"]["rolled_back"] == 0
-    assert health["devices"]["active"] == DEVICES
+    assert health["devices"]["active"] == DEVICES, not_active(server, good["id"], devices)
     log(f"2.0.0 ramped to 100%: all {DEVICES} devices active on it (health: "
         f"{health['devices']})")
 
