@@ -24,6 +24,7 @@ from server.blobstore import BlobStore, BlobStoreError
 from server.db import audit
 from server.db import models as db
 from server.publish.bucket import sync_served
+from server.publish.errors import KeyStoreError
 from server.publish.publisher import (
     MANIFEST_MAX_BYTES,
     Audited,
@@ -152,6 +153,11 @@ async def resign_loop(factory: sessionmaker[Session], pub: Publisher) -> None:
     while True:
         try:
             await asyncio.to_thread(resign_due, factory, pub)
+        except KeyStoreError as e:
+            # A setup error whose message says the fix: one line, not a traceback per
+            # interval (formatting one also runs ast.parse, which CPython 3.11.7 does not
+            # make safe against another thread's ast.parse, such as an import under pytest).
+            log.error("re-signing failed: %s; retrying in %.0f s", e, interval)
         except Exception:  # keep trying: an outage must not end re-signing for good
             log.exception("re-signing failed; retrying in %.0f s", interval)
         try:

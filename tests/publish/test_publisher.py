@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 
 import pytest
@@ -174,6 +175,25 @@ def test_without_a_release_key_nothing_is_created_and_the_error_says_how_to_fix_
         channels.create_channel(factory, pub, "prod", actor=ACTOR)
     with factory() as s:
         assert s.scalars(select(db.Channel)).all() == []
+
+
+def test_background_loop_without_a_release_key_logs_the_fix_in_one_line(factory, pub,
+                                                                       key_paths, caplog):
+    channels.create_channel(factory, pub, "prod", actor=ACTOR)
+    key_paths.release_key_path.unlink()
+
+    async def one_round():
+        task = asyncio.create_task(resign_loop(factory, pub))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    with caplog.at_level(logging.ERROR, logger="modelfleet.publish.resign"):
+        asyncio.run(one_round())
+    failed = [r for r in caplog.records if "re-signing failed" in r.getMessage()]
+    assert len(failed) == 1 and "keys init" in failed[0].getMessage()
+    assert failed[0].exc_info is None  # the message is the fix; no traceback per interval
 
 
 def test_ramping_only_adds_devices_and_the_rest_stay_on_the_fallback(factory, pub, blob_store,

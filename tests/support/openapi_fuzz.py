@@ -15,6 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 import schemathesis
+
+# schemathesis imports its OpenAPI loader lazily, inside `from_asgi`, when the app's threads
+# are already running; under pytest that import is an assertion rewrite (ast.parse), which
+# CPython 3.11.7 does not keep safe from another thread's ast.parse (a logged traceback
+# formats its carets with one) — "SystemError: AST constructor recursion depth mismatch".
+# Importing it here, at collection, keeps it out of that window.
+import schemathesis.specs.openapi.schemas
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
