@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from server import auth
 from server.auth import Principal
 from server.blobstore import BlobStore
+from server.db.session import close_request_session
 from server.jobs.interface import JobQueue
 from server.publish.manifest_cache import ManifestCache
 from server.publish.publisher import Publisher
@@ -48,7 +49,7 @@ def get_session(services: ServicesDep) -> Iterator[Session]:
     try:
         yield session
     finally:
-        session.close()
+        close_request_session(session)
 
 
 async def get_blob_store(services: ServicesDep) -> BlobStore:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -9,6 +10,10 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+from server.db.outage import DATABASE_ERRORS, classify
+
+log = logging.getLogger("modelfleet.db")
 
 # Seconds libpq waits for PostgreSQL to answer a new connection. Its own default is forever:
 # a database host that drops packets would hang every request and /readyz instead of failing.
@@ -41,6 +46,25 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.close()
+
+
+def close_request_session(session: Session) -> None:
+    """Close a request's session once its route is done, rolling back what it left open.
+
+    The route's work is over by then and its response may already be on the wire, so a
+    connection that died after the route's last statement (PostgreSQL restarted just then)
+    is not an error to raise: the server ended that transaction with the connection, so
+    nothing is left to undo. Raising would break the ASGI exchange after its response
+    started. The dead connection is dropped instead (the next checkout makes a new one);
+    any other error is raised as before."""
+    try:
+        session.close()
+    except DATABASE_ERRORS as error:
+        if classify(error) is None:
+            raise
+        log.warning("the request's database connection was lost after its last statement "
+                    "(%s); dropped it", str(error).splitlines()[0][:200])
+        session.invalidate()
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
