@@ -49,7 +49,7 @@ def classify(error: BaseException) -> ServiceError | None:
     if isinstance(orig, psycopg.Error):
         state = orig.sqlstate
         if state in _PG_FULL_STATES:
-            return _full(f"PostgreSQL: {_first_line(orig)}")
+            return _full(f"PostgreSQL: {first_line(orig)}")
         down = state is not None and (state.startswith(_PG_DOWN_CLASSES)
                                       or state in _PG_DOWN_STATES)
         # No SQLSTATE on a connection error: a client-side failure (refused, reset, closed
@@ -57,15 +57,15 @@ def classify(error: BaseException) -> ServiceError | None:
         lost = state is None and isinstance(orig, (psycopg.OperationalError,
                                                    psycopg.InterfaceError))
         if invalidated or down or lost:
-            return _down(f"PostgreSQL: {_first_line(orig)}")
+            return _down(f"PostgreSQL: {first_line(orig)}")
         return None
     if isinstance(orig, sqlite3.Error):
         code = getattr(orig, "sqlite_errorcode", None)
         primary = code & 0xFF if isinstance(code, int) else None
         if primary == _SQLITE_FULL:
-            return _full(f"SQLite: {_first_line(orig)}")
+            return _full(f"SQLite: {first_line(orig)}")
         if primary in _SQLITE_DOWN_CODES or invalidated:
-            return _down(f"SQLite: {_first_line(orig)}")
+            return _down(f"SQLite: {first_line(orig)}")
     return None
 
 
@@ -95,6 +95,7 @@ def _full(reason: str) -> DatabaseFullError:
         retry_after=RETRY_AFTER_SECONDS * 12)
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """The driver's own reason, one line and bounded, for messages and logs."""
     text = str(error).strip().splitlines()
     return text[0][:200] if text else error.__class__.__name__

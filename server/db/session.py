@@ -11,7 +11,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db.outage import DATABASE_ERRORS, classify
+from server.db.outage import DATABASE_ERRORS, classify, first_line
 
 log = logging.getLogger("modelfleet.db")
 
@@ -62,8 +62,10 @@ def close_request_session(session: Session) -> None:
     except DATABASE_ERRORS as error:
         if classify(error) is None:
             raise
+        # Not `classify(error).message`: that says "nothing was changed", but the route may
+        # have committed before its connection died.
         log.warning("the request's database connection was lost after its last statement "
-                    "(%s); dropped it", str(error).splitlines()[0][:200])
+                    "(%s); dropped it", first_line(error))
         session.invalidate()
 
 
