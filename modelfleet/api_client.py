@@ -116,8 +116,8 @@ class ApiClient:
 
     def upload_version(self, model: str, files: Mapping[str, Path], metadata: dict[str, Any],
                        on_progress: Callable[[int], None] | None = None) -> Any:
-        """POST a version: `files` maps form part (model, reference, calibration) to a path;
-        `on_progress(n)` is told of every n bytes sent."""
+        """POST a version: `files` maps form part (model, model_data, reference,
+        calibration) to a path; `on_progress(n)` is told of every n bytes sent."""
         report = on_progress or (lambda _n: None)
         opened = {part: _CountingFile(path, report) for part, path in files.items()}
         try:

@@ -159,6 +159,9 @@ def register(app: typer.Typer) -> None:
             metavar="X.npz", help="reference inputs for the numeric gate")] = None,
         calibration: Annotated[Path | None, typer.Option(
             metavar="X.npz", help="calibration inputs for quantizing compilers")] = None,
+        model_data: Annotated[Path | None, typer.Option(
+            "--model-data", metavar="FILE", help="the ONNX model's external-data file "
+            "(e.g. model.onnx.data), when its weights are kept beside the .onnx")] = None,
         notes: Annotated[str, typer.Option(metavar="TEXT")] = "",
         wait: Annotated[bool, switch("--wait", help="follow the builds until ready or "
                                      "failed; exit 1 if failed")] = False,
@@ -169,9 +172,10 @@ def register(app: typer.Typer) -> None:
         """Upload a model version (scope publish) and queue its builds."""
         with api(server, token, as_json) as (client, out):
             files = {"model": _file(file, "FILE")}
-            for part, path in (("reference", reference), ("calibration", calibration)):
+            for part, path in (("reference", reference), ("calibration", calibration),
+                               ("model_data", model_data)):
                 if path is not None:
-                    files[part] = _file(path, f"--{part}")
+                    files[part] = _file(path, "--" + part.replace("_", "-"))
             metadata: dict[str, Any] = {"version": version,
                                         "platforms": parse_platforms(platform),
                                         "inputs": [parse_input(s) for s in inputs]}

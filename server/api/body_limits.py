@@ -123,7 +123,8 @@ def _exact_rules(rules: list[RouteRule]) -> dict[tuple[str, str], RouteRule]:
 
 
 def upload_cap(settings: Settings) -> int:
-    """The whole multipart request: the model, both optional .npz files and the metadata."""
+    """The whole multipart request: the model (an ONNX model's external-data file counts
+    within the model cap), both optional .npz files and the metadata."""
     return (settings.max_model_bytes + 2 * settings.max_npz_bytes
             + settings.max_metadata_bytes + MULTIPART_OVERHEAD_BYTES)
 

@@ -146,12 +146,16 @@ def upload_version(
     = None,
     reference: Annotated[UploadFile | None, File(description="Reference inputs (.npz)")]
     = None,
+    model_data: Annotated[UploadFile | None, File(
+        description="The ONNX model's external-data file (e.g. model.onnx.data), when its "
+        "weights are kept beside the .onnx; stored inlined into one file")] = None,
 ) -> VersionPublic:
     """Uploads a model version (scope `publish`) and queues its compile jobs: one build per
     platform × shape variant. The same files and metadata again return the existing version
     with 200; anything different under an existing version number is a 409."""
     files = [UploadedFile(field="model", file=model.file, filename=model.filename or "")]
-    for field, upload in (("calibration", calibration), ("reference", reference)):
+    for field, upload in (("calibration", calibration), ("reference", reference),
+                          ("model_data", model_data)):
         if upload is not None:
             files.append(UploadedFile(field=field, file=upload.file,
                                       filename=upload.filename or ""))

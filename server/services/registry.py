@@ -42,6 +42,7 @@ from server.services.graph_inputs import (
     undeclared_inputs_error,
 )
 from server.services.npzcheck import check_npz_arrays
+from server.services.onnx_external import MODEL_DATA_FIELD, inline_external_data
 from server.services.sourcefiles import (
     check_onnx_self_contained,
     detect_model_format,
@@ -68,7 +69,7 @@ MODEL_NAME_FIX = (
 class UploadedFile:
     """One file field of the multipart request, already spooled to a seekable file."""
 
-    field: str  # model | calibration | reference
+    field: str  # model | model_data | calibration | reference
     file: BinaryIO
     filename: str
 
@@ -203,7 +204,15 @@ def upload_version(
 ) -> tuple[ModelVersion, bool]:
     """(version, created). Identical re-upload → (existing, False); a different file or
     metadata under an existing version → ConflictError. Raises InvalidInputError,
-    UnsupportedFileError, PayloadTooLargeError, NotFoundError; blob store errors pass up."""
+    UnsupportedFileError, PayloadTooLargeError, NotFoundError; blob store errors pass up.
+    An ONNX model's external-data file (`model_data`) is inlined first: the version's
+    source is the single-file model."""
+    if any(f.field == MODEL_DATA_FIELD for f in files):
+        with tempfile.TemporaryFile() as merged:
+            return upload_version(
+                session, store, queue, actor, model_name=model_name,
+                metadata_raw=metadata_raw, files=_with_data_inlined(files, merged, limits),
+                limits=limits, content_keys=content_keys)
     model = get_model(session, model_name)
     by_field = {f.field: f for f in files}
     meta = _metadata(metadata_raw, by_field.get(UploadKind.model.value), limits)
@@ -294,6 +303,33 @@ def upload_version(
     crashpoints.reached("upload.committed")
     _enqueue(queue, version.id)
     return get_version(session, model_name, meta.version), True
+
+
+def _with_data_inlined(files: list[UploadedFile], out: BinaryIO,
+                       limits: Limits) -> list[UploadedFile]:
+    """`files` with the ONNX `model` and its `model_data` replaced by one self-contained
+    model written to `out`. The two together stay within the model cap."""
+    by_field = {f.field: f for f in files}
+    model = by_field.get(UploadKind.model.value)
+    if model is None:
+        raise InvalidInputError("file field 'model' is missing", field="model",
+                                fix="attach the model file as multipart field 'model'")
+    graph_bytes = digest_file(model.file, field="model", max_bytes=limits.max_model_bytes).length
+    data = by_field[MODEL_DATA_FIELD]
+    digest_file(data.file, field=MODEL_DATA_FIELD,
+                max_bytes=max(limits.max_model_bytes - graph_bytes, 0))
+    if detect_model_format(model.file) != "onnx":
+        raise InvalidInputError(
+            f"file field {MODEL_DATA_FIELD!r} is an ONNX model's external-data file, but "
+            "'model' is not an ONNX model", field=MODEL_DATA_FIELD,
+            fix="upload a .pt2 or TorchScript file alone")
+    parsed = read_onnx(model.file)
+    inline_external_data(parsed, data.file, max_bytes=limits.max_model_bytes)
+    out.write(parsed.SerializeToString())
+    del parsed
+    out.seek(0)
+    inlined = UploadedFile(field=UploadKind.model.value, file=out, filename=model.filename)
+    return [inlined if f is model else f for f in files if f is not data]
 
 
 def _idempotent(existing: ModelVersion, wanted: dict[str, Any], model_name: str,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import zipfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -101,9 +102,10 @@ def read_onnx(f: BinaryIO) -> onnx.ModelProto:
 def check_onnx_self_contained(model: onnx.ModelProto) -> None:
     """Refuses an ONNX model that points at external data anywhere a tensor can appear: graph
     initializers, sparse initializers, `Constant` and other node attributes (t, tensors,
-    sparse_tensor(s)), subgraphs (If/Loop/Scan bodies), functions and training graphs. Only
-    the .onnx is uploaded, and a `location` such as ../../etc/hostname would make a loader
-    read a file of the compile machine into the model."""
+    sparse_tensor(s)), subgraphs (If/Loop/Scan bodies), functions and training graphs. The
+    stored model is one file (external data uploaded beside it is inlined first,
+    `onnx_external`), and a `location` such as ../../etc/hostname would make a loader read a
+    file of the compile machine into the model."""
     where = _external_tensor(model)
     if where:
         raise UnsupportedFileError(
@@ -111,22 +113,28 @@ def check_onnx_self_contained(model: onnx.ModelProto) -> None:
             f"external-data file (in {where}); only the .onnx is uploaded, and external data "
             "is refused wherever a tensor can appear",
             field="model",
-            fix="export a single file: torch.onnx.export(..., external_data=False), or "
+            fix="attach the external-data file as multipart field 'model_data' "
+            "(modelfleet publish --model-data FILE), or export a single file: "
+            "torch.onnx.export(..., external_data=False), or "
             "onnx.save(model, path, save_as_external_data=False)",
         )
 
 
-def _external(tensor: onnx.TensorProto) -> bool:
+def is_external(tensor: onnx.TensorProto) -> bool:
     return (tensor.data_location == onnx.TensorProto.EXTERNAL
             or len(tensor.external_data) > 0)
 
 
-def _sparse_external(sparse: onnx.SparseTensorProto) -> bool:
-    return _external(sparse.values) or _external(sparse.indices)
-
-
 def _external_tensor(model: onnx.ModelProto) -> str:
     """Where ("graph > node > attribute > tensor") the first external-data tensor is; ""."""
+    return next((where for where, t in onnx_tensors(model) if is_external(t)), "")
+
+
+def onnx_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """Every tensor of `model` with where it is ("graph > node > attribute > tensor"):
+    graph initializers, sparse initializers (values and indices), node attributes (t,
+    tensors, sparse_tensor(s)), subgraphs (If/Loop/Scan bodies), functions and training
+    graphs. onnx's own walker skips sparse tensors and training graphs."""
     graphs: list[tuple[str, onnx.GraphProto]] = [("graph", model.graph)]
     for training in model.training_info:
         graphs += [("training > graph", training.initialization),
@@ -136,22 +144,27 @@ def _external_tensor(model: onnx.ModelProto) -> str:
     while graphs or nodes:
         if graphs:
             where, graph = graphs.pop()
-            if any(_external(t) for t in graph.initializer):
-                return f"{where} > tensor"
-            if any(_sparse_external(t) for t in graph.sparse_initializer):
-                return f"{where} > sparse > tensor"
+            yield from ((f"{where} > tensor", t) for t in graph.initializer)
+            yield from _sparse(f"{where} > sparse > tensor", graph.sparse_initializer)
             nodes += [(f"{where} > node", n) for n in graph.node]
             continue
         where, node = nodes.pop()
         for attribute in node.attribute:
             at = f"{where} > attribute"
-            if _external(attribute.t) or any(_external(t) for t in attribute.tensors):
-                return f"{at} > tensor"
-            if _sparse_external(attribute.sparse_tensor) or any(
-                    _sparse_external(t) for t in attribute.sparse_tensors):
-                return f"{at} > sparse > tensor"
+            if attribute.HasField("t"):
+                yield f"{at} > tensor", attribute.t
+            yield from ((f"{at} > tensor", t) for t in attribute.tensors)
+            if attribute.HasField("sparse_tensor"):
+                yield from _sparse(f"{at} > sparse > tensor", [attribute.sparse_tensor])
+            yield from _sparse(f"{at} > sparse > tensor", attribute.sparse_tensors)
             graphs += [(f"{at} > graph", g) for g in (attribute.g, *attribute.graphs)]
-    return ""
+
+
+def _sparse(where: str, sparse: Iterable[onnx.SparseTensorProto],
+            ) -> Iterator[tuple[str, onnx.TensorProto]]:
+    for s in sparse:
+        yield where, s.values
+        yield where, s.indices
 
 
 MAX_NAME_BYTES = 4096

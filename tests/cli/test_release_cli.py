@@ -299,3 +299,23 @@ def test_root_probe_404_stays_out_of_the_access_log(served) -> None:
     log = served.log.read_text()
     assert "GET /v1/models?limit=7" in log  # the access log is on…
     assert "/v1/root/99.json" not in log  # …and the normal "no newer root" answer not in it
+
+
+def test_publish_with_model_data_uploads_an_onnx_whose_weights_are_kept_beside_it(
+        mf: Run, tmp_path: Path) -> None:
+    import onnx
+
+    model = onnx.load(str(write_scale_model(tmp_path / "single.onnx", scale=3.0)))
+    onnx.save_model(model, str(tmp_path / "model.onnx"), save_as_external_data=True,
+                    location="model.onnx.data", size_threshold=0)
+    assert mf("models", "create", "split", "--task", "other").returncode == 0
+    alone = publish(mf, "split", "1.0.0", tmp_path / "model.onnx")
+    assert alone.returncode == 3 and "--model-data" in one_line_error(alone), alone.stderr
+
+    published = publish(mf, "split", "1.0.0", tmp_path / "model.onnx", "--model-data",
+                        str(tmp_path / "model.onnx.data"), "--wait", "--json")
+    assert published.returncode == 0, published.stderr
+    assert doc(published)["state"] == "ready"
+    missing = publish(mf, "split", "1.0.1", tmp_path / "model.onnx", "--model-data",
+                      str(tmp_path / "nope.data"))
+    assert missing.returncode == 2 and "--model-data" in one_line_error(missing)
