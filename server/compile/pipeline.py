@@ -27,6 +27,7 @@ from server.compile import (
     fp32_default,
     precision_islands,
     precision_search,
+    quantized_upload,
     target_precision,
 )
 from server.compile.cohorts import WatermarkSpec, build_cohorts
@@ -187,7 +188,9 @@ class Pipeline:
                 inputs=tuple(i for i in inputs if i.value is None),
                 shape_variant=variant, settings=spec.settings,
                 calibration_path=spec.calibration_path, onnx_path=onnx_path,
-                reference_path=spec.reference_path or spec.calibration_path)
+                reference_path=spec.reference_path or spec.calibration_path,
+                quantized_upload=spec.source_path if dequantized is not None else None,
+                bound_inputs=tuple(i.name for i in inputs if i.value is not None))
             outcomes.extend(self._build_platform(platform, request, vdir / platform,
                                                  _Reference(feeds, reference, ref_reason),
                                                  budget, spec.watermark))
@@ -250,9 +253,47 @@ class Pipeline:
             if not support.passed:
                 return [_failed(platform, variant, f"{support.summary()}. {support.advice}",
                                 gates)]
+        if platform == "onnx" and request.quantized_upload is not None:
+            return self._quantized_upload(request, pdir, gates, ref, watermark)
         if settings_for(request, platform).get("precision") == "auto":
             return self._search(platform, request, pdir, gates, ref, budget, watermark)
         return self._as_set(platform, request, pdir, gates, ref, watermark)
+
+    def _quantized_upload(self, request: CompileRequest, pdir: Path, gates: dict[str, Any],
+                          ref: _Reference, watermark: WatermarkSpec | None
+                          ) -> list[BuildOutcome]:
+        """The onnx platform's build of a quantized upload: the upload's own int8 graph when
+        it ships as it is and passes its gates, else the FP32 rewrite with a note saying why
+        (quantized_upload.py)."""
+        tag = f"[{request.shape_variant}/onnx]"
+        try:
+            why = quantized_upload.why_not(request, watermark is not None)
+        except CompileError as e:
+            return [_failed("onnx", request.shape_variant, str(e), gates)]
+        if not why:
+            started = time.monotonic()
+            try:
+                art = quantized_upload.compile_kept(request, pdir / "int8")
+            except CompileError as e:
+                why = str(e)
+            else:
+                art.target = replace(art.target, shape_variant=request.shape_variant)
+                gate = check_onnx(art.path, "onnx", deny_list("onnx", "onnx", request.settings))
+                self._log(f"{tag} the upload's int8 graph: {gate.summary()}")
+                why = "" if gate.passed else f"the int8 graph: {gate.summary()}"
+            if not why:
+                kept = self._check_and_pack(
+                    self._factories["onnx"](), art,
+                    {**gates, "operators": [*gates["operators"], gate.to_dict()]}, ref,
+                    request, pdir / "int8", time.monotonic() - started)
+                if kept.state == "ready":
+                    return [kept]
+                why = f"the int8 graph failed its gates: {kept.error}"
+        self._log(f"{tag} shipping the FP32 rewrite: {why}")
+        outcomes = self._as_set("onnx", request, pdir, gates, ref, watermark)
+        for o in outcomes:
+            o.notes.append(f"the FP32 rewrite ships, not the upload's int8 graph: {why}")
+        return outcomes
 
     def _as_set(self, platform: str, request: CompileRequest, pdir: Path,
                 gates: dict[str, Any], ref: _Reference, watermark: WatermarkSpec | None

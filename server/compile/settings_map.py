@@ -13,6 +13,7 @@ Recognised keys, per platform block:
   server/jobs/search_budget.py; a Pipeline run alone spends it on its one build);
   `deny_ops` / `allow_ops`
   (comma-separated operator names added to / removed from the operator gate's list).
+- onnx: `quantized` (keep | fp32: what a quantized upload ships, quantized_upload.py).
 - coreml: `precision` (fp16 | fp32 | auto), `minimum_deployment_target`, `weight_compression`,
   `keep_ops`; with auto: `mixed`, `mixed_max_layers`, `search_candidates`.
 - qnn: `precision` (int8 | w8a8 | w8a16 | w4a16 | w8a8-pt | w8a16-pt | fp16 | auto),

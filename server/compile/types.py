@@ -90,6 +90,11 @@ class CompileRequest:
     onnx_path: Path | None = None
     # Real inputs (.npz like calibration) a compiler may use to check an intermediate step.
     reference_path: Path | None = None
+    # A quantized ONNX upload as uploaded (`source_path` is then its FP32 rewrite): the onnx
+    # platform ships it (quantized_upload.py).
+    quantized_upload: Path | None = None
+    # Inputs declared with a constant `value` (left out of `inputs`: the rewrite binds them).
+    bound_inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

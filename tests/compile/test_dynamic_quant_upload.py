@@ -294,5 +294,7 @@ def test_a_dynamically_quantized_upload_builds_on_every_platform_and_reports_the
         # The upload's own 8-bit activation rounding, measured against its FP32 rewrite.
         assert 0.99 < row["cosine"] < 1.0 and 15 < row["snr_db"] < 80
         assert o.notes[0].startswith("dynamically quantized upload (1 ConvInteger")
+    # The CPU artifact is the upload's own int8 graph (tests/compile/test_quantized_upload.py).
+    assert (out["onnx"].precision, out["onnx"].variant) == ("int8", "int8")
     shipped = onnx.load(str(out["onnx"].artifact.path))  # type: ignore[union-attr]
-    assert not quantized_nodes(shipped)
+    assert quantized_nodes(shipped)

@@ -23,6 +23,7 @@ layer is named. The report is capped at `MAX_LAYERS` tensors (the first ones in 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,12 @@ def layer_diff(source: Path, candidate: layers.Candidate, where: str, chunk: int
     src = onnx.load(str(source))
     order = layers.graph_order(src, {n for n in layers.available_tensors(src)
                                      if n in candidate.names})
+    if isinstance(candidate.names, Mapping) and not candidate.tapped:
+        # Same name, same operator: a quantized upload's int8 graph keeps names its FP32
+        # rewrite computes otherwise (a ConvInteger sum's Cast is the rewrite's Conv). A
+        # tapped QDQ graph reads its tensors through DequantizeLinear by design.
+        made = candidate.names
+        order = [t for t in order if made.get(t[0], t[2]) in (t[2], "")]
     t = thresholds(precision)
     sizes = layers.tensor_bytes(src) if candidate.max_bytes is not None else None
     opener = candidate.reference_opener()

