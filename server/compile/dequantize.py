@@ -32,7 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from server.compile.dequantize_static import STATIC_QUANTIZATION_OPS, StaticRewrite, Unsupported
+from server.compile.dequantize_static import (
+    STATIC_QUANTIZATION_OPS,
+    StaticRewrite,
+    Unsupported,
+    dequantized,
+)
 from server.compile.errors import InvalidSourceError
 
 # What quantize_dynamic writes (and onnxruntime's fusions of it, in saved optimized graphs).
@@ -161,19 +166,18 @@ class _Rewrite:
         if name not in self.consts:
             raise _Unsupported(f"{node.op_type} {_name(node)!r} reads integer tensor {name!r}, "
                                "which is neither a DynamicQuantizeLinear output nor a constant")
-        w = self.consts[name].astype(np.float32)
-        if zero_point:
-            z = self._zero_point(node, zero_point, w)
-            w = w - z
-        return self._const(f"{name}__dequantized", w.astype(np.float32))
+        return self._const(f"{name}__dequantized",
+                           self._dequantized(node, name, zero_point or "", scale=""))
 
-    def _zero_point(self, node: Any, name: str, w: np.ndarray) -> np.ndarray:
-        if name not in self.consts:
+    def _dequantized(self, node: Any, name: str, zero_point: str, scale: str) -> np.ndarray:
+        """A constant integer weight, `(w − zero_point) · scale` (no scale: 1); per channel
+        along a Conv weight's output channels, a MatMul weight's columns."""
+        if zero_point and zero_point not in self.consts:
             raise _Unsupported(f"{node.op_type} {_name(node)!r} has a computed weight zero point")
-        z = self.consts[name].astype(np.float32)
-        if node.op_type == "ConvInteger" and z.ndim == 1 and z.size > 1:
-            z = z.reshape((-1,) + (1,) * (w.ndim - 1))  # per output channel
-        return z
+        return dequantized(self.consts[name], self.consts[scale] if scale else None,
+                           self.consts[zero_point] if zero_point else None,
+                           axis=0 if node.op_type == "ConvInteger" else -1,
+                           what=f"{node.op_type} {_name(node)!r}")
 
     def _operand(self, node: Any, name: str, zero_point: str | None) -> str:
         return name if name in self.dql_outputs else self._weight(node, name, zero_point)
@@ -220,11 +224,8 @@ class _Rewrite:
         """A constant integer weight dequantized: (w - zero_point) · scale."""
         if name not in self.consts or (scale and scale not in self.consts):
             raise _Unsupported(f"{node.op_type} {_name(node)!r} has a computed weight or scale")
-        w = self.consts[name].astype(np.float32)
-        if zero_point:
-            w = w - self._zero_point(node, zero_point, w)
-        return self._const(f"{name}__dequantized", (w * self.consts[scale].astype(
-            np.float32)).astype(np.float32))
+        return self._const(f"{name}__dequantized",
+                           self._dequantized(node, name, zero_point, scale))
 
     def _matmul_bias(self, node: Any, a: str, b: str, bias: str, helper: Any,
                      out: str | None = None) -> list[Any]:
@@ -240,14 +241,16 @@ class _Rewrite:
         def weight(w: str, scale: str, zp: str) -> str:
             if any(n and n not in self.consts for n in (w, scale, zp)):
                 raise _Unsupported(f"DynamicQuantizeLSTM {_name(node)!r} has computed weights")
-            q = self.consts[w].astype(np.float32)
-            s = self.consts[scale].astype(np.float32)
-            z = self.consts[zp].astype(np.float32) if zp else np.zeros_like(s)
-            # per direction ([dirs]) or per direction and gate column ([dirs, 4·hidden])
-            s, z = (s[:, None, None], z[:, None, None]) if s.ndim == 1 else (
-                s[:, None, :], z[:, None, :])
+            q, s = self.consts[w], self.consts[scale]
+            z = self.consts[zp] if zp else None
+            what = f"DynamicQuantizeLSTM {_name(node)!r}"
+            if s.ndim <= 1:  # per direction ([dirs])
+                value = dequantized(q, s, z, axis=0, what=what)
+            else:  # per direction and gate column ([dirs, 4·hidden]): one block per column
+                value = dequantized(q, s[:, None, :], None if z is None else z[:, None, :],
+                                    axis=1, block_size=q.shape[1], what=what)
             return self._const(f"{w}__dequantized",
-                               np.ascontiguousarray(((q - z) * s).transpose(0, 2, 1)))
+                               np.ascontiguousarray(value.transpose(0, 2, 1)))
 
         w = weight(ins[1], ins[8], ins[9])
         r = weight(ins[2], ins[10], ins[11])

@@ -61,6 +61,27 @@ def dequantized_constant(node: Any, consts: dict[str, np.ndarray]) -> np.ndarray
     return np.asarray(out[0] if isinstance(out, (tuple, list)) else out, np.float32)
 
 
+def dequantized(q: np.ndarray, scale: np.ndarray | None, zero: np.ndarray | None, *,
+                axis: int = -1, block_size: int = 0, what: str = "") -> np.ndarray:
+    """`(q − zero) · scale` in float32 by onnx's reference DequantizeLinear (one reading of
+    the spec for every rule): per tensor (one scale), per channel along `axis` (1-D), or per
+    block of `block_size` along `axis`. `scale` None is 1: the dynamic rewrite leaves the
+    scale to the Mul after the integer sum. A zero point whose type is not the weight's, or
+    a scale that does not fit the weight, is refused by name (`what`)."""
+    from onnx.reference.ops.op_dequantize_linear import DequantizeLinear_21
+
+    s = np.ones(np.shape(zero) if zero is not None else (), np.float32) if scale is None \
+        else np.asarray(scale, np.float32)
+    args: list[Any] = [q, s] if zero is None else [q, s, np.asarray(zero)]
+    try:
+        out = DequantizeLinear_21.eval(*args, axis=axis % max(q.ndim, 1),
+                                       block_size=block_size)
+    except (ValueError, IndexError, AssertionError) as e:
+        raise Unsupported(f"{what}: its weight, scale and zero point do not fit one "
+                          f"another ({e})") from None
+    return np.asarray(out[0] if isinstance(out, (tuple, list)) else out, np.float32)
+
+
 class StaticRewrite:
     """One pass over the nodes; `floats` names the tensors that now hold the float value of
     a quantized activation (shared with the dynamic rewrite's stand-ins)."""
@@ -143,14 +164,11 @@ class StaticRewrite:
         if any(n and n not in self.consts for n in (name, scale, zero)):
             raise Unsupported(f"{node.op_type} {self._name(node)!r} has a computed weight, "
                               "scale or zero point")
-        q = self.consts[name].astype(np.float32)
-        s = self.consts[scale].astype(np.float32)
-        z = self.consts[zero].astype(np.float32) if zero else np.zeros_like(s)
-        if s.size > 1:  # per channel along `axis`
-            shape = [1] * q.ndim
-            shape[axis if axis is not None and axis >= 0 else q.ndim + (axis or -1)] = -1
-            s, z = s.reshape(shape), z.reshape(shape)
-        return self._const(f"{name}__dequantized", ((q - z) * s).astype(np.float32))
+        value = dequantized(self.consts[name], self.consts[scale],
+                            self.consts[zero] if zero else None,
+                            axis=-1 if axis is None else axis,
+                            what=f"{node.op_type} {self._name(node)!r}")
+        return self._const(f"{name}__dequantized", value)
 
     def _bias(self, node: Any, bias: str, x_scale: str, w_scale: str) -> str:
         if any(n not in self.consts for n in (bias, x_scale, w_scale)):

@@ -245,6 +245,28 @@ def test_an_integer_operand_from_a_graph_input_is_refused_by_name(tmp_path: Path
         dequantize(model)
 
 
+@pytest.mark.parametrize("zero,scale", [
+    (np.array(3, np.int8), np.array(0.1, np.float32)),  # int8 zero point, uint8 weight
+    (np.zeros(5, np.uint8), np.full(5, 0.1, np.float32)),  # 5 columns' worth for 3
+])
+def test_a_zero_point_or_scale_that_does_not_fit_its_weight_is_refused_by_name(
+        zero: np.ndarray, scale: np.ndarray) -> None:
+    """onnx's reference DequantizeLinear reads every weight: a zero point of another type
+    than the weight, or one per channel the weight lacks, is refused, never broadcast."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    nodes = [helper.make_node("DynamicQuantizeMatMul", ["x", "w", "ws", "wz"], ["y"],
+                              domain="com.microsoft", name="dqmm")]
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, [2, 3])], [
+        numpy_helper.from_array(np.ones((4, 3), np.uint8), "w"),
+        numpy_helper.from_array(scale, "ws"), numpy_helper.from_array(zero, "wz")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(InvalidSourceError, match="DynamicQuantizeMatMul 'dqmm': its weight, "
+                                                 "scale and zero point do not fit"):
+        dequantize(model)
+
+
 def test_specialization_alone_refuses_a_quantized_graph_naming_the_rewrite(
         tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
