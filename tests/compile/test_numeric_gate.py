@@ -98,6 +98,46 @@ def test_damaged_htp_compile_is_localized_on_the_htp_itself(convnet, tmp_path):
     assert node in error and "not from FP16 storage" in error and "higher" not in error
 
 
+class FusedKernelsCompiler(OnnxCompiler):
+    """A faithful graph whose runtime, as devices run it, computes something else: what
+    onnxruntime's fused int8 kernels do to a fragile QDQ model (smart-turn's), here a 1.3×
+    on the output that only the fused run shows."""
+
+    def run(self, artifact: CompiledArtifact, feeds: list) -> list:
+        return [[o * 1.3 for o in outs] for outs in super().run(artifact, feeds)]
+
+
+def test_a_loss_only_the_fused_run_shows_is_put_in_the_fused_kernels(convnet, tmp_path):
+    out = _build(convnet, "onnx", tmp_path, compilers={"onnx": FusedKernelsCompiler})
+    walk = out["numeric"]["layers"]["faithful"]
+    assert out["state"] == "failed" and walk["first_below"] is None, walk
+    fused = walk["fused"]
+    assert fused["loss_in_fused_kernels"] is True
+    assert fused["unfused_vs_yardstick"][0]["snr_db"] > 100  # the graph: exact to float32
+    assert fused["fused_vs_unfused"][0]["snr_db"] < 20
+    assert "the loss is in onnxruntime's fused kernels, not in the graph" in out["error"]
+    assert "appears only at the outputs" not in out["error"]
+
+
+def test_the_fused_kernels_are_not_blamed_when_the_graph_itself_departs(convnet, tmp_path):
+    """The walk compared one sample; when the artifact's unfused outputs depart from the
+    yardstick on the others, the graph is not cleared and the walk's sentence stands."""
+    from server.compile.gates.verdict import _fused_kernels
+
+    feeds = [{"image": np.ones((1, 3, 16, 16), np.float32)}]
+    (outs,) = run_onnx_cpu(convnet.onnx, feeds)
+    walked = {"basis": "source at INT8 vs the artifact", "compared": 3, "first_below": None,
+              "summary": "kept"}
+    t = numeric.thresholds_for(Precision.INT8, {})
+    _fused_kernels(walked, convnet.onnx, feeds, [[o * 1.3 for o in outs]],
+                   [[o * 2.0 for o in outs]], t)
+    assert walked["fused"]["loss_in_fused_kernels"] is False and walked["summary"] == "kept"
+    found = {**walked, "first_below": {"node": "conv"}}
+    found.pop("fused")
+    _fused_kernels(found, convnet.onnx, feeds, [[o * 1.3 for o in outs]], [outs], t)
+    assert "fused" not in found  # a layer was named: nothing to add
+
+
 def test_faithful_compile_passes_with_no_layer_walk(convnet, tmp_path):
     out = _build(convnet, "onnx", tmp_path)
     assert out["state"] == "ready" and "layers" not in out["numeric"]

@@ -8,6 +8,7 @@ models PyPI packages ship."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -96,18 +97,23 @@ def test_what_keeps_the_int8_graph_from_shipping_is_named(tmp_path: Path) -> Non
         why_not(_request(tmp_path, settings={"onnx": {"quantized": "int4"}}), False)
 
 
+def _shipped(name: str, tmp: Path) -> tuple[Path, Any]:
+    """The outside model `name` (from its PyPI package) built for onnx on its bench inputs."""
+    from bench.compile.outside import OUTSIDE, fetched
+
+    o = OUTSIDE[name]
+    np.savez(tmp / "ref.npz", **o.feeds())
+    inputs = tuple(InputSpec(n, s, dt) for n, dt, s in o.inputs)
+    spec = BuildSpec(fetched(o), SourceFormat.ONNX, {"default": inputs}, platforms=("onnx",),
+                     reference_path=tmp / "ref.npz")
+    (out,) = Pipeline().build(spec, tmp / "work")
+    return fetched(o), out
+
+
 @pytest.mark.slow
 def test_a_shipped_static_int8_model_ships_as_its_own_int8_graph(tmp_path: Path) -> None:
     """efficientword-net's int8 ResNet-50 (QDQ), from its PyPI package."""
-    from bench.compile.outside import OUTSIDE, fetched
-
-    o = OUTSIDE["effword-resnet50-qint8"]
-    upload = fetched(o)
-    np.savez(tmp_path / "ref.npz", **o.feeds())
-    inputs = tuple(InputSpec(n, s, dt) for n, dt, s in o.inputs)
-    spec = BuildSpec(upload, SourceFormat.ONNX, {"default": inputs}, platforms=("onnx",),
-                     reference_path=tmp_path / "ref.npz")
-    (out,) = Pipeline().build(spec, tmp_path / "work")
+    upload, out = _shipped("effword-resnet50-qint8", tmp_path)
     assert (out.state, out.precision) == ("ready", "int8"), out.error
     assert out.artifact.length < upload.stat().st_size * 1.01  # not the 4× FP32 rewrite
     assert quantized_nodes(onnx.load(str(out.artifact.path)))
@@ -119,14 +125,22 @@ def test_a_shipped_int8_graph_with_unresolved_inner_shapes_ships_the_fp32_rewrit
     """ddddocr's dynamically quantized OCR CRNN: onnx's shape inference cannot type its
     contrib LSTM, so the int8 graph fails the static-shape gate; the rewrite, which the
     specializer folds, ships — and the note names the gate's finding."""
-    from bench.compile.outside import OUTSIDE, fetched
-
-    o = OUTSIDE["ddddocr-ocr-int8"]
-    np.savez(tmp_path / "ref.npz", **o.feeds())
-    inputs = tuple(InputSpec(n, s, dt) for n, dt, s in o.inputs)
-    spec = BuildSpec(fetched(o), SourceFormat.ONNX, {"default": inputs}, platforms=("onnx",),
-                     reference_path=tmp_path / "ref.npz")
-    (out,) = Pipeline().build(spec, tmp_path / "work")
+    _, out = _shipped("ddddocr-ocr-int8", tmp_path)
     assert (out.state, out.precision) == ("ready", "fp32"), out.error
     (note,) = [n for n in out.notes if "not the upload's int8 graph" in n]
     assert "dynamic_shape" in note and "operator gate rejected" in note
+
+
+@pytest.mark.slow
+def test_a_shipped_int8_graph_that_onnxruntimes_fusion_changes_ships_the_fp32_rewrite(
+        tmp_path: Path) -> None:
+    """pipecat's smart-turn v3.2 (QDQ, opset 18): onnxruntime's fused int8 kernels move its
+    end-of-turn probability on the long turn from 0.189 (the graph's own Q/DQ arithmetic,
+    unfused) to 0.304. The yardstick is the graph unfused, so the int8 graph fails its gate,
+    the note puts the loss in the fused kernels rather than in the graph (whose every tensor
+    agrees), and the FP32 rewrite ships."""
+    _, out = _shipped("smart-turn-v3.2", tmp_path)
+    assert (out.state, out.precision) == ("ready", "fp32"), out.error
+    (note,) = [n for n in out.notes if "not the upload's int8 graph" in n]
+    assert "the loss is in onnxruntime's fused kernels, not in the graph" in note, note
+    assert "the upload's own int8 graph (unfused" in note

@@ -158,6 +158,9 @@ def run(path: Path, feeds: list[dict[str, Any]]) -> list[list[Any]]:
 def describe(art: CompiledArtifact) -> str:
     """What the yardstick is, for the report."""
     islands = [str(n) for n in art.extra.get("fp32_nodes") or ()]
+    if art.compile_settings.get("quantized") == "upload":
+        return ("the upload's own int8 graph (unfused: graph optimizations off, on the "
+                "onnxruntime CPU provider)")
     return {Precision.FP32: "the FP32 source",
             Precision.FP16: "the source at FP16 (every weight and tensor rounded to FP16"
                             + (f" except the FP32 precision island {', '.join(islands[:4])}"

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from server.compile.compilers.base import Compiler
 from server.compile.gates import emulate, layerdiff, layers, numeric
 from server.compile.types import CompiledArtifact, CompileRequest, Precision
@@ -90,6 +92,10 @@ def numeric_gate(compiler: Compiler, art: CompiledArtifact, request: CompileRequ
     if yard_path is not None:
         report.layers = _localize(report, compiler, art, request, yard_path, ref.feeds[0],
                                   walk_artifact)
+        faithful = report.layers.get("faithful") or {}
+        if faithful.get("basis", "").endswith("vs the artifact"):
+            _fused_kernels(faithful, art.path, ref.feeds, candidate, at_precision,
+                           numeric.thresholds_for(art.precision, request.settings))
     return report
 
 
@@ -135,6 +141,54 @@ def _walk(reference: Path, candidate: Path | layers.Candidate, feeds: dict[str, 
     except Exception as e:  # a diagnostic: its failure is reported, never fatal
         return {"basis": basis, "unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
     return {**loc.to_dict(), "summary": loc.sentence()}
+
+
+def _fused_kernels(walked: dict[str, Any], artifact: Path, feeds: list[dict[str, Any]],
+                   fused: list[list[Any]], yardstick: list[list[Any]] | None,
+                   t: numeric.Thresholds) -> None:
+    """When every tensor of an ONNX artifact agrees, the walk (which runs onnxruntime with its
+    graph optimizations off, so that no fused node hides a tensor) has not seen what the gate
+    ran: the artifact as devices run it, fused. Its outputs unfused against fused say whether
+    onnxruntime's fused kernels are where the loss is (a QDQ graph's int8 kernels round
+    otherwise than its QuantizeLinear / DequantizeLinear arithmetic), and the summary says so
+    instead of blaming the outputs."""
+    if walked.get("first_below") is not None or "compared" not in walked or not yardstick:
+        return
+    try:
+        session = layers.cpu_session(_loaded(artifact))
+        unfused = [session.run(None, f) for f in feeds]
+    except Exception as e:  # a diagnostic: its failure is reported, never fatal
+        walked["fused"] = {"unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
+        return
+    # Every sample, as the gate judged them (the walk looked at the first only).
+    def rows(a: list[list[Any]], b: list[list[Any]]) -> list[layers.LayerMetrics]:
+        return [layers.layer_metrics(_stacked(a, k), _stacked(b, k), "", "", f"output {k}")
+                for k in range(len(a[0]))]
+
+    graph, kernels = rows(yardstick, unfused), rows(unfused, fused)
+    below = [m for m in kernels if m.below(t.min_cosine, t.min_snr_db)]
+    in_kernels = bool(below) and not any(m.below(t.min_cosine, t.min_snr_db) for m in graph)
+    walked["fused"] = {"unfused_vs_yardstick": [m.to_dict() for m in graph],
+                       "fused_vs_unfused": [m.to_dict() for m in kernels],
+                       "loss_in_fused_kernels": in_kernels}
+    if in_kernels:
+        m = below[0]
+        walked["summary"] = (
+            f"{walked['basis']}: all {walked['compared']} intermediate tensors agree with "
+            "onnxruntime's graph optimizations off (as the layer walk runs both), and the "
+            f"artifact's outputs do too; run fused, as devices run it, its {m.tensor} falls to "
+            f"cosine {m.cosine:.6f}, SNR {m.snr_db:.1f} dB against the same graph unfused, so "
+            "the loss is in onnxruntime's fused kernels, not in the graph")
+
+
+def _stacked(samples: list[list[Any]], k: int) -> Any:
+    return np.concatenate([np.ravel(np.asarray(s[k], np.float64)) for s in samples])
+
+
+def _loaded(path: Path) -> Any:
+    import onnx
+
+    return onnx.load(str(path))
 
 
 def where(report: numeric.NumericGateReport, key: str) -> str:
