@@ -45,7 +45,7 @@ from server.compile.types import InputSpec
 # onnxslim passes we run: shape inference + constant folding + dead node elimination. Fusions
 # (Conv+BN, Gemm, …) and weight tying are left out: they change the operator set the uploader
 # gave, and specialization should only make shapes static.
-_SKIPPED_OPTIMIZATIONS = ["graph_fusion", "weight_tying", "subexpression_elimination"]
+SKIPPED_OPTIMIZATIONS = ["graph_fusion", "weight_tying", "subexpression_elimination"]
 
 
 @dataclass(frozen=True)
@@ -260,30 +260,57 @@ def _fix_inputs(model: Any, specs: Sequence[InputSpec]) -> dict[str, int]:
     return fixed
 
 
-def _fold_sizes(model: Any) -> None:
-    """`Size` of a tensor whose shape inference fixed at the declared shapes becomes a constant
-    (onnxslim folds `Shape` chains but leaves `Size`, so `If x.numel() == N` stayed an `If`)."""
+def _static_shapes(model: Any) -> dict[str, list[int]]:
+    """The tensors whose inferred shape (data propagation on) is static, with it."""
     import onnx
-    from onnx import helper
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:
-        return
-    known: dict[str, int] = {}
+        return {}
+    known: dict[str, list[int]] = {}
     for vi in (*inferred.graph.input, *inferred.graph.value_info):
         t = vi.type.tensor_type
         if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
-            known[vi.name] = int(np.prod([d.dim_value for d in t.shape.dim], dtype=np.int64))
+            known[vi.name] = [d.dim_value for d in t.shape.dim]
+    return known
+
+
+def _fold_sizes(model: Any) -> None:
+    """`Size` of a tensor whose shape inference fixed at the declared shapes becomes a constant
+    (onnxslim folds `Shape` chains but leaves `Size`, so `If x.numel() == N` stayed an `If`)."""
+    from onnx import helper, numpy_helper
+
+    known = _static_shapes(model)
     for i, node in enumerate(model.graph.node):
         if node.op_type == "Size" and node.domain in ("", "ai.onnx") and node.input[0] in known:
-            value = helper.make_tensor(node.output[0] + "_value", onnx.TensorProto.INT64, [],
-                                       [known[node.input[0]]])
+            value = numpy_helper.from_array(
+                np.array(np.prod(known[node.input[0]], dtype=np.int64), np.int64),
+                node.output[0] + "_value")
             model.graph.node[i].CopyFrom(helper.make_node(
                 "Constant", [], list(node.output), name=node.name or f"size{i}", value=value))
 
 
-def _forget_inferred_shapes(model: Any) -> None:
+def fold_shapes(model: Any) -> int:
+    """`Shape` (whole, no start / end) of a tensor whose shape is static becomes a constant;
+    how many. For a graph whose static shapes onnxslim cannot see (its own inference drops
+    the types given to contrib operators' outputs: `quantized_upload.static_int8`)."""
+    from onnx import helper, numpy_helper
+
+    known = _static_shapes(model)
+    folded = 0
+    for i, node in enumerate(model.graph.node):
+        if node.op_type == "Shape" and node.domain in ("", "ai.onnx") and \
+                not node.attribute and node.input[0] in known:
+            value = numpy_helper.from_array(np.array(known[node.input[0]], np.int64),
+                                            node.output[0] + "_value")
+            model.graph.node[i].CopyFrom(helper.make_node(
+                "Constant", [], list(node.output), name=node.name or f"shape{i}", value=value))
+            folded += 1
+    return folded
+
+
+def forget_inferred_shapes(model: Any) -> None:
     """Intermediate and output shapes were inferred for the dynamic graph: drop them."""
     del model.graph.value_info[:]
     for out in model.graph.output:
@@ -346,11 +373,11 @@ def specialize(model: Any, specs: Sequence[InputSpec], *, allow_ifs: bool = Fals
     specs = [s for s in specs if s.value is None]
     relaid = tuple(seq_first(work))
     fixed = _fix_inputs(work, specs)
-    _forget_inferred_shapes(work)
+    forget_inferred_shapes(work)
     _fold_sizes(work)
     try:
         with quiet():
-            slim = onnxslim.slim(work, skip_optimizations=_SKIPPED_OPTIMIZATIONS)
+            slim = onnxslim.slim(work, skip_optimizations=SKIPPED_OPTIMIZATIONS)
     except Exception as e:
         raise InvalidSourceError(
             f"shape inference / constant folding at the declared shapes failed: "

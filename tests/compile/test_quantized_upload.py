@@ -14,13 +14,14 @@ import numpy as np
 import onnx
 import pytest
 
-from server.compile import BuildSpec, InputSpec, Pipeline, SourceFormat
+from server.compile import BuildSpec, InputSpec, Pipeline, SourceFormat, quantized_upload
 from server.compile.dequantize import quantized_nodes
 from server.compile.errors import InvalidSourceError
-from server.compile.quantized_upload import why_not
+from server.compile.quantized_upload import static_int8, why_not
+from server.compile.shapes import unfixed_dims
 from server.compile.source import run_onnx_cpu
 from server.compile.types import CompileRequest
-from tests.support.quantized import quantized_conv_upload
+from tests.support.quantized import quantized_conv_upload, quantized_lstm_upload
 
 
 def _build(upload: Path, tmp: Path, settings: dict | None = None,
@@ -82,6 +83,77 @@ def test_an_int8_graph_that_fails_its_gate_falls_back_to_the_fp32_rewrite_saying
     assert "DynamicQuantizeLinear" in note
 
 
+def _lstm_build(tmp: Path) -> tuple[Path, Any]:
+    upload = quantized_lstm_upload(tmp)
+    rng = np.random.default_rng(1)
+    np.savez(tmp / "ref.npz", x=rng.standard_normal((2, 6, 1, 8)).astype(np.float32))
+    spec = BuildSpec(upload, SourceFormat.ONNX, {"default": (InputSpec("x", (6, 1, 8)),)},
+                     platforms=("onnx",), reference_path=tmp / "ref.npz")
+    (out,) = Pipeline().build(spec, tmp / "work")
+    return upload, out
+
+
+def test_an_int8_graph_whose_shapes_only_folding_resolves_ships_folded(
+        tmp_path: Path) -> None:
+    """A contrib DynamicQuantizeLSTM (no onnx schema) fed by a computed view and a state of
+    computed shape: with its input dims fixed alone, its inner dims stay unknown and the
+    FP32 rewrite shipped. Folded, with the LSTM's output shapes from the rewrite, the int8
+    graph is static and answers as the upload does."""
+    upload, out = _lstm_build(tmp_path)
+    assert (out.state, out.precision) == ("ready", "int8"), out.error
+    (note,) = [n for n in out.notes if "shape arithmetic folded" in n]
+    assert "3 contrib operator output(s) (Y, Y_h, Y_c) taken from the FP32 rewrite" in note
+    shipped = onnx.load(str(out.artifact.path))
+    assert not unfixed_dims(shipped)
+    assert {n.op_type for n in shipped.graph.node} >= {"DynamicQuantizeLSTM", "MatMulInteger"}
+    typed = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+             for vi in shipped.graph.value_info}
+    assert typed["Y"] == [6, 1, 1, 16]
+    feed = [{"x": np.random.default_rng(2).standard_normal((6, 1, 8)).astype(np.float32)}]
+    np.testing.assert_allclose(run_onnx_cpu(out.artifact.path, feed)[0][0],
+                               run_onnx_cpu(upload, feed)[0][0], atol=1e-5)
+
+
+def test_folding_is_judged_against_the_upload_not_against_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folded graph's yardstick is the upload with only its dims fixed: a folding that
+    changed what the graph computes fails the int8 gate, and the FP32 rewrite ships."""
+    from onnx import numpy_helper
+
+    def damaging(model: Any, rewrite: Path) -> tuple[Any, list[str]]:
+        folded, typed = static_int8(model, rewrite)
+        for t in folded.graph.initializer:
+            if t.name.endswith("_scale") and t.data_type == onnx.TensorProto.FLOAT:
+                t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 3, t.name))
+        return folded, typed
+
+    monkeypatch.setattr(quantized_upload, "static_int8", damaging)
+    _, out = _lstm_build(tmp_path)
+    assert (out.state, out.precision) == ("ready", "fp32"), out.error
+    (note,) = [n for n in out.notes if "not the upload's int8 graph" in n]
+    assert "numeric gate failed" in note, note
+
+
+def test_a_folding_that_would_grow_the_int8_graph_is_not_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8 weights stay int8: a folded graph more than 10% larger (weights turned float) is
+    dropped for the graph as uploaded."""
+    import onnxslim
+    from onnx import numpy_helper
+
+    upload = quantized_lstm_upload(tmp_path)
+    model = onnx.load(str(upload))
+
+    def inflating(m: Any, **_: Any) -> Any:
+        m.graph.initializer.append(numpy_helper.from_array(
+            np.zeros(model.ByteSize(), np.uint8), "inflated"))
+        return m
+
+    monkeypatch.setattr(onnxslim, "slim", inflating)
+    kept, typed = static_int8(model, upload)
+    assert kept is model and typed == []
+
+
 def _request(tmp: Path, **fields: object) -> CompileRequest:
     base: dict = {"source_path": tmp / "fp32.onnx", "source_format": SourceFormat.ONNX,
                   "inputs": (InputSpec("x", (1, 3)),), "quantized_upload": tmp / "int8.onnx"}
@@ -120,15 +192,21 @@ def test_a_shipped_static_int8_model_ships_as_its_own_int8_graph(tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_a_shipped_int8_graph_with_unresolved_inner_shapes_ships_the_fp32_rewrite_saying_why(
+def test_a_shipped_int8_crnn_with_a_contrib_lstm_ships_as_its_own_int8_graph(
         tmp_path: Path) -> None:
-    """ddddocr's dynamically quantized OCR CRNN: onnx's shape inference cannot type its
-    contrib LSTM, so the int8 graph fails the static-shape gate; the rewrite, which the
-    specializer folds, ships — and the note names the gate's finding."""
-    _, out = _shipped("ddddocr-ocr-int8", tmp_path)
-    assert (out.state, out.precision) == ("ready", "fp32"), out.error
-    (note,) = [n for n in out.notes if "not the upload's int8 graph" in n]
-    assert "dynamic_shape" in note and "operator gate rejected" in note
+    """ddddocr's dynamically quantized OCR CRNN: its LSTM is com.microsoft
+    DynamicQuantizeLSTM, which onnx's shape inference cannot type, and its LSTM state comes
+    from shape arithmetic. Folded, with the LSTM's output shapes from the FP32 rewrite, it
+    ships its 13.6 MB int8 graph (the FP32 rewrite: 54.1 MB) and answers as the upload does."""
+    upload, out = _shipped("ddddocr-ocr-int8", tmp_path)
+    assert (out.state, out.precision) == ("ready", "int8"), out.error
+    assert out.artifact.length < upload.stat().st_size * 1.01
+    assert any("taken from the FP32 rewrite" in n for n in out.notes), out.notes
+    assert not unfixed_dims(onnx.load(str(out.artifact.path)))
+    # Where the int8 precision starts to cost: a float tensor, not the ConvInteger's int32
+    # sum that bears the rewrite's Conv name (it read SNR -42 dB there).
+    first = out.gates["numeric"]["layers"]["precision"]["first_below"]
+    assert first["snr_db"] > 20 and first["op"] != "Conv", first
 
 
 @pytest.mark.slow

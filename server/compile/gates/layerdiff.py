@@ -104,11 +104,8 @@ def layer_diff(source: Path, candidate: layers.Candidate, where: str, chunk: int
     order = layers.graph_order(src, {n for n in layers.available_tensors(src)
                                      if n in candidate.names})
     if isinstance(candidate.names, Mapping) and not candidate.tapped:
-        # Same name, same operator: a quantized upload's int8 graph keeps names its FP32
-        # rewrite computes otherwise (a ConvInteger sum's Cast is the rewrite's Conv). A
-        # tapped QDQ graph reads its tensors through DequantizeLinear by design.
-        made = candidate.names
-        order = [t for t in order if made.get(t[0], t[2]) in (t[2], "")]
+        # A tapped QDQ graph reads its tensors through DequantizeLinear by design.
+        order = layers.same_operator(order, candidate.names)
     t = thresholds(precision)
     sizes = layers.tensor_bytes(src) if candidate.max_bytes is not None else None
     opener = candidate.reference_opener()

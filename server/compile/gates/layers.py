@@ -224,6 +224,15 @@ def graph_order(names_from: Path | Any, common: Container[str]
     return [t for t in _graph_tensors(named) if t[0] in common]
 
 
+def same_operator(order: list[tuple[str, str, str]], made: Mapping[str, str]
+                  ) -> list[tuple[str, str, str]]:
+    """The tensors of `order` that the candidate computes with the same operator (`made`:
+    `producers`). A quantized upload's int8 graph keeps names its FP32 rewrite computes
+    otherwise: a ConvInteger's int32 sum, or its Cast, bears the name of the rewrite's Conv
+    at another scale."""
+    return [t for t in order if made.get(t[0], t[2]) in (t[2], "")]
+
+
 def batches(order: list[tuple[str, str, str]], chunk: int, sizes: Mapping[str, int] | None = None,
             max_bytes: int | None = None) -> Iterator[list[tuple[str, str, str]]]:
     """`order` in consecutive runs of at most `chunk` tensors and, with `max_bytes`, at most
@@ -280,7 +289,8 @@ def layer_metrics(ref: NDArray[Any], cand: NDArray[Any], node: str, op: str,
 def first_divergence(reference: Path | Any, candidate: Path | Any | Candidate,
                      feeds: dict[str, NDArray[Any]], min_cosine: float, min_snr_db: float,
                      basis: str, clip: float | None = None, opener: Opener = cpu_session,
-                     chunk: int = CHUNK, names_from: Path | None = None) -> Localization:
+                     chunk: int = CHUNK, names_from: Path | None = None,
+                     same_op: bool = False) -> Localization:
     """Compares the float tensors both graphs compute (same name, same size), in the reference
     graph's order, and returns the first one below `min_cosine` / `min_snr_db`. With `clip`
     (FP16's 65504), values beyond the precision's range count as saturated in both: a mask
@@ -288,7 +298,9 @@ def first_divergence(reference: Path | Any, candidate: Path | Any | Candidate,
     (default: the CPU provider; the QNN compiler passes an HTP session), `chunk` tensors per
     run; a `Candidate` brings its own runtime (the MIL executor of a Core ML package).
     `names_from` (the FP32 source) gives the order and the node names when the reference is
-    a rewritten copy of it (the FP16 yardstick, whose tensors come out of rounding casts)."""
+    a rewritten copy of it (the FP16 yardstick, whose tensors come out of rounding casts).
+    `same_op`: only tensors both compute with the same operator (`same_operator`; an ONNX
+    candidate that is a quantized upload's own int8 graph)."""
     import onnx
 
     ref = reference if isinstance(reference, onnx.ModelProto) else onnx.load(str(reference))
@@ -296,6 +308,8 @@ def first_divergence(reference: Path | Any, candidate: Path | Any | Candidate,
         Candidate.onnx(candidate, feeds, opener)
     order = graph_order(ref if names_from is None else names_from,
                         {n for n in available_tensors(ref) if n in cand.names})
+    if same_op and isinstance(cand.names, Mapping):
+        order = same_operator(order, cand.names)
     sizes = tensor_bytes(ref) if cand.max_bytes is not None else None
     compared, last_ok = 0, None
     opener = cand.reference_opener()

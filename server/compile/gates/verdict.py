@@ -125,19 +125,22 @@ def _localize(report: numeric.NumericGateReport, compiler: Compiler, art: Compil
             out["faithful"] = {"basis": "the artifact", "unavailable": why}
     seed = numeric.SEED_THRESHOLDS.get(art.precision)
     if seed is not None and report.precision_cost.get("status") == "exceeds_seed":
+        # A quantized upload's yardstick is its own int8 graph: some of its tensors bear
+        # the rewrite's names at another scale.
         out["precision"] = _walk(source, yardstick, feeds, seed.min_cosine,
                                  seed.min_snr_db, f"source FP32 vs source at {label}", fp16,
-                                 source)
+                                 source, same_op=art.compile_settings.get("quantized") ==
+                                 "upload")
     return out
 
 
 def _walk(reference: Path, candidate: Path | layers.Candidate, feeds: dict[str, Any],
           min_cosine: float, min_snr_db: float, basis: str, fp16: bool, names_from: Path,
-          chunk: int = layers.CHUNK) -> dict[str, Any]:
+          chunk: int = layers.CHUNK, same_op: bool = False) -> dict[str, Any]:
     try:
         loc = layers.first_divergence(reference, candidate, feeds, min_cosine, min_snr_db,
                                       basis, clip=emulate.FP16_MAX if fp16 else None,
-                                      chunk=chunk, names_from=names_from)
+                                      chunk=chunk, names_from=names_from, same_op=same_op)
     except Exception as e:  # a diagnostic: its failure is reported, never fatal
         return {"basis": basis, "unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
     return {**loc.to_dict(), "summary": loc.sentence()}
