@@ -558,11 +558,12 @@ def _cell(c: dict[str, Any]) -> str:
     elif c["numeric"]:
         parts.append(f"numeric {c['numeric']}")
     if c["cost_snr_db"] is not None:
-        parts.append(f"FP16 cost {c['cost_snr_db']:.1f} dB")
+        parts.append(f"{str(c['precision']).upper()} cost {c['cost_snr_db']:.1f} dB")
     if c.get("fp32_snr_db") is not None and c["precision"] != "fp32":
         parts.append(f"vs FP32 {c['fp32_snr_db']:.1f} dB")
     if c.get("upload_vs_fp32_snr_db") is not None:
-        parts.append("int8 upload dequantized (upload vs FP32 "
+        parts.append(("the upload's own int8 graph" if c["precision"] == "int8" else
+                      "int8 upload dequantized") + " (upload vs FP32 "
                      f"{c['upload_vs_fp32_snr_db']:.1f} dB)")
     if c["htp_share"] is not None:
         parts.append(f"HTP {100 * c['htp_share']:.0f}%")
