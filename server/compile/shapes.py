@@ -260,12 +260,12 @@ def _fix_inputs(model: Any, specs: Sequence[InputSpec]) -> dict[str, int]:
     return fixed
 
 
-def _static_shapes(model: Any) -> dict[str, list[int]]:
-    """The tensors whose inferred shape (data propagation on) is static, with it."""
+def _static_shapes(model: Any, data_prop: bool = False) -> dict[str, list[int]]:
+    """The tensors whose inferred shape is static, with it."""
     import onnx
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
     except Exception:
         return {}
     known: dict[str, list[int]] = {}
@@ -297,7 +297,7 @@ def fold_shapes(model: Any) -> int:
     the types given to contrib operators' outputs: `quantized_upload.static_int8`)."""
     from onnx import helper, numpy_helper
 
-    known = _static_shapes(model)
+    known = _static_shapes(model, data_prop=True)
     folded = 0
     for i, node in enumerate(model.graph.node):
         if node.op_type == "Shape" and node.domain in ("", "ai.onnx") and \
