@@ -107,48 +107,55 @@ def test_agent_updates_predicts_and_rolls_back_against_modelfleet_serve(served, 
     assert refused.returncode == 1 and "SignatureError" in refused.stderr
 
 
-def test_a_quantized_upload_reaches_the_device_as_its_own_int8_graph(served, tmp_path):
-    """A dynamically quantized upload with a named batch dim: the onnx build ships the
-    upload's int8 graph (server/compile/quantized_upload.py) and the device predicts what
-    the upload itself computes."""
+@pytest.mark.parametrize("kind", ["conv", "lstm"])
+def test_a_quantized_upload_reaches_the_device_as_its_own_int8_graph(served, tmp_path, kind):
+    """A dynamically quantized upload: the onnx build ships the upload's int8 graph
+    (server/compile/quantized_upload.py) and the device predicts what the upload itself
+    computes. `conv`: a named batch dim, fixed. `lstm`: a contrib DynamicQuantizeLSTM behind
+    shape arithmetic, shipped folded with its shapes from the FP32 rewrite."""
     import onnx
     import onnxruntime as ort
 
-    from tests.support.quantized import quantized_conv_upload
+    from tests.support.quantized import quantized_conv_upload, quantized_lstm_upload
 
     base, client = served
     (tmp_path / "root.json").write_bytes(httpx.get(f"{base}/v1/root/1.json").content)
-    upload = quantized_conv_upload(tmp_path, batch="N")
-    assert client.post("/v1/models", json={"name": "q8"}).status_code == 201
+    upload, shape = (quantized_conv_upload(tmp_path, batch="N"), [1, 3, 16, 16]) \
+        if kind == "conv" else (quantized_lstm_upload(tmp_path), [6, 1, 8])
+    name = f"q8{kind}"
+    assert client.post("/v1/models", json={"name": name}).status_code == 201
     meta = {"version": "1.0.0", "platforms": ["onnx"],
-            "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 3, 16, 16]}]}
-    r = client.post("/v1/models/q8/versions", files={"model": ("int8.onnx", upload.read_bytes())},
+            "inputs": [{"name": "x", "dtype": "float32", "shape": shape}]}
+    r = client.post(f"/v1/models/{name}/versions",
+                    files={"model": ("int8.onnx", upload.read_bytes())},
                     data={"metadata": json.dumps(meta)})
     assert r.status_code == 201, r.text
     for _ in range(240):
-        version = client.get("/v1/models/q8/versions/1.0.0").json()
+        version = client.get(f"/v1/models/{name}/versions/1.0.0").json()
         if version["state"] in ("ready", "failed"):
             break
         time.sleep(0.5)
     assert version["state"] == "ready", version["builds"]
-    (build,) = client.get("/v1/models/q8/versions/1.0.0/builds").json()
+    (build,) = client.get(f"/v1/models/{name}/versions/1.0.0/builds").json()
     assert build["artifact"]["variant"] == "int8", build["artifact"]
     assert build["artifact"]["compile_settings"]["quantized"] == "upload"
-    assert client.post("/v1/channels", json={"name": "prod"}).status_code == 201
-    assert client.post("/v1/channels/prod/rollouts", json={
-        "model": "q8", "version": "1.0.0", "percentage": 100}).status_code == 201
+    channel = f"prod-{kind}"
+    assert client.post("/v1/channels", json={"name": channel}).status_code == 201
+    assert client.post(f"/v1/channels/{channel}/rollouts", json={
+        "model": name, "version": "1.0.0", "percentage": 100}).status_code == 201
     dev = tmp_path / "dev"
-    updated = _mf("device", "update", "--server", base, "--channel", "prod", "--root",
+    updated = _mf("device", "update", "--server", base, "--channel", channel, "--root",
                   str(tmp_path / "root.json"), "--data-dir", str(dev), "--device-id", "edge-1",
                   "--platform", "onnx", "--once")
     assert updated.returncode == 0, updated.stderr
-    x = np.random.default_rng(3).random((1, 3, 16, 16), dtype=np.float32)
+    x = np.random.default_rng(3).random(shape, dtype=np.float32)
     np.savez(tmp_path / "x.npz", x=x)
-    pred = json.loads(_mf("device", "predict", "--data-dir", str(dev), "--model", "q8",
+    pred = json.loads(_mf("device", "predict", "--data-dir", str(dev), "--model", name,
                           "--input", str(tmp_path / "x.npz")).stdout)
     (want,) = ort.InferenceSession(str(upload), providers=["CPUExecutionProvider"]).run(
         None, {"x": x})
     np.testing.assert_allclose(np.asarray(pred["outputs"]["y"]["data"]), want, rtol=0,
                                atol=1e-6)
-    assert any(onnx.load(str(p)).graph.node[0].op_type == "DynamicQuantizeLinear"
+    integer = {"DynamicQuantizeLinear", "DynamicQuantizeLSTM"}
+    assert any(integer & {n.op_type for n in onnx.load(str(p)).graph.node}
                for p in dev.rglob("*.onnx"))
