@@ -27,9 +27,12 @@ never overflows), and `2 log s` is subtracted after the log. In exact arithmetic
 are unchanged; in FP32 they agree to rounding.
 
 `rescale_logs(model)` rewrites, in place, each `Log` whose input is such a chain from a float
-graph input, with every intermediate tensor read only inside the chain; it returns the `Log`
-nodes' names. Anything else in the path (a bias, a nonlinearity, a square root) leaves that
-`Log` untouched.
+graph input, with every intermediate tensor read only inside the chain (or by `Shape` /
+`Size`, which read only its shape); it returns the `Log` nodes' names. The linear maps may
+branch and meet again (`Concat`, `Neg`, `Pad`: a CQT's octaves), and a magnitude squared
+again, `sqrt(P)²` behind shape ops, is the power P itself (Basic Pitch's `log(|CQT|² + ε)`).
+Anything else in the path (a bias, a nonlinearity, a square root not squared again) leaves
+that `Log` untouched.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import numpy as np
 
 SHAPE_OPS = {"Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Slice"}
 WEIGHTED = {"Conv", "MatMul", "Gemm"}
+SHAPE_READERS = {"Shape", "Size"}  # read a chain tensor's shape only, which stays as it was
 TOP = 32768.0  # the largest value a rescaled power-domain tensor may reach (FP16 max 65,504)
 INPUT_FLOOR = 2.0 ** -10  # a silent input is divided by this, not by 0
 AMPLITUDE_FLOOR = 2.0 ** -6  # so A / max |amplitude| stays within FP16 (≤ 8192)
@@ -131,8 +135,15 @@ def _power(g: _Graph, name: str, chain: _Chain) -> bool:
     node = g.nodes[i]
     amplitude = _square_of(g, node)
     if amplitude is not None:
-        chain.squares.append((i, amplitude))
-        return True
+        root = _magnitude(g, amplitude)
+        if root is None:
+            chain.squares.append((i, amplitude))
+            return True
+        # the square of a magnitude, sqrt(P)²: the power P itself (Basic Pitch's
+        # log(|CQT|² + ε) squares the CQT's magnitude again)
+        passed, inner = root
+        chain.power_nodes += [i, *passed]
+        return _power(g, inner, chain)
     chain.power_nodes.append(i)
     op, ins = node.op_type, list(node.input)
     if op == "Add" and not any(g.const(x) is not None for x in ins):
@@ -165,31 +176,53 @@ def _power(g: _Graph, name: str, chain: _Chain) -> bool:
     return False
 
 
+def _magnitude(g: _Graph, name: str) -> tuple[list[int], str] | None:
+    """(the nodes passed, P) when `name` is `Sqrt(P)` behind shape ops only, else None."""
+    passed: list[int] = []
+    while (i := g.producer.get(name)) is not None:
+        node = g.nodes[i]
+        passed.append(i)
+        if node.op_type == "Sqrt":
+            return passed, str(node.input[0])
+        if node.op_type not in SHAPE_OPS:
+            return None
+        name = node.input[0]
+    return None
+
+
 def _nonnegative(value: np.ndarray | None) -> bool:
     return value is not None and value.size == 1 and bool(np.all(value >= 0))
 
 
-def _amplitude(g: _Graph, name: str, chain: _Chain, seen: set[int]) -> str | None:
-    """The graph input an amplitude is a linear map of, walking back; None if it is not."""
+def _amplitude(g: _Graph, name: str, chain: _Chain, seen: dict[str, str | None]
+               ) -> str | None:
+    """The graph input an amplitude is a linear map of, walking back through every branch
+    (a `Concat` of the octaves of a CQT); None if it is not. `seen`: tensors walked."""
     if name in g.inputs:
         return name
+    if name in seen:
+        return seen[name]
+    seen[name] = None
     i = g.producer.get(name)
     if i is None:
         return None
     node = g.nodes[i]
     op, ins = node.op_type, list(node.input)
-    linear = (op in SHAPE_OPS or (op in WEIGHTED and g.weight_input(node) == 1)
+    linear = (op in SHAPE_OPS or op == "Neg"
+              or (op in WEIGHTED and g.weight_input(node) == 1)
               or (op == "Mul" and any(g.const(x) is not None for x in ins))
+              or (op == "Concat" and all(g.const(x) is None for x in ins))
               or (op == "Pad" and _attrs(node).get("mode", b"constant") in (
                   b"constant", "constant", b"reflect", "reflect", b"edge", "edge")
                   and (len(ins) < 3 or not ins[2] or _zero(g.const(ins[2])))))
     if not linear:
         return None
-    if i not in seen:
-        seen.add(i)
-        chain.amplitude_nodes.append(i)
-    data = next(x for x in ins if g.const(x) is None) if op == "Mul" else ins[0]
-    return _amplitude(g, data, chain, seen)
+    chain.amplitude_nodes.append(i)
+    data = ([next(x for x in ins if g.const(x) is None)] if op == "Mul" else
+            [x for x in ins if x] if op == "Concat" else [ins[0]])
+    sources = {_amplitude(g, x, chain, seen) for x in data}
+    seen[name] = sources.pop() if len(sources) == 1 else None
+    return seen[name]
 
 
 def chains(model: Any) -> list[_Chain]:
@@ -202,7 +235,7 @@ def chains(model: Any) -> list[_Chain]:
         chain = _Chain(log=i, source="")
         if not _power(g, node.input[0], chain) or not chain.squares:
             continue
-        seen: set[int] = set()
+        seen: dict[str, str | None] = {}
         sources = {_amplitude(g, a, chain, seen) for _, a in chain.squares}
         if len(sources) != 1 or None in sources:
             continue
@@ -210,7 +243,8 @@ def chains(model: Any) -> list[_Chain]:
         inside = chain.nodes() | {i}
         produced = {o for k in chain.nodes() for o in g.nodes[k].output}
         if produced & g.outputs or any(
-                c not in inside for t in produced for c in g.consumers.get(t, [])):
+                c not in inside and g.nodes[c].op_type not in SHAPE_READERS
+                for t in produced for c in g.consumers.get(t, [])):
             continue  # a tensor of the chain is read elsewhere: its values must not change
         found.append(chain)
     return found
@@ -289,6 +323,10 @@ def _rewrite(model: Any, chain: _Chain) -> str:
             n.input[1] = const(f"weight{k}", w * np.float32(f))
         elif n.op_type == "ReduceSum":
             bound *= _reduced_count(model, n)
+        elif n.op_type == "Sqrt":  # a magnitude, squared again below
+            bound = math.sqrt(bound)
+        elif _square_of(g, n) is not None:
+            bound *= bound
         elif n.op_type == "Mul":
             bound *= max(float(np.max(np.abs(g.consts[i]))) for i in n.input if i in g.consts)
     # log s, with the input scale m and the gain: P(x) · gain² / m² · factor

@@ -45,9 +45,13 @@ def _mel() -> np.ndarray:
 
 def front_end(square: str = "pow", squares: int = 2, filterbank: bool = True,
               floor: str = "clip", bias: bool = False, power_output: bool = False,
-              root: bool = False) -> onnx.ModelProto:
+              root: bool = False, magnitude: bool = False, branches: bool = False
+              ) -> onnx.ModelProto:
     """openWakeWord's mel front end in small: STFT as two Convs, power, mel MatMul, floor,
-    10·log10, top-80-dB clamp."""
+    10·log10, top-80-dB clamp. `magnitude`: the power's square root, transposed and squared
+    again (Basic Pitch's log(|CQT|² + ε)); `branches`: the real part as a Concat of two
+    Convs over the bins and the imaginary part as the Neg of a Conv (Basic Pitch's octaves
+    and its tf2onnx export)."""
     real, imag = _stft_kernels()
     inits = {"kr": real, "ki": imag, "mel": _mel(), "two": np.array(2.0, np.float32),
              "lo": np.array(1e-10, np.float32), "hi": np.array(np.inf, np.float32),
@@ -55,9 +59,20 @@ def front_end(square: str = "pow", squares: int = 2, filterbank: bool = True,
              "ax": np.array([1], np.int64), "br": np.full(BINS, 0.5, np.float32)}
     nodes = [helper.make_node("Unsqueeze", ["x", "ax"], ["x1"])]
     amplitudes = ["r", "i"][:squares]
+    if branches:
+        inits.update(kr_lo=real[:64], kr_hi=real[64:], ki_neg=-imag)
     for a, k in zip(amplitudes, ["kr", "ki"], strict=False):
-        nodes.append(helper.make_node("Conv", ["x1", k, *(["br"] if bias else [])], [f"{a}c"],
-                                      kernel_shape=[WINDOW], strides=[HOP]))
+        conv = {"kernel_shape": [WINDOW], "strides": [HOP]}
+        if branches and a == "r":
+            nodes += [helper.make_node("Conv", ["x1", "kr_lo"], ["rlo"], **conv),
+                      helper.make_node("Conv", ["x1", "kr_hi"], ["rhi"], **conv),
+                      helper.make_node("Concat", ["rlo", "rhi"], [f"{a}c"], axis=1)]
+        elif branches:
+            nodes += [helper.make_node("Conv", ["x1", "ki_neg"], ["ineg"], **conv),
+                      helper.make_node("Neg", ["ineg"], [f"{a}c"])]
+        else:
+            nodes.append(helper.make_node("Conv", ["x1", k, *(["br"] if bias else [])],
+                                          [f"{a}c"], **conv))
         nodes.append(helper.make_node("Transpose", [f"{a}c"], [a], perm=[0, 2, 1]))
         nodes.append(helper.make_node("Pow", [a, "two"], [f"{a}2"]) if square == "pow" else
                      helper.make_node("Mul", [a, a], [f"{a}2"]))
@@ -65,9 +80,14 @@ def front_end(square: str = "pow", squares: int = 2, filterbank: bool = True,
     if squares == 2:
         nodes.append(helper.make_node("Add", ["r2", "i2"], ["p"]))
         power = "p"
-    if root:
+    if root or magnitude:
         nodes.append(helper.make_node("Sqrt", [power], ["pr"]))
         power = "pr"
+    if magnitude:
+        nodes += [helper.make_node("Transpose", ["pr"], ["prt"], perm=[0, 1, 2]),
+                  helper.make_node("Pow", ["prt", "two"], ["pm"]) if square == "pow" else
+                  helper.make_node("Mul", ["prt", "prt"], ["pm"])]
+        power = "pm"
     if filterbank:
         nodes.append(helper.make_node("MatMul", [power, "mel"], ["m"]))
         power = "m"
@@ -111,12 +131,14 @@ def _run(model: onnx.ModelProto, path: Path, feeds: list) -> list:
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(square=st.sampled_from(["pow", "mul"]), squares=st.sampled_from([1, 2]),
        filterbank=st.booleans(), floor=st.sampled_from(["clip", "clip_min", "max", "eps"]),
+       magnitude=st.booleans(), branches=st.booleans(),
        level=st.sampled_from([32767.0, 3000.0, 1.0]), seed=st.integers(0, 2 ** 16))
 def test_the_rewrite_keeps_fp32_outputs_and_makes_fp16_hold_int16_audio(
-        square: str, squares: int, filterbank: bool, floor: str, level: float, seed: int,
-        tmp_path: Path) -> None:
+        square: str, squares: int, filterbank: bool, floor: str, magnitude: bool,
+        branches: bool, level: float, seed: int, tmp_path: Path) -> None:
     rng = np.random.default_rng(seed)
-    model = front_end(square, squares, filterbank, floor)
+    model = front_end(square, squares, filterbank, floor, magnitude=magnitude,
+                      branches=branches)
     feeds = [{"x": _audio(rng, level)} for _ in range(2)]
     before = _run(model, tmp_path / "before.onnx", feeds)
     assert rescale_logs(model) == ["log"]
@@ -159,7 +181,7 @@ def test_quiet_audio_loses_nothing_to_the_rewrite_at_fp16(square: str, floor: st
 
 def test_graphs_whose_log_is_not_of_a_power_spectrum_alone_are_left_untouched() -> None:
     # a bias makes the STFT affine; a chain tensor read elsewhere would change value; a
-    # square root halves the degree, which the rewrite does not track
+    # square root halves the degree, which the rewrite tracks only when it is squared again
     for model in (front_end(bias=True), front_end(power_output=True), front_end(root=True)):
         nodes = [n.SerializeToString() for n in model.graph.node]
         assert chains(model) == [] and rescale_logs(model) == []
@@ -207,3 +229,48 @@ def test_the_log_power_of_an_input_itself_holds_at_fp16(tmp_path: Path) -> None:
     to_fp16(tmp_path / "after.onnx", tmp_path / "after16.onnx")
     half = [o[0] for o in run_onnx_cpu(tmp_path / "after16.onnx", feeds)]
     assert snr_db(before[0], half[0]) > 30
+
+
+def test_a_magnitude_squared_again_is_the_power_and_a_shape_read_changes_nothing() -> None:
+    """sqrt(P)² behind a Transpose is P: the rewrite takes it (an unsquared root it does
+    not: above); a `Shape` reading a chain tensor reads a shape the rewrite keeps."""
+    model = front_end(magnitude=True, filterbank=False)
+    model.graph.node.append(helper.make_node("Shape", ["prt"], ["prt_shape"]))
+    model.graph.output.append(helper.make_tensor_value_info("prt_shape", TensorProto.INT64,
+                                                            [3]))
+    (chain,) = chains(model)
+    ops = {model.graph.node[k].op_type for k in chain.power_nodes}
+    assert {"Sqrt", "Transpose", "Pow"} <= ops
+
+
+@pytest.mark.slow
+def test_basic_pitchs_log_of_its_cqt_magnitude_holds_at_fp16(tmp_path: Path) -> None:
+    """Basic Pitch (tf2onnx): log(|CQT|² + 1e-10), its CQT eight octaves of Pad, Conv,
+    Neg and Concat, its magnitude sqrt(re² + im²) squared again. In FP16 the quiet bins
+    and 1e-10 are 0 and the upload's outputs -inf; specialized (which rescales), every
+    output holds above the FP16 gate's 30 dB, and FP32 is unchanged."""
+    from server.compile.shapes import specialize
+    from tests.corpus.models import corpus
+
+    (model,) = corpus(["basic-pitch"])
+    ref = np.load(model.reference)
+    feeds = [{k: ref[k][i] for k in ref.files} for i in range(2)]
+    rescaled, report = specialize(onnx.load(str(model.path)), model.inputs)
+    assert report.logs_rescaled == (
+        "model_1/normalized_log_1/Log;model_1/normalized_log_1/Log",)
+    onnx.save(rescaled, str(tmp_path / "rescaled.onnx"))
+    to_fp16(tmp_path / "rescaled.onnx", tmp_path / "rescaled16.onnx")
+    to_fp16(model.path, tmp_path / "upload16.onnx")
+    runs = {name: run_onnx_cpu(path, feeds) for name, path in (
+        ("fp32", model.path), ("rescaled", tmp_path / "rescaled.onnx"),
+        ("rescaled16", tmp_path / "rescaled16.onnx"), ("upload16", tmp_path / "upload16.onnx"))}
+
+    def snr(name: str, k: int) -> float:
+        def flat(samples: list) -> np.ndarray:
+            return np.concatenate([np.ravel(s[k]) for s in samples])
+        return snr_db(flat(runs["fp32"]), flat(runs[name]))
+
+    for k in range(3):
+        assert snr("rescaled", k) > 100  # the same function, to FP32 rounding
+        assert snr("rescaled16", k) > 30, snr("rescaled16", k)
+        assert not snr("upload16", k) > 30  # -inf: log(0)
