@@ -38,6 +38,7 @@ from server.compile.shapes import (
     SKIPPED_OPTIMIZATIONS,
     fold_shapes,
     forget_inferred_shapes,
+    static_shapes,
     unfixed_dims,
 )
 from server.compile.types import CompiledArtifact, CompileRequest, Precision, Target
@@ -128,7 +129,7 @@ def static_int8(model: Any, rewrite: Path) -> tuple[Any, list[str]]:
     # [1, seqlen] and returns [20, 1, 8210]); folding must not trust them.
     forget_inferred_shapes(work)
     try:
-        types = _rewrite_types(rewrite)
+        types = static_shapes(onnx.load(str(rewrite)))
         _type_contrib_outputs(work, types)
         with quiet():
             slim = onnxslim.slim(work, skip_optimizations=SKIPPED_OPTIMIZATIONS)
@@ -149,21 +150,12 @@ def static_int8(model: Any, rewrite: Path) -> tuple[Any, list[str]]:
     return slim, typed
 
 
-def _retyped(model: Any, types: dict[str, Any]) -> list[str]:
+def _retyped(model: Any, types: dict[str, list[int]]) -> list[str]:
     del model.graph.value_info[:]
     return _type_contrib_outputs(model, types)
 
 
-def _rewrite_types(rewrite: Path) -> dict[str, Any]:
-    import onnx
-
-    inferred = onnx.shape_inference.infer_shapes(onnx.load(str(rewrite)))
-    return {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]
-            if vi.type.tensor_type.HasField("shape") and all(
-                d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)}
-
-
-def _type_contrib_outputs(model: Any, types: dict[str, Any]) -> list[str]:
+def _type_contrib_outputs(model: Any, types: dict[str, list[int]]) -> list[str]:
     from onnx import TensorProto, helper
 
     typed = []
@@ -172,8 +164,7 @@ def _type_contrib_outputs(model: Any, types: dict[str, Any]) -> list[str]:
             continue
         for out in node.output:
             if out in types:
-                dims = [d.dim_value for d in types[out].type.tensor_type.shape.dim]
                 model.graph.value_info.append(
-                    helper.make_tensor_value_info(out, TensorProto.FLOAT, dims))
+                    helper.make_tensor_value_info(out, TensorProto.FLOAT, types[out]))
                 typed.append(out)
     return typed

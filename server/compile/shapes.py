@@ -260,8 +260,8 @@ def _fix_inputs(model: Any, specs: Sequence[InputSpec]) -> dict[str, int]:
     return fixed
 
 
-def _static_shapes(model: Any, data_prop: bool = False) -> dict[str, list[int]]:
-    """The tensors whose inferred shape is static, with it."""
+def static_shapes(model: Any, data_prop: bool = False) -> dict[str, list[int]]:
+    """The tensors (inputs, intermediates, outputs) whose inferred shape is static, with it."""
     import onnx
 
     try:
@@ -269,45 +269,44 @@ def _static_shapes(model: Any, data_prop: bool = False) -> dict[str, list[int]]:
     except Exception:
         return {}
     known: dict[str, list[int]] = {}
-    for vi in (*inferred.graph.input, *inferred.graph.value_info):
+    for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
         t = vi.type.tensor_type
         if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
             known[vi.name] = [d.dim_value for d in t.shape.dim]
     return known
 
 
+def _fold(model: Any, op: str, known: dict[str, list[int]], value: Any) -> int:
+    """Each `op` node (no attributes) whose input's shape is in `known` becomes the Constant
+    `value(shape)`; how many."""
+    from onnx import helper, numpy_helper
+
+    folded = 0
+    for i, node in enumerate(model.graph.node):
+        if node.op_type == op and node.domain in ("", "ai.onnx") and not node.attribute \
+                and node.input[0] in known:
+            tensor = numpy_helper.from_array(value(known[node.input[0]]),
+                                             node.output[0] + "_value")
+            model.graph.node[i].CopyFrom(helper.make_node(
+                "Constant", [], list(node.output), name=node.name or f"{op.lower()}{i}",
+                value=tensor))
+            folded += 1
+    return folded
+
+
 def _fold_sizes(model: Any) -> None:
     """`Size` of a tensor whose shape inference fixed at the declared shapes becomes a constant
     (onnxslim folds `Shape` chains but leaves `Size`, so `If x.numel() == N` stayed an `If`)."""
-    from onnx import helper, numpy_helper
-
-    known = _static_shapes(model)
-    for i, node in enumerate(model.graph.node):
-        if node.op_type == "Size" and node.domain in ("", "ai.onnx") and node.input[0] in known:
-            value = numpy_helper.from_array(
-                np.array(np.prod(known[node.input[0]], dtype=np.int64), np.int64),
-                node.output[0] + "_value")
-            model.graph.node[i].CopyFrom(helper.make_node(
-                "Constant", [], list(node.output), name=node.name or f"size{i}", value=value))
+    _fold(model, "Size", static_shapes(model),
+          lambda shape: np.array(np.prod(shape, dtype=np.int64), np.int64))
 
 
 def fold_shapes(model: Any) -> int:
     """`Shape` (whole, no start / end) of a tensor whose shape is static becomes a constant;
     how many. For a graph whose static shapes onnxslim cannot see (its own inference drops
     the types given to contrib operators' outputs: `quantized_upload.static_int8`)."""
-    from onnx import helper, numpy_helper
-
-    known = _static_shapes(model, data_prop=True)
-    folded = 0
-    for i, node in enumerate(model.graph.node):
-        if node.op_type == "Shape" and node.domain in ("", "ai.onnx") and \
-                not node.attribute and node.input[0] in known:
-            value = numpy_helper.from_array(np.array(known[node.input[0]], np.int64),
-                                            node.output[0] + "_value")
-            model.graph.node[i].CopyFrom(helper.make_node(
-                "Constant", [], list(node.output), name=node.name or f"shape{i}", value=value))
-            folded += 1
-    return folded
+    return _fold(model, "Shape", static_shapes(model, data_prop=True),
+                 lambda shape: np.array(shape, np.int64))
 
 
 def forget_inferred_shapes(model: Any) -> None:

@@ -70,11 +70,16 @@ def mil_candidate(package: Path, feeds: dict[str, NDArray[Any]]) -> layers.Candi
     return layers.Candidate(_Names(), fetch)
 
 
+def on_cpu_provider(art: CompiledArtifact) -> bool:
+    """An ONNX artifact whose intermediates are read on onnxruntime's CPU provider."""
+    return art.target.format == "onnx" and art.path.suffix == ".onnx"
+
+
 def candidate_for(compiler: Compiler, art: CompiledArtifact, feeds: dict[str, NDArray[Any]]
                   ) -> tuple[layers.Candidate, str, int] | None:
     """(the artifact's intermediates, where they are computed, tensors per run), or None when
     this artifact exposes none."""
-    if art.target.format == "onnx" and art.path.suffix == ".onnx":
+    if on_cpu_provider(art):
         return layers.Candidate.onnx(art.path, feeds), "the artifact", layers.CHUNK
     diag = getattr(compiler, "intermediates", None)
     found = diag(art) if callable(diag) else None

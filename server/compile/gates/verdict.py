@@ -93,7 +93,7 @@ def numeric_gate(compiler: Compiler, art: CompiledArtifact, request: CompileRequ
         report.layers = _localize(report, compiler, art, request, yard_path, ref.feeds[0],
                                   walk_artifact)
         faithful = report.layers.get("faithful") or {}
-        if faithful.get("basis", "").endswith("vs the artifact"):
+        if faithful and layerdiff.on_cpu_provider(art):
             _fused_kernels(faithful, art.path, ref.feeds, candidate, at_precision,
                            numeric.thresholds_for(art.precision, request.settings))
     return report
@@ -157,8 +157,10 @@ def _fused_kernels(walked: dict[str, Any], artifact: Path, feeds: list[dict[str,
     instead of blaming the outputs."""
     if walked.get("first_below") is not None or "compared" not in walked or not yardstick:
         return
+    import onnx
+
     try:
-        session = layers.cpu_session(_loaded(artifact))
+        session = layers.cpu_session(onnx.load(str(artifact)))
         unfused = [session.run(None, f) for f in feeds]
     except Exception as e:  # a diagnostic: its failure is reported, never fatal
         walked["fused"] = {"unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -186,12 +188,6 @@ def _fused_kernels(walked: dict[str, Any], artifact: Path, feeds: list[dict[str,
 
 def _stacked(samples: list[list[Any]], k: int) -> Any:
     return np.concatenate([np.ravel(np.asarray(s[k], np.float64)) for s in samples])
-
-
-def _loaded(path: Path) -> Any:
-    import onnx
-
-    return onnx.load(str(path))
 
 
 def where(report: numeric.NumericGateReport, key: str) -> str:
