@@ -169,7 +169,7 @@ class Downloader:
             self._event(Event(EventKind.DOWNLOADING, plan.model, version,
                               "no patch from a base this device holds; downloading the full "
                               "artifact"))
-        if artifact.compressed is not None and artifact.compressed.codec == compression.CODEC:
+        if artifact.compressed is not None and artifact.compressed.codec in compression.CODECS:
             try:
                 local = self._fetch_compressed(plan, artifact, artifact.compressed, target,
                                                deadline, key)
@@ -216,9 +216,10 @@ class Downloader:
         out = self.dir / f"{artifact.sha256}.inflating"
         try:
             if key is not None and artifact.sealed is not None:
-                return self._inflate_sealed(artifact.sealed, part, out, target, key)
+                return self._inflate_sealed(artifact.sealed, copy.codec, part, out, target,
+                                            key)
             with part.open("rb") as src, out.open("wb") as dst:
-                digest = compression.decompress(src, dst, artifact.length)
+                digest = compression.decompress(src, dst, artifact.length, copy.codec)
             if digest != artifact.sha256:
                 raise IntegrityError("the compressed copy inflated to bytes whose sha256 is "
                                      "not the signed one; discarded")
@@ -230,8 +231,8 @@ class Downloader:
             part.unlink(missing_ok=True)
             out.unlink(missing_ok=True)
 
-    def _inflate_sealed(self, expect: manifests.Sealed, part: Path, out: Path, target: Path,
-                        key: bytes) -> tuple[str, int]:
+    def _inflate_sealed(self, expect: manifests.Sealed, codec: str, part: Path, out: Path,
+                        target: Path, key: bytes) -> tuple[str, int]:
         """compress-then-seal, undone as a stream: open, inflate (capped at the signed
         plaintext length), hash, seal again; nothing is held whole."""
         digest = hashlib.sha256()
@@ -240,7 +241,8 @@ class Downloader:
             with part.open("rb") as f:
                 try:
                     reader = compression.ChunkReader(sealed.unseal(key, f))
-                    for piece in compression.decompress_chunks(reader, expect.plain_length):
+                    for piece in compression.decompress_chunks(reader, expect.plain_length,
+                                                               codec):
                         digest.update(piece)
                         yield piece
                 except SealedError as e:

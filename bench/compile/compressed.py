@@ -19,6 +19,12 @@ weight moved by 1e-3 of its magnitude, one INT8 step on a random tenth of the we
 bytes: mfdelta1 and bsdiff4 between contents (publishing ships the smaller: patches stay
 between contents) against bsdiff4 between the compressed copies, zstd --patch-from (the base
 copy as a raw dictionary) between the compressed copies, and the new compressed copy whole.
+
+Table 4 (`--only shuffle` prints it alone), per artifact: plain zstd (the baseline: every
+copy until 2026-12-07) against the shuffled codecs (`zstd-shuffle2` / `-shuffle4`: each 1 MiB
+block's bytes transposed as 2- / 4-byte elements first) at our level, the codec
+`best_codec` picks and its bytes against plain zstd, the server's CPU seconds for the
+choice and the copy against plain zstd's, and the device-side inflate speed of both.
 """
 
 from __future__ import annotations
@@ -56,9 +62,9 @@ def _best(fn: Any, runs: int = 3) -> float:
     return best
 
 
-def _zstd(data: bytes, level: int | None = None) -> bytes:
+def _zstd(data: bytes, level: int | None = None, codec: str = compression.CODEC) -> bytes:
     out = io.BytesIO()
-    compression.compress(io.BytesIO(data), out, len(data), level)
+    compression.compress(io.BytesIO(data), out, len(data), level, codec)
     return out.getvalue()
 
 
@@ -98,6 +104,47 @@ def codecs_row(path: Path) -> dict[str, Any]:
     row["inflate_s"] = mb / row["zstd_mb_s"]
     row["saved_s"] = (len(data) - len(ours)) * 8 / (LINK_MBIT * 1e6)
     return row
+
+
+def shuffle_row(path: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    mb = len(data) / 1e6
+    plain, plain_s = _cpu(lambda: _zstd(data))
+    copies = {c: _zstd(data, codec=c) for c in compression.SHUFFLED}
+
+    def choose_and_compress() -> tuple[str, bytes]:
+        codec = compression.best_codec(io.BytesIO(data), len(data))
+        return codec, _zstd(data, codec=codec)
+
+    (codec, chosen), chosen_s = _cpu(choose_and_compress)
+
+    def inflate(blob: bytes, c: str) -> None:
+        with open(os.devnull, "wb") as sink:
+            compression.decompress(io.BytesIO(blob), sink, len(data), c)
+
+    return {"file": path.name, "content": len(data), "plain": len(plain), "plain_s": plain_s,
+            **{c: len(b) for c, b in copies.items()}, "codec": codec, "chosen": len(chosen),
+            "chosen_s": chosen_s, "plain_mb_s": mb / _best(lambda: inflate(plain, "zstd")),
+            "chosen_mb_s": mb / _best(lambda: inflate(chosen, codec))}
+
+
+def shuffle_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| artifact | content | zstd (baseline) | zstd-shuffle2 | zstd-shuffle4 | chosen | "
+             "chosen / zstd | server CPU s: chosen (zstd) | inflate MB/s: chosen (zstd) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r["content"]
+        lines.append(
+            f"| {r['file']} | {c:,} | {_pct(r['plain'], c)} | {_pct(r['zstd-shuffle2'], c)} | "
+            f"{_pct(r['zstd-shuffle4'], c)} | {r['codec']} | {r['chosen'] / r['plain']:.3f} | "
+            f"{r['chosen_s']:.2f} ({r['plain_s']:.2f}) | {r['chosen_mb_s']:.0f} "
+            f"({r['plain_mb_s']:.0f}) |")
+    n = len(rows)
+    if n:
+        ratios = sorted(r["chosen"] / r["plain"] for r in rows)
+        lines.append(f"\nMedian chosen / zstd over {n} artifacts: {ratios[n // 2]:.3f}; "
+                     f"shuffled chosen for {sum(r['codec'] != 'zstd' for r in rows)} of {n}.")
+    return "\n".join(lines)
 
 
 def _fine_tune(pkg: Path) -> None:
@@ -182,8 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, required=True, help="artifacts kept by the corpus run")
     ap.add_argument("--markdown", action="store_true", help="print only the tables")
+    ap.add_argument("--only", choices=["shuffle"], help="print only table 4")
     args = ap.parse_args(argv)
     files = sorted(p for p in args.dir.iterdir() if p.is_file() and p.suffix != ".zst")
+    if args.only:
+        print(f"Shuffled copies, {datetime.date.today()}, {platform.machine()} "
+              f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}\n")
+        print(shuffle_table([shuffle_row(p) for p in files]))
+        return 0
     rows = [codecs_row(p) for p in files]
     levels = [levels_row(p) for p in files]
     patches = []
@@ -195,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, "
               f"zstandard {zstandard.__version__}\n")
     print(tables(rows, levels, patches))
+    print("\n" + shuffle_table([shuffle_row(p) for p in files]))
     return 0
 
 

@@ -202,7 +202,7 @@ def _shipped(path: Path, cell: str) -> dict[str, Any]:
     for _ in range(3):
         with copy.open("rb") as src, open(os.devnull, "wb") as sink:
             t = time.perf_counter()
-            compression.decompress(src, sink, path.stat().st_size)
+            compression.decompress(src, sink, path.stat().st_size, made[2])
             best = min(best, time.perf_counter() - t)
     keep = os.environ.get("MF_BENCH_KEEP")  # a directory: keep content and copy for bench/
     if keep:
@@ -211,7 +211,8 @@ def _shipped(path: Path, cell: str) -> dict[str, Any]:
         Path(keep).mkdir(parents=True, exist_ok=True)  # a search's whole cell is lost otherwise
         for p in (path, copy):
             shutil.copyfile(p, Path(keep) / f"{cell}-{p.name}")
-    return {"bytes": made[1], "inflate_mb_s": round(path.stat().st_size / best / 1e6, 1)}
+    return {"bytes": made[1], "codec": made[2],
+            "inflate_mb_s": round(path.stat().st_size / best / 1e6, 1)}
 
 
 def _size(c: dict[str, Any]) -> str:

@@ -35,7 +35,6 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from client_sdk import compression
 from manifests import sealed
 from server import crashpoints
 from server.blobstore.interface import BlobBackendError, BlobStore
@@ -267,14 +266,16 @@ class BuildRunner:
                 self._store.put(key, f, max_bytes=length, expected_sha256=sha)
         return key, sha, length, done
 
-    def _store_copy(self, path: Path, seal_key: bytes | None) -> Stored | None:
+    def _store_copy(self, path: Path, seal_key: bytes | None) -> Copy | None:
         """The compressed copy of one built file, stored like it (compressed, then sealed when
-        protected: ciphertext does not compress); None when compression saves too little."""
+        protected: ciphertext does not compress), with its codec; None when compression saves
+        too little."""
         copy = path.with_name(path.name + ".zst")
-        if compress_copy(path, copy) is None:
+        made = compress_copy(path, copy)
+        if made is None:
             return None
         try:
-            return self._store_file(copy, seal_key)
+            return self._store_file(copy, seal_key), made[2]
         finally:
             copy.unlink(missing_ok=True)
             copy.with_name(copy.name + ".sealed").unlink(missing_ok=True)
@@ -282,7 +283,7 @@ class BuildRunner:
     def _finish(self, build_id: int, seal_key: bytes | None, outcomes: list[BuildOutcome],
                 job_log: _JobLog) -> None:
         stored: list[tuple[BuildOutcome, Stored, list[Stored], str | None,
-                           list[Stored | None]]] = []
+                           list[Copy | None]]] = []
         for o in outcomes:
             if o.artifact is None:
                 continue
@@ -298,8 +299,8 @@ class BuildRunner:
             stored.append((o, main, cohorts, unmarked, copies))
             job_log(f"stored {o.platform}/{o.variant} as {main[0]}"
                     + (" (sealed)" if main[3] else "")
-                    + (f", compressed copy {copies[0][2]} of {main[2]} bytes" if copies[0]
-                       else "")
+                    + (f", compressed copy ({copies[0][1]}) {copies[0][0][2]} of {main[2]} "
+                       "bytes" if copies[0] else "")
                     + (f", {len(cohorts)} watermarked cohort copies, the unmarked one at "
                        f"{unmarked}" if cohorts else ""))
         crashpoints.reached("build.artifacts_stored")
@@ -373,12 +374,14 @@ class BuildRunner:
 
 # A stored file: (blob key, sha256, length, its sealing when protected)
 Stored = tuple[str, str, int, SealedFile | None]
+# A stored compressed copy and its codec
+Copy = tuple[Stored, str]
 
 
-def _set_copy(row: Artifact | CohortArtifact, copy: Stored | None) -> None:
-    row.compressed_codec = None if copy is None else compression.CODEC
+def _set_copy(row: Artifact | CohortArtifact, copy: Copy | None) -> None:
+    row.compressed_codec = None if copy is None else copy[1]
     row.compressed_blob_key, row.compressed_sha256, row.compressed_length = (
-        (None, None, None) if copy is None else copy[:3])
+        (None, None, None) if copy is None else copy[0][:3])
 
 
 def _plain(done: SealedFile | None) -> tuple[str | None, int | None]:

@@ -30,6 +30,7 @@ from server import watermark as wm
 from server.blobstore import BlobStore
 from server.compile import qnn_marks, requantized, weights
 from server.db import models as db
+from server.hashing import file_sha256
 from server.publish.protection import ContentKeys, WatermarkSecret, unseal_path
 
 
@@ -61,12 +62,27 @@ def identify(session: Session, store: BlobStore, secret: WatermarkSecret,
     weights.WeightsError when the file's weights cannot be read."""
     tmp = Path(tempfile.mkdtemp(prefix="mf-identify-"))
     try:
-        return _identify(session, store, secret, content_keys, _inflated(leaked, tmp), tmp)
+        return _identify(session, store, secret, content_keys,
+                         _inflated(leaked, tmp, _codec_of(session, leaked)), tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _inflated(leaked: Path, tmp: Path) -> Path:
+def _codec_of(session: Session, leaked: Path) -> str:
+    """The codec of the compressed copy `leaked` is, by its sha256 (a shuffled copy inflates
+    to shuffled bytes with plain zstd); plain zstd for a file no copy has."""
+    if not leaked.is_file():
+        return compression.CODEC
+    sha = file_sha256(leaked)[0]
+    for table in (db.CohortArtifact, db.Artifact):
+        codec = session.scalar(select(table.compressed_codec).where(
+            table.compressed_sha256 == sha).limit(1))
+        if codec in compression.CODECS:
+            return str(codec)
+    return compression.CODEC
+
+
+def _inflated(leaked: Path, tmp: Path, codec: str = compression.CODEC) -> Path:
     """A leaked compressed copy (what v1/artifacts serves newer SDKs) inflated into `tmp`,
     capped like any unpacked leak at weights.MAX_WEIGHT_FILE_BYTES (a bomb is refused from
     its header or mid-stream); any other file as it is."""
@@ -85,7 +101,7 @@ def _inflated(leaked: Path, tmp: Path) -> Path:
                 f"declares {size} bytes, over the {weights.MAX_WEIGHT_FILE_BYTES}-byte cap "
                 "for a leaked file")
         with leaked.open("rb") as src, out.open("wb") as dst:
-            compression.decompress(src, dst, size)
+            compression.decompress(src, dst, size, codec)
     except compression.DecompressionError as e:
         out.unlink(missing_ok=True)
         raise weights.WeightsError(f"{leaked.name} is a compressed copy that does not "

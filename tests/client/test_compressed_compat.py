@@ -22,6 +22,8 @@ from tests.client.onnx_models import scaled_model
 REPO = Path(__file__).resolve().parents[2]
 # The last commit of main before `compressed` existed: the SDK devices in the field run.
 OLD_SDK_COMMIT = "b496974"
+# The last commit of main whose SDK knows only the plain zstd codec (before zstd-shuffle2/4).
+ZSTD_ONLY_SDK_COMMIT = "9229ba3"
 
 SHA = "ab" * 32
 COPY = Compressed("zstd", "v1/artifacts/" + "cd" * 32, 7, "cd" * 32)
@@ -73,7 +75,7 @@ from manifests import sign_envelope, strictjson
 from client_sdk import DeviceProfile, Updater, UpdaterConfig
 from tests.client.simulator import BASE, FakeClock, RepositorySimulator
 content, copy = Path(sys.argv[1]).read_bytes(), Path(sys.argv[2]).read_bytes()
-data_dir = sys.argv[3]
+data_dir, codec = sys.argv[3], sys.argv[4]
 clock = FakeClock()
 sim = RepositorySimulator(clock)
 art = sim.artifact(content)
@@ -81,7 +83,7 @@ url, sha = sim.add_blob(copy, "blobs/compressed-copy")
 release = Release("1.0", Rollout(1_000_000, "s", "active", Filters(), None), [art])
 doc = Manifest("prod", 1, int(clock.time()) + 86400, {"clf": ModelEntry([release])}).to_dict()
 doc["models"]["clf"]["releases"][0]["artifacts"][0]["compressed"] = {
-    "codec": "zstd", "url": url, "length": len(copy), "sha256": sha}
+    "codec": codec, "url": url, "length": len(copy), "sha256": sha}
 sim.manifest_override["prod"] = sign_envelope(strictjson.dumps(doc), MANIFEST_PAYLOAD_TYPE,
                                               sim.release_keys)
 up = Updater(UpdaterConfig(base_url=BASE, channel="prod", pinned_root=sim.pinned_root,
@@ -98,10 +100,10 @@ print(json.dumps({"outcome": result.outcome.value, "fetched": fetched,
 """
 
 
-def _main_sdk(tmp: Path) -> Path:
+def _main_sdk(tmp: Path, commit: str = OLD_SDK_COMMIT) -> Path:
     out = tmp / "main_sdk"
     out.mkdir()
-    tar = subprocess.run(["git", "-C", str(REPO), "archive", OLD_SDK_COMMIT, "manifests",
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", commit, "manifests",
                           "client_sdk", "tests/__init__.py", "tests/client", "tests/support"],
                          capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
@@ -109,22 +111,43 @@ def _main_sdk(tmp: Path) -> Path:
     return out
 
 
+def _old_device(sdk: Path, tmp_path: Path, content: bytes, codec: str) -> dict:
+    copy = io.BytesIO()
+    compression.compress(io.BytesIO(content), copy, len(content), codec=codec)
+    (tmp_path / "content").write_bytes(content)
+    (tmp_path / "copy").write_bytes(copy.getvalue())
+    done = subprocess.run([sys.executable, "-c", OLD_DEVICE, str(tmp_path / "content"),
+                           str(tmp_path / "copy"), str(tmp_path / "device"), codec], cwd=sdk,
+                          env={"PYTHONPATH": str(sdk)}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    got: dict = json.loads(done.stdout)
+    assert got["file"].startswith(str(sdk))
+    return got
+
+
 def test_main_sdk_installs_the_content_from_a_manifest_offering_a_compressed_copy(
         tmp_path: Path) -> None:
     sdk = _main_sdk(tmp_path)
     content = scaled_model(1.0, padding=40_000)
-    copy = io.BytesIO()
-    compression.compress(io.BytesIO(content), copy, len(content))
-    (tmp_path / "content").write_bytes(content)
-    (tmp_path / "copy").write_bytes(copy.getvalue())
-    done = subprocess.run([sys.executable, "-c", OLD_DEVICE, str(tmp_path / "content"),
-                           str(tmp_path / "copy"), str(tmp_path / "device")], cwd=sdk,
-                          env={"PYTHONPATH": str(sdk)}, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    got = json.loads(done.stdout)
-    assert got["file"].startswith(str(sdk)) and not got["knows_compressed"], "really old"
+    got = _old_device(sdk, tmp_path, content, compression.CODEC)
+    assert not got["knows_compressed"], "really old"
     assert got["outcome"] == "updated" and got["verified"]
     assert got["installed"] == hashlib.sha256(content).hexdigest()
     # It ignored the field it does not know and downloaded what it always downloaded.
+    assert got["fetched"] == [got["content_url"]]
+
+
+@pytest.mark.parametrize("codec", sorted(compression.SHUFFLED))
+def test_zstd_only_sdk_installs_the_content_when_the_copy_is_shuffled(tmp_path: Path,
+                                                                      codec: str) -> None:
+    """An SDK that reads `compressed` but knows only plain zstd does not inflate a shuffled
+    copy (it would inflate to shuffled bytes, refused by the sha256 but a wasted download):
+    it downloads the content, as for any codec it does not know."""
+    sdk = _main_sdk(tmp_path, ZSTD_ONLY_SDK_COMMIT)
+    content = scaled_model(1.0, padding=40_000)
+    got = _old_device(sdk, tmp_path, content, codec)
+    assert got["knows_compressed"]
+    assert got["outcome"] == "updated" and got["verified"]
+    assert got["installed"] == hashlib.sha256(content).hexdigest()
     assert got["fetched"] == [got["content_url"]]

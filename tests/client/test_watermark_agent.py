@@ -196,11 +196,13 @@ def test_a_qnn_release_ships_per_cohort_binaries_that_identify_names_as_download
         bare = tmp_path / f"c{c}.bin"
         bare.write_bytes(context_binary(leak))
         # Each cohort's compressed copy (the context binary's records and padding deflate)
-        # is what a newer SDK downloads: identify reads it as it was served.
+        # is what a newer SDK downloads: identify reads it as it was served. Its FP16 weights
+        # make it a shuffled copy, whose codec identify looks up by the copy's sha256.
         zipped = tmp_path / f"c{c}.ctx.onnx.zst"
         zipped.write_bytes(httpx.get(httpx.URL(marked["base"]).join(
             entry["compressed"]["url"])).content)
         assert entry["compressed"]["length"] < entry["length"]
+        assert entry["compressed"]["codec"] in compression.SHUFFLED
         for path in (leak, bare, zipped):
             code, found = _identify(marked, path)
             assert code == 0 and found["cohort"] == c, (path.name, found)
