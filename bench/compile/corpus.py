@@ -165,9 +165,9 @@ def search_cell(model: str, plat: str, out: Any, seconds: float) -> dict[str, An
             "chosen": "default, after the search" if fallback else winner.get("candidate", ""),
             "fallback": fallback, "precision": out.precision,
             "bytes": size, "content_bytes": content, "fp32_bytes": fp32,
-            "ratio": round(size / fp32, 3) if size and fp32 else None,
+            "ratio": round(size / fp32, 4) if size and fp32 else None,
             "content_ratio": round(content / fp32, 3) if content and fp32 else None,
-            "inflate_mb_s": shipped.get("inflate_mb_s"),
+            "inflate_mb_s": shipped.get("inflate_mb_s"), "codec": shipped.get("codec"),
             "vs_fp32": _gate_figures(out) if fallback else row.get("vs_fp32", {}), "tried": [
                 f"{r['candidate']}:{'ok' if r['outcome'] == 'passed' else 'x'}"
                 for r in frontier.get("tried", [])],
@@ -215,12 +215,19 @@ def _shipped(path: Path, cell: str) -> dict[str, Any]:
             "inflate_mb_s": round(path.stat().st_size / best / 1e6, 1)}
 
 
+def _at_most_goal(c: dict[str, Any]) -> bool:
+    """At most GOAL_RATIO of the FP32 bytes, on the bytes (the rounded ratio printed beside
+    it would count 0.3001× as 0.3×)."""
+    return bool(c["bytes"] and c["fp32_bytes"] and c["bytes"] <= GOAL_RATIO * c["fp32_bytes"])
+
+
 def _size(c: dict[str, Any]) -> str:
     """Shipped bytes against FP32; with the uncompressed content's when a copy ships."""
     text = f"{c['bytes']:,} / {c['fp32_bytes']:,} = {c['ratio']}×"
     content = c.get("content_bytes")
     if content and content != c["bytes"]:
-        text += f" (content {content:,} = {c.get('content_ratio')}×)"
+        text += f" (content {content:,} = {c.get('content_ratio')}×" + (
+            f", {c['codec']}" if c.get("codec") else "") + ")"
     return text
 
 
@@ -236,7 +243,7 @@ def auto_table(cells: list[dict[str, Any]]) -> str:
             continue
         f = c["vs_fp32"]
         goal += bool(not c.get("fallback") and c["ratio"] is not None
-                     and c["ratio"] <= GOAL_RATIO)
+                     and _at_most_goal(c))
         lines.append(
             f"| {c['model']} | {c['platform']} | {c['chosen']} ({c['precision']}) | "
             f"{_size(c)} | {f.get('cosine')} | "
