@@ -220,15 +220,24 @@ class _Shuffled:
 
     def __init__(self, src: Readable, element: int, size: int) -> None:
         self._src, self._element, self._left = src, element, size
-        self._buf = b""
+        self._buf, self._pos = b"", 0
 
     def read(self, n: int = -1) -> bytes:
-        if not self._buf and self._left > 0:
-            block = self._src.read(min(BLOCK, self._left))
+        if self._pos >= len(self._buf) and self._left > 0:
+            # Whole blocks: a short read must not move the boundaries the device unshuffles at.
+            want, parts = min(BLOCK, self._left), []
+            while want > 0:
+                part = self._src.read(want)
+                if not part:
+                    break
+                parts.append(part)
+                want -= len(part)
+            block = b"".join(parts)
             self._left = self._left - len(block) if block else 0
-            self._buf = shuffle(block, self._element)
-        end = len(self._buf) if n < 0 else n
-        out, self._buf = self._buf[:end], self._buf[end:]
+            self._buf, self._pos = shuffle(block, self._element), 0
+        end = len(self._buf) if n < 0 else min(len(self._buf), self._pos + n)
+        out = self._buf[self._pos:end]
+        self._pos = end
         return out
 
 

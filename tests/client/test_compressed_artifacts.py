@@ -63,6 +63,22 @@ def test_every_codec_round_trips_around_block_and_element_edges(codec, size) -> 
         assert zstandard.ZstdDecompressor().decompress(copy) != data
 
 
+def test_a_source_with_short_reads_gives_the_same_shuffled_copy() -> None:
+    """The blocks a device unshuffles are BLOCK bytes of content however the server's source
+    returns them (a pipe, a socket: short reads)."""
+    data = np.random.default_rng(5).standard_normal(B // 2 + 7).astype(np.float32).tobytes()
+
+    class Trickle(io.BytesIO):
+        def read(self, n: int | None = -1) -> bytes:
+            return super().read(min(n, 4093) if n is not None and n >= 0 else 4093)
+
+    for codec in compression.SHUFFLED:
+        out = io.BytesIO()
+        compression.compress(Trickle(data), out, len(data), codec=codec)
+        assert out.getvalue() == _zstd(data, codec=codec)
+        assert _inflate(out.getvalue(), len(data), codec) == data
+
+
 def test_shuffle_is_the_byte_transpose_and_its_own_inverse() -> None:
     block = bytes(range(10))
     assert compression.shuffle(block, 2) == bytes([0, 2, 4, 6, 8, 1, 3, 5, 7, 9])
