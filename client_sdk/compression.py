@@ -113,10 +113,22 @@ def shuffle(block: bytes, element: int) -> bytes:
 
 
 def unshuffle(block: bytes, element: int) -> bytes:
-    """The inverse of :func:`shuffle` for a block of the same length."""
-    whole = len(block) - len(block) % element
-    return np.frombuffer(block, np.uint8, whole).reshape(element, -1).T.tobytes() \
-        + block[whole:]
+    """The inverse of :func:`shuffle` for a block of the same length.
+
+    Each element is put back together as a little-endian integer from its byte planes
+    (plane k shifted by 8k): numpy's strided transpose of bytes ran at ~300 MB/s for 2-byte
+    elements, this at ~1,300 (docs/benchmarks.md "Compressed artifact copies: shuffled")."""
+    n = len(block) // element
+    planes = np.frombuffer(block, np.uint8, n * element).reshape(element, n)
+    dtype = np.dtype(f"<u{element}")
+    out = np.empty(n, dtype)
+    tmp = np.empty(n, dtype)
+    np.left_shift(planes[element - 1], 8 * (element - 1), out=out, dtype=dtype)
+    for k in range(element - 2, 0, -1):
+        np.left_shift(planes[k], 8 * k, out=tmp, dtype=dtype)
+        out |= tmp
+    out |= planes[0]
+    return out.tobytes() + block[n * element:]
 
 
 def level_for(size: int) -> int:
