@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def identify(session: Session, store: BlobStore, secret: WatermarkSecret,
     tmp = Path(tempfile.mkdtemp(prefix="mf-identify-"))
     try:
         return _identify(session, store, secret, content_keys,
-                         _inflated(leaked, tmp, _codec_of(session, leaked)), tmp)
+                         _inflated(leaked, tmp, lambda: _codec_of(session, leaked)), tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -71,8 +72,6 @@ def identify(session: Session, store: BlobStore, secret: WatermarkSecret,
 def _codec_of(session: Session, leaked: Path) -> str:
     """The codec of the compressed copy `leaked` is, by its sha256 (a shuffled copy inflates
     to shuffled bytes with plain zstd); plain zstd for a file no copy has."""
-    if not leaked.is_file():
-        return compression.CODEC
     sha = file_sha256(leaked)[0]
     for table in (db.CohortArtifact, db.Artifact):
         codec = session.scalar(select(table.compressed_codec).where(
@@ -82,10 +81,12 @@ def _codec_of(session: Session, leaked: Path) -> str:
     return compression.CODEC
 
 
-def _inflated(leaked: Path, tmp: Path, codec: str = compression.CODEC) -> Path:
-    """A leaked compressed copy (what v1/artifacts serves newer SDKs) inflated into `tmp`,
-    capped like any unpacked leak at weights.MAX_WEIGHT_FILE_BYTES (a bomb is refused from
-    its header or mid-stream); any other file as it is."""
+def _inflated(leaked: Path, tmp: Path,
+              codec_of: Callable[[], str] = lambda: compression.CODEC) -> Path:
+    """A leaked compressed copy (what v1/artifacts serves newer SDKs) inflated into `tmp`
+    with the codec `codec_of` names (asked only of a zstd frame: looking it up hashes the
+    file), capped like any unpacked leak at weights.MAX_WEIGHT_FILE_BYTES (a bomb is refused
+    from its header or mid-stream); any other file as it is."""
     if not leaked.is_file():
         return leaked
     with leaked.open("rb") as f:
@@ -101,7 +102,7 @@ def _inflated(leaked: Path, tmp: Path, codec: str = compression.CODEC) -> Path:
                 f"declares {size} bytes, over the {weights.MAX_WEIGHT_FILE_BYTES}-byte cap "
                 "for a leaked file")
         with leaked.open("rb") as src, out.open("wb") as dst:
-            compression.decompress(src, dst, size, codec)
+            compression.decompress(src, dst, size, codec_of())
     except compression.DecompressionError as e:
         out.unlink(missing_ok=True)
         raise weights.WeightsError(f"{leaked.name} is a compressed copy that does not "
