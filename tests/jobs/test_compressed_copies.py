@@ -8,11 +8,13 @@ import io
 import json
 from pathlib import Path
 
+import numpy as np
 from sqlalchemy import select
 
 from client_sdk import DeviceProfile, Outcome, Updater, UpdaterConfig, Via, compression
 from manifests import Envelope
 from server.db import models as db
+from server.publish import copies
 from tests.client.test_against_server import AppTransport
 from tests.jobs.test_inprocess import CONV_INPUTS
 from tests.support.inprocess_app import inprocess_app, wait_settled
@@ -91,3 +93,27 @@ def test_build_whose_copy_saves_too_little_offers_none(convnet_files, tmp_path, 
             assert s.scalars(select(db.Artifact.compressed_sha256)).one() is None
         [build] = client.get("/v1/models/conv/versions/1.0.0/builds").json()
         assert build["artifact"]["compressed"] is None
+
+
+def test_copy_of_large_content_is_the_kept_winning_trial_byte_for_byte(tmp_path, monkeypatch):
+    """From ``LARGE`` up the copy is ``best_codec``'s winning trial kept, not made again: it
+    must still be exactly the copy `compress` makes with the codec `best_codec` picks, below
+    and above the size line, with no trial file left behind."""
+    monkeypatch.setattr(compression, "LARGE", 1 << 18)
+    w = np.random.default_rng(3).standard_normal(300_000)
+    int8 = np.clip(np.round(w * 10), -127, 127).astype(np.int8)
+    for data, want in ((w.astype(np.float16).tobytes(), "zstd-shuffle2"),
+                       (w.astype(np.float32).tobytes(), "zstd-shuffle4"),
+                       (int8.tobytes(), "zstd"), (int8.tobytes()[:100_000], "zstd")):
+        work = tmp_path / f"{want}-{len(data)}"
+        work.mkdir()
+        src, out = work / "content", work / "content.zst"
+        src.write_bytes(data)
+        sha, length, codec = copies.compress_copy(src, out) or ("", 0, "")
+        assert (codec, length) == (want, out.stat().st_size)
+        assert compression.best_codec(io.BytesIO(data), len(data)) == want
+        again = io.BytesIO()
+        compression.compress(io.BytesIO(data), again, len(data), codec=want)
+        assert out.read_bytes() == again.getvalue()
+        assert sha == hashlib.sha256(again.getvalue()).hexdigest()
+        assert sorted(p.name for p in work.iterdir()) == ["content", "content.zst"]
