@@ -129,7 +129,10 @@ class UrllibTransport:
                  ssl_context: ssl.SSLContext | None = None) -> None:
         self._max_redirects = max_redirects
         self._user_agent = user_agent
-        self._ssl = ssl_context or ssl.create_default_context()
+        # Made on the first https request: loading the system's CA certificates costs ~50 ms
+        # of CPU, which a device talking plain http to a local mirror, or an app making an
+        # Updater per check, would pay for nothing.
+        self._ssl = ssl_context
 
     def fetch(self, url: str, headers: Mapping[str, str], timeout: float) -> Response:
         """GET ``url``. The headers (after redirects) must arrive within ``timeout`` seconds;
@@ -172,6 +175,11 @@ class UrllibTransport:
         conn.budget.end = None
         return self._response(resp, conn, url)
 
+    def _tls(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
     def _open(self, parts: urllib.parse.SplitResult, headers: Mapping[str, str],
               budget: _Budget, url: str, method: str = "GET",
               body: bytes = b"") -> tuple[_Connection, http.client.HTTPResponse]:
@@ -188,7 +196,7 @@ class UrllibTransport:
         try:
             if parts.scheme == "https":
                 sock.settimeout(budget.recv_timeout())
-                sock = self._ssl.wrap_socket(sock, server_hostname=host)
+                sock = self._tls().wrap_socket(sock, server_hostname=host)
             sock.settimeout(budget.recv_timeout())
             sock.sendall(_request_bytes(parts, headers, method, body))
             conn = _Connection(sock, budget)

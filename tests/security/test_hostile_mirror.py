@@ -117,6 +117,24 @@ def test_redirect_loop_is_refused_after_the_redirect_cap(sim: RepositorySimulato
     assert seconds < 2
 
 
+def test_plain_http_transport_never_loads_the_ca_store(sim: RepositorySimulator,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The system's CA certificates (~50 ms of CPU) load on the first https request only: an
+    app making an Updater per check against a plain-http mirror never pays for them."""
+    import ssl
+
+    def no_tls(*a: object, **k: object) -> ssl.SSLContext:
+        raise AssertionError("a plain-http fetch set up TLS")
+
+    monkeypatch.setattr(ssl, "create_default_context", no_tls)
+    with mirror(sim, lambda path: "ok") as plain:
+        resp = UrllibTransport().fetch(plain.base + "/v1/channels/prod/manifest", {}, 5.0)
+        try:
+            assert resp.status == 200 and b"".join(resp.chunks) == sim.manifest_bytes()
+        finally:
+            resp.close()
+
+
 def test_https_to_http_redirect_is_refused(sim: RepositorySimulator, tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
     with mirror(sim, lambda path: "ok") as plain:
