@@ -92,12 +92,6 @@ def best_codec(src: BinaryIO, size: int) -> str:
         compress(src, cast(BinaryIO, counter), size, LARGE_LEVEL, codec)
         sizes[codec] = counter.n
     src.seek(0)
-    return smallest(sizes)
-
-
-def smallest(sizes: dict[str, int]) -> str:
-    """The codec :func:`best_codec` picks from the bytes of each codec's copy at
-    ``LARGE_LEVEL``."""
     best = min(SHUFFLED, key=lambda c: sizes[c])
     return best if sizes[best] < sizes[CODEC] * (1 - MIN_SHUFFLE_GAIN) else CODEC
 

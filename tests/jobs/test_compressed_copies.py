@@ -95,10 +95,10 @@ def test_build_whose_copy_saves_too_little_offers_none(convnet_files, tmp_path, 
         assert build["artifact"]["compressed"] is None
 
 
-def test_copy_of_large_content_is_the_kept_winning_trial_byte_for_byte(tmp_path, monkeypatch):
-    """From ``LARGE`` up the copy is ``best_codec``'s winning trial kept, not made again: it
-    must still be exactly the copy `compress` makes with the codec `best_codec` picks, below
-    and above the size line, with no trial file left behind."""
+def test_copy_is_the_codec_best_codec_picks_byte_for_byte_below_and_above_large(
+        tmp_path, monkeypatch):
+    """The stored copy is exactly what `compress` makes with the codec `best_codec` picks, at
+    either level (below and above ``LARGE``), with nothing else left beside it."""
     monkeypatch.setattr(compression, "LARGE", 1 << 18)
     w = np.random.default_rng(3).standard_normal(300_000)
     int8 = np.clip(np.round(w * 10), -127, 127).astype(np.int8)
