@@ -119,7 +119,7 @@ def test_redirect_loop_is_refused_after_the_redirect_cap(sim: RepositorySimulato
 
 def test_plain_http_transport_never_loads_the_ca_store(sim: RepositorySimulator,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The system's CA certificates (~50 ms of CPU) load on the first https request only: an
+    """The system's CA certificates (~30 ms of CPU) load on the first https request only: an
     app making an Updater per check against a plain-http mirror never pays for them."""
     import ssl
 
